@@ -1,0 +1,242 @@
+"""User inputs -> sharded, distributed batches.
+
+Three kinds of input are accepted:
+
+* Arrays: `(x, y)` or `(x, y, sample_weight)`, each a NumPy array or a dict /
+  list of arrays with one row per example. The trainer shuffles them each epoch
+  from `seed`, cuts global batches, splits each global batch into contiguous
+  per-replica slices and gives every worker only its own slices. The global
+  order of examples therefore depends on the seed alone, never on the number of
+  replicas or workers, and the last partial batch is kept, not padded.
+* A `tf.data.Dataset` of single examples (unbatched). The trainer batches it
+  with the global batch size and distributes it with an explicit auto-shard
+  policy. It is used in the order it yields: shuffle it yourself.
+* A function `input_context -> tf.data.Dataset` (per-worker pipelines). It must
+  shard and batch itself, with `input_context.get_per_replica_batch_size`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import numpy as np
+import tensorflow as tf
+
+DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
+
+
+@dataclasses.dataclass(frozen=True)
+class ArrayInput:
+    """In-memory arrays: a nested structure with `num_examples` rows per leaf."""
+
+    arrays: Any
+    num_examples: int
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetInput:
+    """An unbatched `tf.data.Dataset`; the trainer batches it."""
+
+    dataset: tf.data.Dataset
+
+
+@dataclasses.dataclass(frozen=True)
+class FunctionInput:
+    """A per-worker dataset function; it batches and shards itself."""
+
+    fn: DatasetFn
+
+
+Input = ArrayInput | DatasetInput | FunctionInput
+
+
+def as_input(data: Any, *, arg: str, with_targets: bool = True) -> Input:
+    """Validates `data` and wraps it as one of the three input kinds.
+
+    Args:
+      data: what the user passed.
+      arg: the argument name, for error messages.
+      with_targets: True for fit/evaluate (`(x, y[, sample_weight])`), False for
+        predict (`x` alone).
+    """
+    if isinstance(data, tf.data.Dataset):
+        return _checked_dataset(data, arg)
+    if callable(data) and not isinstance(data, (np.ndarray, dict, list, tuple)):
+        return FunctionInput(data)
+    if with_targets:
+        if not isinstance(data, (tuple, list)) or len(data) not in (2, 3):
+            raise TypeError(
+                f"`{arg}` must be (x, y), (x, y, sample_weight), a tf.data.Dataset or a "
+                f"function input_context -> Dataset. Received: {arg} of type "
+                f"{type(data).__name__}. Pass a tuple of NumPy arrays, e.g. {arg}=(x, y)."
+            )
+        data = tuple(data[:2]) if len(data) == 3 and data[2] is None else tuple(data)
+    arrays = tf.nest.map_structure(_as_array, data)
+    return ArrayInput(arrays, _common_length(arrays, arg))
+
+
+def _as_array(value: Any) -> np.ndarray:
+    # float64 would double memory and be cast by every layer anyway.
+    array = np.asarray(value)
+    return array.astype(np.float32) if array.dtype == np.float64 else array
+
+
+def _common_length(arrays: Any, arg: str) -> int:
+    leaves = tf.nest.flatten(arrays)
+    lengths = [len(a) if a.ndim else -1 for a in leaves]
+    if any(n < 0 for n in lengths):
+        raise ValueError(
+            f"Every array in `{arg}` needs a leading example dimension. Received "
+            f"shapes {[a.shape for a in leaves]}. Pass arrays with one row per example."
+        )
+    if len(set(lengths)) > 1:
+        raise ValueError(
+            f"All arrays in `{arg}` must have the same number of examples (rows). "
+            f"Received lengths {lengths} (x, y, then sample_weight). "
+            "Make x, y and sample_weight the same length."
+        )
+    if lengths[0] == 0:
+        raise ValueError(f"`{arg}` is empty (0 examples). Pass at least one example.")
+    return lengths[0]
+
+
+def _checked_dataset(dataset: tf.data.Dataset, arg: str) -> DatasetInput:
+    if dataset.cardinality() == 0:
+        raise ValueError(f"`{arg}` is an empty tf.data.Dataset (0 elements). Pass a dataset with examples.")
+    shapes = [s.shape for s in tf.nest.flatten(dataset.element_spec)]
+    if shapes and all(s.rank and s[0] is None for s in shapes):
+        raise ValueError(
+            f"`{arg}` looks batched: every component has an unknown leading dimension "
+            f"{[str(s) for s in shapes]}. The trainer batches datasets itself with the "
+            f"global batch size, so pass one example per element: {arg}.unbatch(), or drop .batch()."
+        )
+    return DatasetInput(dataset)
+
+
+def feature_signature(inp: Input) -> Any:
+    """Structure of (x, y[, w]) with per-example shapes and dtype kinds, for comparisons."""
+    if isinstance(inp, ArrayInput):
+        return tf.nest.map_structure(lambda a: (a.shape[1:], a.dtype.kind), inp.arrays)
+    if isinstance(inp, DatasetInput):
+        return tf.nest.map_structure(
+            lambda s: (tuple(s.shape), "f" if s.dtype.is_floating else s.dtype.name[0]),
+            inp.dataset.element_spec,
+        )
+    return None
+
+
+def num_steps(inp: Input, global_batch_size: int) -> int | None:
+    """Global steps in one pass over `inp`, or None when unknown."""
+    if isinstance(inp, ArrayInput):
+        return -(-inp.num_examples // global_batch_size)
+    if isinstance(inp, DatasetInput):
+        n = int(inp.dataset.cardinality())
+        return -(-n // global_batch_size) if n >= 0 else None
+    return None
+
+
+def epoch_order(num_examples: int, *, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
+    """The global order of examples in `epoch`: a function of seed and epoch only."""
+    if not shuffle:
+        return np.arange(num_examples)
+    return np.random.default_rng([seed, epoch]).permutation(num_examples)
+
+
+def replica_slices(
+    num_examples: int, global_batch_size: int, num_replicas: int, start_step: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """(start, size) of every replica's slice, step-major, into the epoch order.
+
+    Each global batch is split into `num_replicas` contiguous slices whose sizes
+    differ by at most one (the last partial batch too), so concatenating the
+    slices in replica order gives back the global batch.
+    """
+    starts, sizes = [], []
+    for begin in range(start_step * global_batch_size, num_examples, global_batch_size):
+        n = min(global_batch_size, num_examples - begin)
+        share = np.full(num_replicas, n // num_replicas)
+        share[: n % num_replicas] += 1
+        offsets = begin + np.concatenate([[0], np.cumsum(share)[:-1]])
+        starts.append(offsets)
+        sizes.append(share)
+    if not starts:
+        return np.zeros((0, num_replicas), np.int64), np.zeros((0, num_replicas), np.int64)
+    return np.asarray(starts, np.int64), np.asarray(sizes, np.int64)
+
+
+def array_dataset_fn(
+    inp: ArrayInput, order: np.ndarray, global_batch_size: int, start_step: int = 0
+) -> DatasetFn:
+    """A per-worker dataset function that yields this worker's replica slices.
+
+    Elements come step-major, one per local replica, which is the order in which
+    tf.distribute hands successive elements of a per-worker dataset to its
+    replicas.
+    """
+
+    def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        local = ctx.num_replicas_in_sync // ctx.num_input_pipelines
+        first = ctx.input_pipeline_id * local
+        starts, sizes = replica_slices(
+            inp.num_examples, global_batch_size, ctx.num_replicas_in_sync, start_step
+        )
+        slices = tf.data.Dataset.from_tensor_slices(
+            (starts[:, first : first + local].reshape(-1), sizes[:, first : first + local].reshape(-1))
+        )
+        source = tf.data.Dataset.from_tensors((order, inp.arrays)).repeat()
+
+        def gather(slice_, source_):
+            (start, size), (order_, arrays) = slice_, source_
+            rows = order_[start : start + size]
+            return tf.nest.map_structure(lambda a: tf.gather(a, rows), arrays)
+
+        ds = tf.data.Dataset.zip((slices, source)).map(gather, num_parallel_calls=tf.data.AUTOTUNE)
+        return ds.prefetch(tf.data.AUTOTUNE)
+
+    return dataset_fn
+
+
+def shard_policy(dataset: tf.data.Dataset, num_workers: int) -> tuple[Any, str]:
+    """The auto-shard policy for a user dataset, and the reason, for the plan."""
+    policy_enum = tf.data.experimental.AutoShardPolicy
+    chosen = dataset.options().experimental_distribute.auto_shard_policy
+    if chosen != policy_enum.AUTO:
+        return chosen, "set on the dataset by the user"
+    if num_workers == 1:
+        return policy_enum.OFF, "one worker reads everything; nothing to shard"
+    return policy_enum.DATA, "every worker reads the data and keeps its share of each batch (exact for any source)"
+
+
+def distribute(
+    strategy: tf.distribute.Strategy,
+    inp: Input,
+    *,
+    global_batch_size: int,
+    num_workers: int,
+    order: np.ndarray | None = None,
+    start_step: int = 0,
+):
+    """Returns a distributed dataset for one pass over `inp`."""
+    if isinstance(inp, ArrayInput):
+        order = np.arange(inp.num_examples) if order is None else order
+        fn = array_dataset_fn(inp, order, global_batch_size, start_step)
+        return strategy.distribute_datasets_from_function(fn)
+    if isinstance(inp, FunctionInput):
+        return strategy.distribute_datasets_from_function(inp.fn)
+    policy, _ = shard_policy(inp.dataset, num_workers)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = policy
+    ds = inp.dataset.skip(start_step * global_batch_size) if start_step else inp.dataset
+    ds = ds.batch(global_batch_size).with_options(options).prefetch(tf.data.AUTOTUNE)
+    return strategy.experimental_distribute_dataset(ds)
+
+
+def sample_batch(inp: Input, n: int = 2) -> Any:
+    """A few examples, eagerly, to build the model and resolve metrics."""
+    if isinstance(inp, ArrayInput):
+        return tf.nest.map_structure(lambda a: tf.convert_to_tensor(a[:n]), inp.arrays)
+    if isinstance(inp, DatasetInput):
+        return next(iter(inp.dataset.batch(n)))
+    ds = inp.fn(tf.distribute.InputContext())
+    return next(iter(ds))

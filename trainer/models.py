@@ -1,0 +1,147 @@
+"""Puts the user's model and optimizer inside a strategy's scope.
+
+Variables belong to the strategy under whose scope they were created. A model
+or optimizer built elsewhere is re-created inside the scope from its config,
+keeping weights, optimizer settings and state, loss and metrics.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable
+
+import keras
+import tensorflow as tf
+
+from trainer import scaling
+
+ModelOrBuilder = keras.Model | Callable[[], keras.Model]
+
+# The learning rate (float or schedule) each optimizer we created was tuned
+# with, before scaling, so that a second `fit` never scales twice.
+_BASE_LR: "weakref.WeakKeyDictionary[keras.optimizers.Optimizer, Any]" = weakref.WeakKeyDictionary()
+_SCALING: "weakref.WeakKeyDictionary[keras.optimizers.Optimizer, tuple]" = weakref.WeakKeyDictionary()
+
+
+def check_compiled(model: Any, arg: str = "model") -> None:
+    """Raises unless `model` is a compiled Keras model."""
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            f"`{arg}` must be a keras.Model or a zero-argument function returning one. "
+            f"Received: {arg} of type {type(model).__name__}."
+        )
+    if getattr(model, "optimizer", None) is None or getattr(model, "loss", None) is None:
+        raise ValueError(
+            f"`{arg}` must be compiled with an optimizer and a loss. Received: an uncompiled "
+            f"{type(model).__name__}. Call model.compile(optimizer=..., loss=...) first."
+        )
+
+
+def _in_scope(strategy: tf.distribute.Strategy, variables) -> bool:
+    return all(strategy.extended.variable_created_in_scope(v.value) for v in variables)
+
+
+def model_in_scope(
+    model: ModelOrBuilder, strategy: tf.distribute.Strategy, sample_x: Any, seed: int | None
+) -> keras.Model:
+    """Returns a compiled, built model whose variables live in `strategy`'s scope.
+
+    A builder is called inside the scope (after seeding Keras, so its initial
+    weights are reproducible). A model built elsewhere is re-created from its
+    config; the returned object is then a different one from `model`.
+    """
+    if not isinstance(model, keras.Model):
+        with strategy.scope():
+            if seed is not None:
+                keras.utils.set_random_seed(seed)
+            model = model()
+        check_compiled(model, arg="model()")
+    elif model.variables and not _in_scope(strategy, model.variables):
+        model = _recreate(model, strategy, sample_x)
+    with strategy.scope():
+        model(sample_x, training=False)  # creates any variables not built yet
+    return model
+
+
+def _recreate(model: keras.Model, strategy: tf.distribute.Strategy, sample_x: Any) -> keras.Model:
+    try:
+        config = model.get_config()
+        with strategy.scope():
+            clone = model.__class__.from_config(config)
+            clone(sample_x, training=False)
+    except (NotImplementedError, TypeError, ValueError) as err:
+        raise ValueError(
+            f"`model` was built outside the strategy's scope and can't be re-created inside "
+            f"it: {type(model).__name__}.get_config()/from_config() failed ({err}). Pass a "
+            "function that builds and compiles the model instead: Trainer.fit(lambda: make_model(), ...)."
+        ) from err
+    clone.set_weights(model.get_weights())
+    compile_config = model.get_compile_config()
+    clone.compile(
+        optimizer=model.optimizer,  # replaced in scope by `optimizer_in_scope`
+        loss=model.loss,
+        loss_weights=compile_config.get("loss_weights"),
+        metrics=_deserialize(compile_config.get("metrics")),
+        weighted_metrics=_deserialize(compile_config.get("weighted_metrics")),
+    )
+    return clone
+
+
+def _deserialize(spec: Any) -> Any:
+    if isinstance(spec, dict) and "class_name" in spec:
+        return keras.saving.deserialize_keras_object(spec)
+    if isinstance(spec, dict):
+        return {k: _deserialize(v) for k, v in spec.items()}
+    if isinstance(spec, (list, tuple)):
+        return [_deserialize(s) for s in spec]
+    return spec
+
+
+def base_learning_rate(optimizer: keras.optimizers.Optimizer) -> Any:
+    """The unscaled learning rate: a float, or the user's schedule."""
+    if optimizer in _BASE_LR:
+        return _BASE_LR[optimizer]
+    lr = optimizer.get_config()["learning_rate"]
+    return keras.saving.deserialize_keras_object(lr) if isinstance(lr, dict) else float(lr)
+
+
+def optimizer_in_scope(
+    model: keras.Model,
+    strategy: tf.distribute.Strategy,
+    *,
+    factor: float,
+    warmup_steps: int,
+) -> keras.optimizers.Optimizer:
+    """Sets `model.optimizer` to one built in scope with its LR scaled by `factor`.
+
+    An optimizer already prepared for this strategy and scaling is kept as is,
+    state and any LR changes made by callbacks included.
+    """
+    old = model.optimizer
+    wanted = (id(strategy), factor, warmup_steps)
+    if _SCALING.get(old) == wanted and _in_scope(strategy, old.variables):
+        return old
+    base = base_learning_rate(old)
+    if isinstance(base, keras.optimizers.schedules.LearningRateSchedule):
+        lr = scaling.ScaledSchedule(base, factor, warmup_steps)
+    else:
+        lr = base * factor  # a float keeps `optimizer.learning_rate` settable
+    config = dict(old.get_config(), learning_rate=lr)
+    with strategy.scope():
+        new = old.__class__.from_config(config)
+        new.build(model.trainable_variables)
+    if old.built:
+        _copy_state(old, new)
+    _BASE_LR[new], _SCALING[new] = base, wanted
+    model.optimizer = new
+    return new
+
+
+def _copy_state(old: keras.optimizers.Optimizer, new: keras.optimizers.Optimizer) -> None:
+    """Copies iterations and slots (not the learning rate, which was just scaled)."""
+    old_vars = [v for v in old.variables if v is not old.learning_rate]
+    new_vars = [v for v in new.variables if v is not new.learning_rate]
+    if len(old_vars) != len(new_vars):
+        return  # a different structure: start the optimizer afresh
+    for source, target in zip(old_vars, new_vars):
+        target.assign(source.value)

@@ -1,0 +1,173 @@
+"""The model's compiled loss and metrics, evaluated per example inside replicas.
+
+Keras reduces a loss to a per-replica mean, which is wrong once replicas hold
+different numbers of examples. Here the loss is kept per example; the step
+divides its weighted sum by the global example count, and the reported loss is
+the sample-weighted mean over every example seen, tracked by `Mean` metrics
+whose variables tf.distribute sums across replicas on read.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+
+def _per_example(loss: Any):
+    """A callable (y_true, y_pred) -> per-example losses of shape (batch,)."""
+    if isinstance(loss, str) or not isinstance(loss, keras.losses.Loss):
+        fn = keras.losses.get(loss)
+        loss = fn if isinstance(fn, keras.losses.Loss) else _FunctionLoss(fn)
+    loss = copy.copy(loss)
+    loss.reduction = None  # Loss.__call__ then returns the unreduced values
+
+    def call(y_true, y_pred):
+        values = loss(y_true, y_pred)
+        if values.shape.rank and values.shape.rank > 1:  # e.g. per time step
+            values = tf.reduce_mean(values, axis=list(range(1, values.shape.rank)))
+        return tf.cast(values, "float32")
+
+    return call
+
+
+class _FunctionLoss(keras.losses.Loss):
+    def __init__(self, fn):
+        super().__init__(name=getattr(fn, "__name__", "loss"))
+        self.fn = fn
+
+    def call(self, y_true, y_pred):
+        return self.fn(y_true, y_pred)
+
+
+def _by_output(spec: Any, names: list[str], what: str) -> list[Any]:
+    """Spreads a loss or metrics spec (single, list or dict) over the outputs."""
+    if isinstance(spec, dict):
+        unknown = set(spec) - set(names)
+        if unknown:
+            raise ValueError(
+                f"The compiled {what} names outputs {sorted(unknown)} that the model does not "
+                f"have. Model outputs: {names}. Recompile with the model's output names."
+            )
+        return [spec.get(n) for n in names]
+    if isinstance(spec, (list, tuple)) and len(names) > 1 and len(spec) == len(names):
+        if what == "loss" or all(isinstance(s, (list, tuple)) or s is None for s in spec):
+            return list(spec)
+    return [spec] * len(names)
+
+
+def _metric(identifier: Any, y_true: tf.Tensor, y_pred: tf.Tensor) -> keras.metrics.Metric:
+    """Builds a fresh metric object; "accuracy" is resolved from the shapes as Keras does."""
+    if isinstance(identifier, dict):
+        return keras.saving.deserialize_keras_object(identifier)
+    if isinstance(identifier, keras.metrics.Metric):
+        return identifier.__class__.from_config(identifier.get_config())
+    if str(identifier).lower() in ("accuracy", "acc"):
+        if y_pred.shape[-1] == 1:
+            return keras.metrics.BinaryAccuracy(name=identifier)
+        if y_true.shape.rank < y_pred.shape.rank or (y_true.shape[-1] == 1 and y_pred.shape[-1] > 1):
+            return keras.metrics.SparseCategoricalAccuracy(name=identifier)
+        return keras.metrics.CategoricalAccuracy(name=identifier)
+    obj = keras.metrics.get(identifier)
+    if not isinstance(obj, keras.metrics.Metric):
+        name = identifier if isinstance(identifier, str) else getattr(obj, "__name__", "metric")
+        obj = keras.metrics.MeanMetricWrapper(obj, name=name)
+    return obj
+
+
+def _as_list(outputs: Any, names: list[str]) -> list[Any]:
+    if isinstance(outputs, dict):
+        return [outputs[n] for n in names]
+    return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+
+
+class Objective:
+    """Per-example loss plus exact, replica-summed loss and metric trackers.
+
+    Build it inside `strategy.scope()` so the trackers' variables are
+    distributed. `update` runs inside a replica; `results` in cross-replica
+    context.
+
+    Args:
+      model: a compiled, built Keras model.
+      y_true: a sample of targets, to resolve "accuracy" and output order.
+      y_pred: the model's output on the matching inputs.
+    """
+
+    def __init__(self, model: keras.Model, y_true: Any, y_pred: Any):
+        config = model.get_compile_config() or {}
+        names = list(getattr(model, "output_names", None) or ["output"])
+        if len(_as_list(y_pred, names)) != len(names):
+            names = [f"output_{i}" for i in range(len(_as_list(y_pred, names)))]
+        self.output_names = names
+        losses = _by_output(model.loss, names, "loss")
+        weights = config.get("loss_weights") or [1.0] * len(names)
+        self._loss_weights = _by_output(weights, names, "loss_weights")
+        self._losses = [_per_example(l) if l is not None else None for l in losses]
+
+        prefix = (lambda n: f"{n}_") if len(names) > 1 else (lambda n: "")
+        self.loss_tracker = keras.metrics.Mean(name="loss")
+        self.regularization_tracker = keras.metrics.Mean(name="regularization")
+        self.output_loss_trackers = (
+            [keras.metrics.Mean(name=f"{n}_loss") for n in names] if len(names) > 1 else []
+        )
+        self.compiled_metrics: list[tuple[int, bool, keras.metrics.Metric]] = []
+        yt, yp = _as_list(y_true, names), _as_list(y_pred, names)
+        for weighted, key in ((False, "metrics"), (True, "weighted_metrics")):
+            for i, spec in enumerate(_by_output(config.get(key), names, key)):
+                for identifier in tf.nest.flatten(spec) if spec is not None else []:
+                    metric = _metric(identifier, tf.convert_to_tensor(yt[i]), yp[i])
+                    metric.name = prefix(names[i]) + metric.name
+                    if weighted and metric.name in {m.name for _, _, m in self.compiled_metrics}:
+                        metric.name = prefix(names[i]) + "weighted_" + metric.name[len(prefix(names[i])):]
+                    self.compiled_metrics.append((i, weighted, metric))
+
+    @property
+    def metrics(self) -> list[keras.metrics.Metric]:
+        """Every tracker, in the order of the logs."""
+        return (
+            [self.loss_tracker, self.regularization_tracker]
+            + self.output_loss_trackers
+            + [m for _, _, m in self.compiled_metrics]
+        )
+
+    def per_example_losses(self, y_true: Any, y_pred: Any) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        """Total loss per example (loss weights applied) and each output's losses."""
+        yt, yp = _as_list(y_true, self.output_names), _as_list(y_pred, self.output_names)
+        per_output = [
+            fn(t, p) for fn, t, p in zip(self._losses, yt, yp) if fn is not None
+        ]
+        weights = [w for fn, w in zip(self._losses, self._loss_weights) if fn is not None]
+        total = tf.add_n([w * l for w, l in zip(weights, per_output)])
+        return total, per_output
+
+    def update(self, y_true, y_pred, sample_weight, losses, per_output, regularization) -> None:
+        """Updates every tracker with this replica's examples (replica context)."""
+        count = tf.cast(tf.shape(losses)[0], "float32")
+        self.loss_tracker.update_state(losses, sample_weight=sample_weight)
+        self.regularization_tracker.update_state(regularization, sample_weight=count)
+        for tracker, values in zip(self.output_loss_trackers, per_output):
+            tracker.update_state(values, sample_weight=sample_weight)
+        yt, yp = _as_list(y_true, self.output_names), _as_list(y_pred, self.output_names)
+        for i, weighted, metric in self.compiled_metrics:
+            metric.update_state(yt[i], yp[i], sample_weight=sample_weight if weighted else None)
+
+    def reset(self) -> None:
+        for metric in self.metrics:
+            metric.reset_state()
+
+    def results(self) -> dict[str, float]:
+        """Exact results over every example since `reset`, as Python floats."""
+        logs = {"loss": float(self.loss_tracker.result()) + float(self.regularization_tracker.result())}
+        for metric in self.output_loss_trackers + [m for _, _, m in self.compiled_metrics]:
+            logs[metric.name] = _to_float(metric.result())
+        return logs
+
+
+def _to_float(value: Any) -> Any:
+    try:
+        return float(value)
+    except TypeError:  # a metric with a non-scalar result, e.g. per-class values
+        return keras.ops.convert_to_numpy(value).tolist()

@@ -1,0 +1,60 @@
+"""The plan printed once at the start of `fit`: what will run, and why."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Everything `fit` decided before the first step. Pure data; `describe` renders it."""
+
+    strategy: str
+    num_replicas: int
+    num_workers: int
+    global_batch_size: int
+    per_replica_batch_size: int
+    num_examples: int | None
+    steps_per_epoch: int | None
+    shard_policy: str
+    shard_reason: str
+    lr_rule: str | None
+    base_lr: str
+    scaled_lr: str
+    base_batch_size: int
+    warmup_steps: int
+    steps_per_execution: int
+    jit_compile: bool
+
+    def last_batch(self) -> str:
+        """How the last partial batch is handled, in words."""
+        if self.num_examples is None:
+            return "kept if partial; replicas share it unevenly and losses are divided by the true global count"
+        rest = self.num_examples % self.global_batch_size
+        if rest == 0:
+            return f"none: {self.num_examples} examples fill {self.steps_per_epoch} full batches"
+        share, extra = divmod(rest, self.num_replicas)
+        split = f"{extra} replica(s) get {share + 1}, {self.num_replicas - extra} get {share}" if self.num_replicas > 1 else f"{rest} examples"
+        return f"kept, not dropped or padded: {rest} examples ({split}); weighted by its true size"
+
+    def describe(self) -> str:
+        steps = "unknown (until the data ends)" if self.steps_per_epoch is None else str(self.steps_per_epoch)
+        lr = f"{self.base_lr} -> {self.scaled_lr}"
+        if self.lr_rule:
+            lr += f" ({self.lr_rule} rule, tuned for batch {self.base_batch_size})"
+        else:
+            lr += " (no scaling)"
+        if self.warmup_steps:
+            lr += f", linear warmup over {self.warmup_steps} steps"
+        rows = [
+            ("strategy", self.strategy),
+            ("replicas", f"{self.num_replicas} in sync over {self.num_workers} worker(s)"),
+            ("batch", f"global {self.global_batch_size} = {self.per_replica_batch_size} per replica x {self.num_replicas}"),
+            ("steps/epoch", steps + (f" ({self.num_examples} examples)" if self.num_examples else "")),
+            ("sharding", f"{self.shard_policy}: {self.shard_reason}"),
+            ("learning rate", lr),
+            ("last batch", self.last_batch()),
+            ("execution", f"{self.steps_per_execution} step(s) per call, XLA {'on' if self.jit_compile else 'off'}"),
+        ]
+        width = max(len(k) for k, _ in rows)
+        return "Training plan\n" + "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)

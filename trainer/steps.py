@@ -1,0 +1,134 @@
+"""Replica step functions and the fused loops that run them.
+
+Each train step divides the replica's sample-weighted loss sum by the GLOBAL
+example count (a cross-replica sum), so the gradients that Keras's optimizer
+sums across replicas equal the single-device gradient of the whole batch,
+however unevenly the batch was split. Regularization is divided by the replica
+count, so it is added exactly once per global step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from trainer.objective import Objective
+
+
+def unpack(batch: Any) -> tuple[Any, Any, tf.Tensor | None]:
+    """(x, y) or (x, y, sample_weight) -> (x, y, sample_weight or None)."""
+    if isinstance(batch, (tuple, list)) and len(batch) in (2, 3):
+        return batch[0], batch[1], batch[2] if len(batch) == 3 else None
+    raise ValueError(
+        "Training and evaluation data must yield (x, y) or (x, y, sample_weight). "
+        f"Received an element with structure {tf.nest.map_structure(lambda t: t.shape, batch)}."
+    )
+
+
+def _count_and_weights(x: Any, sample_weight: tf.Tensor | None) -> tuple[tf.Tensor, tf.Tensor]:
+    count = tf.shape(tf.nest.flatten(x)[0])[0]
+    if sample_weight is None:
+        return tf.cast(count, "float32"), tf.ones([count], "float32")
+    return tf.cast(count, "float32"), tf.reshape(tf.cast(sample_weight, "float32"), [count])
+
+
+class Steps:
+    """Compiled train, eval and predict functions for one model under one strategy.
+
+    Args:
+      strategy: the strategy whose scope holds `model` and `optimizer`.
+      model: the model in scope.
+      objective: the loss and metric trackers, built in scope.
+      jit_compile: compile the forward and backward pass with XLA.
+      warmup: for a float LR, `(scaled_lr, factor, warmup_steps)` to ramp the
+        optimizer's LR variable in-graph; None otherwise.
+    """
+
+    def __init__(
+        self,
+        strategy: tf.distribute.Strategy,
+        model: keras.Model,
+        objective: Objective,
+        *,
+        jit_compile: bool = False,
+        warmup: tuple[float, float, int] | None = None,
+    ):
+        self.strategy = strategy
+        self.model = model
+        self.objective = objective
+        self.warmup = warmup
+        self._grads = tf.function(self._loss_and_grads, jit_compile=True) if jit_compile else self._loss_and_grads
+        self.train = tf.function(self._train_loop)
+        self.evaluate = tf.function(self._eval_loop)
+        self.predict = tf.function(self._predict_step, reduce_retracing=True)
+
+    # Replica context -------------------------------------------------------
+
+    def _loss_and_grads(self, x, y, weights, global_count):
+        model, optimizer = self.model, self.model.optimizer
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=True)
+            losses, per_output = self.objective.per_example_losses(y, y_pred)
+            regularization = tf.add_n(model.losses) if model.losses else tf.constant(0.0)
+            regularization = tf.cast(regularization, "float32")
+            loss = tf.reduce_sum(losses * weights) / global_count
+            loss += regularization / self.strategy.num_replicas_in_sync
+            scaled = optimizer.scale_loss(loss)
+        grads = tape.gradient(scaled, model.trainable_variables)
+        return y_pred, losses, per_output, regularization, grads
+
+    def _train_replica(self, batch):
+        x, y, sample_weight = unpack(batch)
+        count, weights = _count_and_weights(x, sample_weight)
+        global_count = tf.distribute.get_replica_context().all_reduce("SUM", count)
+        y_pred, losses, per_output, regularization, grads = self._grads(x, y, weights, global_count)
+        self.model.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+        self.objective.update(y, y_pred, weights, losses, per_output, regularization)
+
+    def _eval_replica(self, batch):
+        x, y, sample_weight = unpack(batch)
+        _, weights = _count_and_weights(x, sample_weight)
+        y_pred = self.model(x, training=False)
+        losses, per_output = self.objective.per_example_losses(y, y_pred)
+        regularization = tf.add_n(self.model.losses) if self.model.losses else tf.constant(0.0)
+        self.objective.update(y, y_pred, weights, losses, per_output, tf.cast(regularization, "float32"))
+
+    # Cross-replica context ---------------------------------------------------
+
+    def _apply_warmup(self):
+        scaled_lr, factor, warmup_steps = self.warmup
+        step = tf.cast(self.model.optimizer.iterations, "float32")
+        if step < warmup_steps:
+            start = 1.0 / factor
+            self.model.optimizer.learning_rate.assign(scaled_lr * (start + (1.0 - start) * step / warmup_steps))
+        elif step == warmup_steps:
+            self.model.optimizer.learning_rate.assign(scaled_lr)
+
+    def _train_loop(self, iterator, num_steps):
+        """Runs up to `num_steps` train steps; returns how many ran."""
+        executed = tf.constant(0)
+        for _ in tf.range(num_steps):
+            optional = iterator.get_next_as_optional()
+            if not optional.has_value():
+                break
+            if self.warmup is not None:
+                self._apply_warmup()
+            self.strategy.run(self._train_replica, args=(optional.get_value(),))
+            executed += 1
+        return executed
+
+    def _eval_loop(self, iterator, num_steps):
+        executed = tf.constant(0)
+        for _ in tf.range(num_steps):
+            optional = iterator.get_next_as_optional()
+            if not optional.has_value():
+                break
+            self.strategy.run(self._eval_replica, args=(optional.get_value(),))
+            executed += 1
+        return executed
+
+    def _predict_step(self, batch):
+        outputs = self.strategy.run(lambda x: self.model(x, training=False), args=(batch,))
+        return tf.nest.map_structure(lambda t: self.strategy.gather(t, axis=0), outputs)

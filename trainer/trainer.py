@@ -1,0 +1,450 @@
+"""`Trainer`: fit, evaluate and predict a Keras model under any tf.distribute strategy."""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from typing import Any, Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from trainer import data as data_lib
+from trainer import models, scaling
+from trainer import strategy as strategy_lib
+from trainer.objective import Objective
+from trainer.plan import Plan
+from trainer.steps import Steps, unpack
+
+_AUTO_STEPS_PER_EXECUTION = 32
+_BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
+
+
+@dataclasses.dataclass
+class _Compiled:
+    """What one (model, strategy) pair needs to run steps; cached between calls."""
+
+    key: tuple
+    strategy: tf.distribute.Strategy
+    objective: Objective
+    steps: Steps
+
+
+@dataclasses.dataclass(frozen=True)
+class _LRPlan:
+    rule: str | None
+    base: Any  # float or LearningRateSchedule
+    factor: float
+    warmup_steps: int
+
+    def float_warmup(self) -> tuple[float, float, int] | None:
+        """The in-graph warmup for a float LR; a schedule carries its own."""
+        if not self.warmup_steps or not isinstance(self.base, float) or self.factor == 1.0:
+            return None
+        return (self.base * self.factor, self.factor, self.warmup_steps)
+
+    def describe(self) -> tuple[str, str]:
+        if isinstance(self.base, float):
+            return f"{self.base:.4g}", f"{self.base * self.factor:.4g}"
+        name = type(self.base).__name__
+        return name, f"{name} x {self.factor:.4g}"
+
+
+class Trainer:
+    """Trains a compiled Keras model under a tf.distribute strategy, with exact results.
+
+    Losses and metrics are aggregated across replicas and workers so that the
+    numbers do not depend on how many devices ran the job.
+
+    Example:
+
+    ```python
+    import keras, numpy as np
+    from trainer import Trainer
+
+    x, y = np.random.rand(1000, 8), np.random.randint(0, 2, 1000)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    history = Trainer(strategy="mirrored", per_replica_batch_size=64).fit(model, (x, y), epochs=2)
+    ```
+
+    Args:
+      strategy: a `tf.distribute.Strategy` or a name from `STRATEGY_NAMES`.
+      per_replica_batch_size: examples per replica per step; the global batch is
+        this times the replicas in sync. Default 32 when `batch_size` is unset.
+      batch_size: a fixed global batch instead. Not both.
+      lr_scaling: "auto" (linear for SGD, sqrt for adaptive optimizers),
+        "linear", "sqrt" or None.
+      base_batch_size: the batch the model's learning rate was tuned for.
+        Defaults to `per_replica_batch_size`, or `batch_size` when that is set
+        (a fixed global batch then keeps its learning rate).
+      warmup_epochs: epochs of linear warmup from the base to the scaled LR.
+      warmup_steps: the same in optimizer steps. Not both.
+      seed: seeds the per-epoch shuffle of array inputs and builder-made models.
+      shuffle: shuffle array inputs each epoch.
+      steps_per_execution: steps fused into one `tf.function` call, or "auto"
+        (32, or 1 when a callback has batch-level hooks).
+      jit_compile: XLA for the forward and backward pass; "auto" turns it on for
+        GPUs and TPUs only (it slows CNNs down on CPU).
+      verbose: 0 silent, 1 plan and progress (chief only).
+    """
+
+    def __init__(
+        self,
+        *,
+        strategy: str | tf.distribute.Strategy = "auto",
+        per_replica_batch_size: int | None = None,
+        batch_size: int | None = None,
+        lr_scaling: str | None = "auto",
+        base_batch_size: int | None = None,
+        warmup_epochs: float = 0,
+        warmup_steps: int = 0,
+        seed: int = 0,
+        shuffle: bool = True,
+        steps_per_execution: int | str = "auto",
+        jit_compile: bool | str = "auto",
+        verbose: int = 1,
+    ):
+        strategy_lib.check_strategy_name(strategy)
+        if per_replica_batch_size is not None and batch_size is not None:
+            raise ValueError(
+                "Pass `per_replica_batch_size` or `batch_size`, not both. Received: "
+                f"per_replica_batch_size={per_replica_batch_size}, batch_size={batch_size}. "
+                "per_replica_batch_size scales the global batch with the replicas; batch_size fixes it."
+            )
+        if batch_size is None and per_replica_batch_size is None:
+            per_replica_batch_size = 32
+        for name, value in (("per_replica_batch_size", per_replica_batch_size), ("batch_size", batch_size),
+                            ("base_batch_size", base_batch_size)):
+            if value is not None and (not isinstance(value, (int, np.integer)) or value < 1):
+                raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}.")
+        if lr_scaling not in scaling.LR_SCALING_RULES:
+            raise ValueError(
+                f"`lr_scaling` must be one of {scaling.LR_SCALING_RULES}. Received: lr_scaling={lr_scaling!r}."
+            )
+        if warmup_epochs and warmup_steps:
+            raise ValueError(
+                f"Pass `warmup_epochs` or `warmup_steps`, not both. Received: warmup_epochs={warmup_epochs}, "
+                f"warmup_steps={warmup_steps}."
+            )
+        if warmup_epochs < 0 or warmup_steps < 0:
+            raise ValueError(f"Warmup must be >= 0. Received: warmup_epochs={warmup_epochs}, warmup_steps={warmup_steps}.")
+        if steps_per_execution != "auto" and (not isinstance(steps_per_execution, int) or steps_per_execution < 1):
+            raise ValueError(
+                "`steps_per_execution` must be a positive integer or 'auto'. "
+                f"Received: steps_per_execution={steps_per_execution!r}."
+            )
+        if jit_compile not in (True, False, "auto"):
+            raise ValueError(f"`jit_compile` must be True, False or 'auto'. Received: jit_compile={jit_compile!r}.")
+        self.strategy = strategy
+        self.per_replica_batch_size = per_replica_batch_size
+        self.batch_size = batch_size
+        self.lr_scaling = lr_scaling
+        self.base_batch_size = base_batch_size or per_replica_batch_size or batch_size
+        self.warmup_epochs = warmup_epochs
+        self.warmup_steps = warmup_steps
+        self.seed = seed
+        self.shuffle = shuffle
+        self.steps_per_execution = steps_per_execution
+        self.jit_compile = jit_compile
+        self.verbose = verbose
+        self._strategies: dict[Any, tf.distribute.Strategy] = {}
+        self._compiled: "weakref.WeakKeyDictionary[keras.Model, _Compiled]" = weakref.WeakKeyDictionary()
+
+    # Public API ----------------------------------------------------------------
+
+    def fit(
+        self,
+        model: models.ModelOrBuilder,
+        data: Any,
+        *,
+        epochs: int = 1,
+        validation_data: Any = None,
+        callbacks: Sequence[keras.callbacks.Callback] | None = None,
+        steps_per_epoch: int | None = None,
+        initial_epoch: int = 0,
+        strategy: str | tf.distribute.Strategy | None = None,
+        verbose: int | None = None,
+    ) -> keras.callbacks.History:
+        """Trains `model` on `data`; returns a `History` whose `.model` is the trained model.
+
+        Args:
+          model: a compiled `keras.Model`, or a zero-argument function that builds
+            and compiles one (called inside the strategy's scope).
+          data: `(x, y[, sample_weight])` arrays, an unbatched `tf.data.Dataset` of
+            such tuples, or a function `input_context -> Dataset`.
+          epochs: the epoch to stop after (as in Keras, counted from 0).
+          validation_data: evaluated at the end of every epoch; same forms as `data`.
+          callbacks: `keras.callbacks.Callback` instances.
+          steps_per_epoch: cap on steps per epoch; needed for infinite datasets.
+          initial_epoch: the epoch to start from.
+          strategy: overrides the trainer's strategy for this call.
+          verbose: overrides the trainer's verbosity for this call.
+        """
+        strategy = self._resolve_strategy(strategy)
+        train = data_lib.as_input(data, arg="data")
+        val = self._validation_input(validation_data, train)
+        _check_loop_args(epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch)
+        if isinstance(model, keras.Model):
+            models.check_compiled(model)
+        batch = self._batch_plan(strategy)
+        user_steps = steps_per_epoch
+        steps_per_epoch = steps_per_epoch or data_lib.num_steps(train, batch.global_batch_size)
+        warmup_steps = self._warmup_steps(steps_per_epoch)
+        run_model, compiled, lr_plan = self._prepare(model, strategy, train, lr=(batch, warmup_steps))
+        callbacks = list(callbacks or [])
+        plan = self._plan(strategy, train, batch, steps_per_epoch, lr_plan, callbacks)
+        verbose = self.verbose if verbose is None else verbose
+        cluster = strategy_lib.strategy_cluster_info(strategy)
+        if verbose and cluster.is_chief:
+            print(plan.describe(), flush=True)
+        callback_list = keras.callbacks.CallbackList(
+            callbacks, add_history=True, model=run_model, verbose=verbose,
+            epochs=epochs, steps=steps_per_epoch,
+        )
+        self._run_epochs(compiled, train, val, callback_list, plan, epochs=epochs, initial_epoch=initial_epoch,
+                         restart_each_epoch=isinstance(train, data_lib.ArrayInput) or user_steps is None)
+        if run_model is not model and isinstance(model, keras.Model):
+            model.set_weights(run_model.get_weights())  # the user's object sees the training
+        return next(c for c in callback_list.callbacks if isinstance(c, keras.callbacks.History))
+
+    def evaluate(
+        self,
+        model: models.ModelOrBuilder,
+        data: Any,
+        *,
+        steps: int | None = None,
+        strategy: str | tf.distribute.Strategy | None = None,
+        callbacks: Sequence[keras.callbacks.Callback] | None = None,
+    ) -> dict[str, float]:
+        """Returns {metric name: value}, exact over every example of `data`."""
+        strategy = self._resolve_strategy(strategy)
+        inp = data_lib.as_input(data, arg="data")
+        if isinstance(model, keras.Model):
+            models.check_compiled(model)
+        batch = self._batch_plan(strategy)
+        run_model, compiled, _ = self._prepare(model, strategy, inp)
+        callback_list = keras.callbacks.CallbackList(list(callbacks or []), model=run_model)
+        return self._run_eval(compiled, inp, batch, callback_list, steps=steps)
+
+    def predict(
+        self,
+        model: models.ModelOrBuilder,
+        x: Any,
+        *,
+        strategy: str | tf.distribute.Strategy | None = None,
+    ) -> Any:
+        """Returns the model's outputs as NumPy, one row per input row, in input order."""
+        strategy = self._resolve_strategy(strategy)
+        inp = data_lib.as_input(x, arg="x", with_targets=False)
+        batch = self._batch_plan(strategy)
+        sample_x = data_lib.sample_batch(inp)
+        run_model = models.model_in_scope(model, strategy, sample_x, self.seed)
+        predict_fn = self._predict_fn(run_model, strategy)
+        num_workers = strategy_lib.strategy_cluster_info(strategy).num_workers
+        dataset = data_lib.distribute(strategy, inp, global_batch_size=batch.global_batch_size, num_workers=num_workers)
+        outputs = [tf.nest.map_structure(lambda t: t.numpy(), predict_fn(b)) for b in dataset]
+        return tf.nest.map_structure(lambda *parts: np.concatenate(parts, axis=0), *outputs)
+
+    # Stages ------------------------------------------------------------------
+
+    def _resolve_strategy(self, strategy) -> tf.distribute.Strategy:
+        strategy_lib.check_strategy_name(strategy)
+        key = strategy if strategy is not None else self.strategy
+        if isinstance(key, tf.distribute.Strategy):
+            return key
+        if key not in self._strategies:  # one instance per name: TF can't rebuild collectives
+            self._strategies[key] = strategy_lib.resolve_strategy(key)
+        return self._strategies[key]
+
+    def _validation_input(self, validation_data: Any, train: data_lib.Input) -> data_lib.Input | None:
+        if validation_data is None:
+            return None
+        val = data_lib.as_input(validation_data, arg="validation_data")
+        train_sig, val_sig = data_lib.feature_signature(train), data_lib.feature_signature(val)
+        if train_sig is not None and val_sig is not None and train_sig[:2] != val_sig[:2]:
+            raise ValueError(
+                "`validation_data` must have the same structure and per-example shapes as `data`. "
+                f"Received: data (x, y) = {train_sig[:2]}, validation_data (x, y) = {val_sig[:2]}. "
+                "Pass validation arrays shaped like the training arrays."
+            )
+        return val
+
+    def _batch_plan(self, strategy: tf.distribute.Strategy) -> scaling.BatchPlan:
+        return scaling.plan_batch(
+            per_replica_batch_size=self.per_replica_batch_size,
+            batch_size=self.batch_size,
+            num_replicas=strategy.num_replicas_in_sync,
+        )
+
+    def _warmup_steps(self, steps_per_epoch: int | None) -> int:
+        if not self.warmup_epochs:
+            return self.warmup_steps
+        if steps_per_epoch is None:
+            raise ValueError(
+                f"`warmup_epochs` needs a known epoch length. Received: warmup_epochs={self.warmup_epochs} "
+                "with data of unknown size. Pass warmup_steps, or steps_per_epoch to fit()."
+            )
+        return int(round(self.warmup_epochs * steps_per_epoch))
+
+    def _lr_plan(self, optimizer, batch: scaling.BatchPlan, warmup_steps: int) -> _LRPlan:
+        rule = scaling.resolve_lr_rule(self.lr_scaling, optimizer)
+        factor = scaling.lr_factor(rule, batch.global_batch_size, self.base_batch_size)
+        return _LRPlan(rule, models.base_learning_rate(optimizer), factor, warmup_steps)
+
+    def _prepare(self, model, strategy, inp, *, lr: tuple | None = None):
+        """Model in scope, optimizer scaled (when training), trackers and step functions."""
+        x, y, _ = unpack(data_lib.sample_batch(inp))
+        run_model = models.model_in_scope(model, strategy, x, self.seed)
+        lr_plan = None
+        if lr is not None:
+            batch, warmup_steps = lr
+            lr_plan = self._lr_plan(run_model.optimizer, batch, warmup_steps)
+            models.optimizer_in_scope(run_model, strategy, factor=lr_plan.factor, warmup_steps=warmup_steps)
+        jit = self._jit(strategy)
+        warmup = lr_plan.float_warmup() if lr_plan else None
+        key = (id(strategy), id(run_model.optimizer), jit, warmup)
+        compiled = self._compiled.get(run_model)
+        if compiled is None or compiled.key != key:
+            with strategy.scope():
+                objective = Objective(run_model, y, run_model(x, training=False))
+            steps = Steps(strategy, run_model, objective, jit_compile=jit, warmup=warmup)
+            compiled = self._compiled[run_model] = _Compiled(key, strategy, objective, steps)
+        return run_model, compiled, lr_plan
+
+    def _jit(self, strategy: tf.distribute.Strategy) -> bool:
+        if self.jit_compile != "auto":
+            return self.jit_compile
+        devices = " ".join(strategy.extended.worker_devices).upper()
+        return "GPU" in devices or "TPU" in devices
+
+    def _plan(self, strategy, inp, batch, steps_per_epoch, lr_plan: _LRPlan, callbacks) -> Plan:
+        cluster = strategy_lib.strategy_cluster_info(strategy)
+        if isinstance(inp, data_lib.ArrayInput):
+            policy, why = "OFF", "the trainer splits each global batch into per-replica slices; each worker gathers only its own"
+        elif isinstance(inp, data_lib.FunctionInput):
+            policy, why = "per worker", "your dataset function shards by its input_context"
+        else:
+            enum, why = data_lib.shard_policy(inp.dataset, cluster.num_workers)
+            policy = enum.name
+        base_lr, scaled_lr = lr_plan.describe()
+        return Plan(
+            strategy=type(strategy).__name__,
+            num_replicas=batch.num_replicas,
+            num_workers=cluster.num_workers,
+            global_batch_size=batch.global_batch_size,
+            per_replica_batch_size=batch.per_replica_batch_size,
+            num_examples=getattr(inp, "num_examples", None),
+            steps_per_epoch=steps_per_epoch,
+            shard_policy=policy,
+            shard_reason=why,
+            lr_rule=lr_plan.rule if lr_plan.factor != 1.0 or lr_plan.rule else None,
+            base_lr=base_lr,
+            scaled_lr=scaled_lr,
+            base_batch_size=self.base_batch_size,
+            warmup_steps=lr_plan.warmup_steps,
+            steps_per_execution=self._steps_per_execution(callbacks, steps_per_epoch),
+            jit_compile=self._jit(strategy),
+        )
+
+    def _steps_per_execution(self, callbacks, steps_per_epoch: int | None) -> int:
+        if self.steps_per_execution != "auto":
+            return self.steps_per_execution
+        if any(_has_batch_hooks(c) for c in callbacks):
+            return 1
+        return min(_AUTO_STEPS_PER_EXECUTION, steps_per_epoch or _AUTO_STEPS_PER_EXECUTION)
+
+    def _iterator(self, compiled: _Compiled, inp, batch, epoch: int | None = None):
+        order = None
+        if isinstance(inp, data_lib.ArrayInput) and epoch is not None:
+            order = data_lib.epoch_order(inp.num_examples, shuffle=self.shuffle, seed=self.seed, epoch=epoch)
+        num_workers = strategy_lib.strategy_cluster_info(compiled.strategy).num_workers
+        return iter(data_lib.distribute(compiled.strategy, inp, global_batch_size=batch.global_batch_size,
+                                        num_workers=num_workers, order=order))
+
+    def _run_epochs(self, compiled, train, val, callbacks, plan: Plan, *, epochs, initial_epoch, restart_each_epoch):
+        model, objective = compiled.steps.model, compiled.objective
+        batch = scaling.BatchPlan(plan.global_batch_size, plan.num_replicas)
+        batch_logs = any(_has_batch_hooks(c) for c in callbacks.callbacks)
+        model.stop_training = False
+        callbacks.on_train_begin()
+        logs: dict[str, Any] = {}
+        iterator = None
+        for epoch in range(initial_epoch, epochs):
+            objective.reset()
+            callbacks.on_epoch_begin(epoch)
+            if iterator is None or restart_each_epoch:
+                iterator = self._iterator(compiled, train, batch, epoch)
+            step, exhausted = 0, False
+            while plan.steps_per_epoch is None or step < plan.steps_per_epoch:
+                n = plan.steps_per_execution
+                if plan.steps_per_epoch is not None:
+                    n = min(n, plan.steps_per_epoch - step)
+                callbacks.on_train_batch_begin(step)
+                ran = int(compiled.steps.train(iterator, tf.constant(n)))
+                step += ran
+                exhausted = ran < n
+                if ran:
+                    callbacks.on_train_batch_end(step - 1, objective.results() if batch_logs else None)
+                if exhausted or model.stop_training:
+                    break
+            if step == 0:
+                raise ValueError(
+                    f"`data` produced no batches in epoch {epoch}. Pass a non-empty dataset, or one "
+                    "that repeats when steps_per_epoch is set."
+                )
+            iterator = None if exhausted else iterator
+            logs = objective.results()
+            logs["learning_rate"] = float(np.asarray(model.optimizer.learning_rate))
+            if val is not None:
+                val_logs = self._run_eval(compiled, val, batch, callbacks)
+                logs.update({f"val_{k}": v for k, v in val_logs.items()})
+            callbacks.on_epoch_end(epoch, logs)
+            if model.stop_training:
+                break
+        callbacks.on_train_end(logs)
+
+    def _run_eval(self, compiled, inp, batch, callbacks, steps: int | None = None) -> dict[str, float]:
+        objective = compiled.objective
+        objective.reset()
+        callbacks.on_test_begin()
+        iterator = self._iterator(compiled, inp, batch)
+        total = 0
+        while steps is None or total < steps:
+            n = _AUTO_STEPS_PER_EXECUTION if steps is None else min(_AUTO_STEPS_PER_EXECUTION, steps - total)
+            ran = int(compiled.steps.evaluate(iterator, tf.constant(n)))
+            total += ran
+            if ran < n:
+                break
+        logs = objective.results()
+        callbacks.on_test_end(logs)
+        return logs
+
+    def _predict_fn(self, model: keras.Model, strategy: tf.distribute.Strategy):
+        compiled = self._compiled.get(model)
+        if compiled is not None and compiled.strategy is strategy:
+            return compiled.steps.predict
+        return Steps(strategy, model, objective=None).predict
+
+
+def _has_batch_hooks(callback: keras.callbacks.Callback) -> bool:
+    """Whether a callback overrides a train-batch hook (so it wants every step)."""
+    if getattr(callback, "handles_fused_steps", False):
+        return False
+    base = keras.callbacks.Callback
+    return any(getattr(type(callback), hook) is not getattr(base, hook) for hook in _BATCH_HOOKS)
+
+
+def _check_loop_args(*, epochs: int, initial_epoch: int, steps_per_epoch: int | None) -> None:
+    if not isinstance(epochs, (int, np.integer)) or epochs < 0:
+        raise ValueError(f"`epochs` must be a non-negative integer. Received: epochs={epochs!r}.")
+    if not isinstance(initial_epoch, (int, np.integer)) or not 0 <= initial_epoch <= epochs:
+        raise ValueError(
+            f"`initial_epoch` must be an integer in [0, epochs]. Received: initial_epoch={initial_epoch!r}, "
+            f"epochs={epochs}."
+        )
+    if steps_per_epoch is not None and (not isinstance(steps_per_epoch, (int, np.integer)) or steps_per_epoch < 1):
+        raise ValueError(
+            f"`steps_per_epoch` must be a positive integer or None. Received: steps_per_epoch={steps_per_epoch!r}."
+        )
