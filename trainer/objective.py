@@ -77,6 +77,13 @@ def _metric(identifier: Any, y_true: tf.Tensor, y_pred: tf.Tensor) -> keras.metr
     return obj
 
 
+def _identifiers(spec: Any) -> list[Any]:
+    """A metrics spec for one output -> its identifiers (a config dict is one identifier)."""
+    if spec is None:
+        return []
+    return list(spec) if isinstance(spec, (list, tuple)) else [spec]
+
+
 def _as_list(outputs: Any, names: list[str]) -> list[Any]:
     if isinstance(outputs, dict):
         return [outputs[n] for n in names]
@@ -117,7 +124,7 @@ class Objective:
         yt, yp = _as_list(y_true, names), _as_list(y_pred, names)
         for weighted, key in ((False, "metrics"), (True, "weighted_metrics")):
             for i, spec in enumerate(_by_output(config.get(key), names, key)):
-                for identifier in tf.nest.flatten(spec) if spec is not None else []:
+                for identifier in _identifiers(spec):
                     metric = _metric(identifier, tf.convert_to_tensor(yt[i]), yp[i])
                     metric.name = prefix(names[i]) + metric.name
                     if weighted and metric.name in {m.name for _, _, m in self.compiled_metrics}:

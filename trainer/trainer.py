@@ -316,8 +316,13 @@ class Trainer:
     def _jit(self, strategy: tf.distribute.Strategy) -> bool:
         if self.jit_compile != "auto":
             return self.jit_compile
-        devices = " ".join(strategy.extended.worker_devices).upper()
-        return "GPU" in devices or "TPU" in devices
+        if isinstance(strategy, tf.distribute.TPUStrategy):
+            return True
+        try:
+            devices = strategy.extended.worker_devices
+        except RuntimeError:  # the default strategy: whatever TF places on
+            devices = [d.name for d in tf.config.list_logical_devices("GPU")]
+        return any("GPU" in d.upper() for d in devices)
 
     def _plan(self, strategy, inp, batch, steps_per_epoch, lr_plan: _LRPlan, callbacks) -> Plan:
         cluster = strategy_lib.strategy_cluster_info(strategy)
