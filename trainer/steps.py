@@ -97,6 +97,11 @@ class Steps:
 
     # Cross-replica context ---------------------------------------------------
 
+    def sync_warmup(self) -> None:
+        """Sets a float LR to its warmup value for the coming step (call before training)."""
+        if self.warmup is not None:
+            self._apply_warmup()
+
     def _apply_warmup(self):
         scaled_lr, factor, warmup_steps = self.warmup
         step = tf.cast(self.model.optimizer.iterations, "float32")
@@ -113,9 +118,9 @@ class Steps:
             optional = iterator.get_next_as_optional()
             if not optional.has_value():
                 break
-            if self.warmup is not None:
-                self._apply_warmup()
             self.strategy.run(self._train_replica, args=(optional.get_value(),))
+            if self.warmup is not None:  # set the LR of the next step, so callbacks see it
+                self._apply_warmup()
             executed += 1
         return executed
 

@@ -373,6 +373,7 @@ class Trainer:
         batch = scaling.BatchPlan(plan.global_batch_size, plan.num_replicas)
         batch_logs = any(_has_batch_hooks(c) for c in callbacks.callbacks)
         model.stop_training = False
+        compiled.steps.sync_warmup()
         callbacks.on_train_begin()
         logs: dict[str, Any] = {}
         iterator = None
@@ -401,7 +402,7 @@ class Trainer:
                 )
             iterator = None if exhausted else iterator
             logs = objective.results()
-            logs["learning_rate"] = float(np.asarray(model.optimizer.learning_rate))
+            logs["learning_rate"] = float(keras.ops.convert_to_numpy(model.optimizer.learning_rate))
             if val is not None:
                 val_logs = self._run_eval(compiled, val, batch, callbacks)
                 logs.update({f"val_{k}": v for k, v in val_logs.items()})
