@@ -72,7 +72,7 @@ def _recreate(model: keras.Model, strategy: tf.distribute.Strategy, sample_x: An
     except (NotImplementedError, TypeError, ValueError) as err:
         raise ValueError(
             f"`model` was built outside the strategy's scope and can't be re-created inside "
-            f"it: {type(model).__name__}.get_config()/from_config() failed ({err}). Pass a "
+            f"it: {type(model).__name__}.get_config()/from_config() failed ({_first_line(err)}). Pass a "
             "function that builds and compiles the model instead: Trainer.fit(lambda: make_model(), ...)."
         ) from err
     clone.set_weights(model.get_weights())
@@ -85,6 +85,11 @@ def _recreate(model: keras.Model, strategy: tf.distribute.Strategy, sample_x: An
         weighted_metrics=_deserialize(compile_config.get("weighted_metrics")),
     )
     return clone
+
+
+def _first_line(err: Exception) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"
 
 
 def _deserialize(spec: Any) -> Any:

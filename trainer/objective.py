@@ -9,7 +9,6 @@ whose variables tf.distribute sums across replicas on read.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import keras
@@ -17,15 +16,21 @@ import tensorflow as tf
 
 
 def _per_example(loss: Any):
-    """A callable (y_true, y_pred) -> per-example losses of shape (batch,)."""
-    if isinstance(loss, str) or not isinstance(loss, keras.losses.Loss):
-        fn = keras.losses.get(loss)
-        loss = fn if isinstance(fn, keras.losses.Loss) else _FunctionLoss(fn)
-    loss = copy.copy(loss)
-    loss.reduction = None  # Loss.__call__ then returns the unreduced values
+    """A callable (y_true, y_pred) -> per-example losses of shape (batch,).
+
+    `Loss.call` gives the unreduced values; the inputs are converted as
+    `Loss.__call__` would. Loss objects are not copied: Keras copies go through
+    serialization, which fails for unregistered custom losses.
+    """
+    if not isinstance(loss, keras.losses.Loss):
+        loss = keras.losses.get(loss)
 
     def call(y_true, y_pred):
-        values = loss(y_true, y_pred)
+        if isinstance(loss, keras.losses.Loss):
+            dtype = loss.dtype or "float32"
+            values = loss.call(tf.cast(y_true, dtype), tf.cast(y_pred, dtype))
+        else:
+            values = loss(*_same_rank(y_true, y_pred))
         if values.shape.rank and values.shape.rank > 1:  # e.g. per time step
             values = tf.reduce_mean(values, axis=list(range(1, values.shape.rank)))
         return tf.cast(values, "float32")
@@ -33,13 +38,12 @@ def _per_example(loss: Any):
     return call
 
 
-class _FunctionLoss(keras.losses.Loss):
-    def __init__(self, fn):
-        super().__init__(name=getattr(fn, "__name__", "loss"))
-        self.fn = fn
-
-    def call(self, y_true, y_pred):
-        return self.fn(y_true, y_pred)
+def _same_rank(y_true, y_pred):
+    """Adds the trailing axis of size 1 that a plain loss function expects on y_true."""
+    y_true, y_pred = tf.convert_to_tensor(y_true), tf.convert_to_tensor(y_pred)
+    if y_true.shape.rank == y_pred.shape.rank - 1 and y_pred.shape[-1] == 1:
+        y_true = tf.expand_dims(y_true, -1)
+    return tf.cast(y_true, y_pred.dtype) if y_pred.dtype.is_floating else y_true, y_pred
 
 
 def _by_output(spec: Any, names: list[str], what: str) -> list[Any]:

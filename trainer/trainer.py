@@ -439,7 +439,11 @@ def _has_batch_hooks(callback: keras.callbacks.Callback) -> bool:
     if getattr(callback, "handles_fused_steps", False):
         return False
     base = keras.callbacks.Callback
-    return any(getattr(type(callback), hook) is not getattr(base, hook) for hook in _BATCH_HOOKS)
+    for hook in _BATCH_HOOKS:
+        attr = getattr(callback, hook)  # instance attributes count too (LambdaCallback)
+        if getattr(attr, "__func__", attr) is not getattr(base, hook):
+            return True
+    return False
 
 
 def _check_loop_args(*, epochs: int, initial_epoch: int, steps_per_epoch: int | None) -> None:

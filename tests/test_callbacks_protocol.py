@@ -1,0 +1,109 @@
+"""Standard keras.callbacks run unchanged under Trainer.fit."""
+
+import keras
+import numpy as np
+import pytest
+
+from conftest import mirrored, tiny_data, tiny_model
+from trainer import Trainer
+
+
+def _fit(callbacks, epochs=6, lr=0.05, strategy=None, **kwargs):
+    x, y, w = tiny_data(256)
+    trainer = Trainer(strategy=strategy or mirrored(2), per_replica_batch_size=16, lr_scaling=None, verbose=0)
+    return trainer.fit(tiny_model(lr=lr), (x, y), epochs=epochs, validation_data=(x[:64], y[:64]),
+                       callbacks=callbacks, **kwargs)
+
+
+def test_history_records_every_epoch_and_points_at_the_model():
+    history = _fit([], epochs=3)
+    assert history.epoch == [0, 1, 2]
+    assert set(history.history) == {"loss", "accuracy", "wce", "learning_rate", "val_loss", "val_accuracy", "val_wce"}
+    assert all(len(v) == 3 for v in history.history.values())
+    assert isinstance(history.model, keras.Model)
+    assert history.params["epochs"] == 3 and history.params["steps"] == 8
+
+
+def test_early_stopping_restores_best_weights():
+    class Snapshot(keras.callbacks.Callback):
+        weights = {}
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.weights[epoch] = [w.copy() for w in self.model.get_weights()]
+
+    snapshot = Snapshot()
+    # patience 1 with a huge LR: the loss diverges, training stops early, best weights come back.
+    stopper = keras.callbacks.EarlyStopping(monitor="val_loss", patience=1, restore_best_weights=True)
+    history = _fit([snapshot, stopper], epochs=20, lr=3.0)
+    losses = history.history["val_loss"]
+    assert len(losses) < 20
+    best = int(np.argmin(losses))
+    for restored, kept in zip(history.model.get_weights(), snapshot.weights[best]):
+        np.testing.assert_array_equal(restored, kept)
+
+
+def test_reduce_lr_on_plateau_lowers_the_learning_rate():
+    # Epoch 0 sets the best loss; epochs 1 and 2 can't beat it by min_delta, so each halves the LR.
+    reducer = keras.callbacks.ReduceLROnPlateau(monitor="loss", factor=0.5, patience=0, min_delta=10.0)
+    history = _fit([reducer], epochs=4, lr=0.04)
+    np.testing.assert_allclose(history.history["learning_rate"], [0.04, 0.04, 0.02, 0.01], rtol=1e-6)
+
+
+def test_learning_rate_scheduler_sets_each_epoch():
+    scheduler = keras.callbacks.LearningRateScheduler(lambda epoch, lr: 0.1 / (epoch + 1))
+    history = _fit([scheduler], epochs=3)
+    np.testing.assert_allclose(history.history["learning_rate"], [0.1, 0.05, 0.1 / 3], rtol=1e-6)
+
+
+def test_terminate_on_nan_stops_training():
+    x, y, w = tiny_data(256)
+    x[200:] = np.nan  # non-finite inputs make the loss NaN from step 12 on
+    trainer = Trainer(strategy="default", per_replica_batch_size=16, verbose=0, shuffle=False)
+    history = trainer.fit(tiny_model(), (x, y), epochs=5, callbacks=[keras.callbacks.TerminateOnNaN()])
+    assert len(history.epoch) == 1
+    assert np.isnan(history.history["loss"][0])
+
+
+def test_lambda_callback_sees_every_hook_in_order():
+    events = []
+    hooks = keras.callbacks.LambdaCallback(
+        on_train_begin=lambda logs: events.append("train_begin"),
+        on_epoch_begin=lambda epoch, logs: events.append(f"epoch_begin{epoch}"),
+        on_train_batch_end=lambda batch, logs: events.append(f"batch{batch}:{logs['loss'] > 0}"),
+        on_epoch_end=lambda epoch, logs: events.append(f"epoch_end{epoch}:{sorted(logs)[0]}"),
+        on_train_end=lambda logs: events.append("train_end"),
+    )
+    _fit([hooks], epochs=2)
+    batches = [f"batch{i}:True" for i in range(8)]
+    assert events == (["train_begin", "epoch_begin0"] + batches + ["epoch_end0:accuracy", "epoch_begin1"]
+                      + batches + ["epoch_end1:accuracy", "train_end"])
+
+
+def test_stop_training_is_honoured_mid_epoch():
+    class StopAtStep(keras.callbacks.Callback):
+        steps = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.steps += 1
+            if batch == 2:
+                self.model.stop_training = True
+
+    stopper = StopAtStep()
+    history = _fit([stopper], epochs=4)
+    assert stopper.steps == 3 and history.epoch == [0]
+    assert len(history.history["loss"]) == 1
+
+
+def test_fused_steps_call_batch_hooks_once_per_execution():
+    class CountBatches(keras.callbacks.Callback):
+        handles_fused_steps = True  # opts out of forcing one step per call
+        seen = []
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.seen.append(batch)
+
+    counter = CountBatches()
+    x, y, w = tiny_data(256)
+    Trainer(strategy="default", per_replica_batch_size=16, steps_per_execution=3, verbose=0).fit(
+        tiny_model(), (x, y), epochs=1, callbacks=[counter])
+    assert counter.seen == [2, 5, 8, 11, 14, 15]  # 16 steps: five executions of 3, then 1

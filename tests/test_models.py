@@ -1,0 +1,144 @@
+"""Models in and out of the strategy's scope, builders, subclassed and multi-output models."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import mirrored, tiny_data, tiny_model
+from trainer import Trainer
+
+
+def test_model_built_outside_scope_is_recreated_and_trained_weights_copied_back(data):
+    x, y, w = data
+    model = tiny_model()
+    before = [v.copy() for v in model.get_weights()]
+    history = Trainer(strategy=mirrored(2), per_replica_batch_size=16, verbose=0).fit(model, (x, y), epochs=2)
+    assert history.model is not model  # re-created inside the scope
+    for trained, user in zip(history.model.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(trained, user)
+    assert any(not np.array_equal(b, a) for b, a in zip(before, model.get_weights()))
+    np.testing.assert_allclose(model.predict(x, verbose=0), history.model.predict(x, verbose=0), rtol=1e-6)
+    assert history.model.get_compile_config()["weighted_metrics"]  # compile settings survived
+
+
+def test_second_fit_continues_without_rescaling(data):
+    x, y, w = data
+    trainer = Trainer(strategy=mirrored(2), per_replica_batch_size=16, lr_scaling="linear", verbose=0)
+    model = trainer.fit(lambda: tiny_model(lr=0.01), (x, y), epochs=1).model
+    iterations = int(model.optimizer.iterations.numpy())
+    history = trainer.fit(model, (x, y), epochs=1)
+    assert history.model is model
+    assert int(model.optimizer.iterations.numpy()) == 2 * iterations
+    assert history.history["learning_rate"] == [pytest.approx(0.02)]
+
+
+def test_builder_is_called_in_scope_and_history_has_the_model(data):
+    x, y, w = data
+    calls = []
+
+    def build():
+        calls.append(tf.distribute.has_strategy())
+        return tiny_model()
+
+    history = Trainer(strategy=mirrored(2), per_replica_batch_size=16, verbose=0).fit(build, (x, y), epochs=1)
+    assert calls == [True]
+    assert isinstance(history.model.weights[0].value, tf.distribute.DistributedValues)
+
+
+class _NoConfig(keras.Model):
+    def __init__(self, units, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden = keras.layers.Dense(units, activation="relu")
+        self.out = keras.layers.Dense(3)
+
+    def call(self, x):
+        return self.out(self.hidden(x))
+
+
+def _compiled_subclass():
+    model = _NoConfig(16)
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    return model
+
+
+def test_subclassed_model_without_config_asks_for_a_builder(data):
+    x, y, w = data
+    model = _compiled_subclass()
+    model(x[:2])  # built outside any scope
+    with pytest.raises(ValueError, match=r"(?s)can't be re-created inside.*Pass a function that builds"):
+        Trainer(strategy=mirrored(2), verbose=0).fit(model, (x, y))
+
+
+def test_subclassed_model_through_a_builder(data):
+    x, y, w = data
+    history = Trainer(strategy=mirrored(2), per_replica_batch_size=16, verbose=0).fit(
+        _compiled_subclass, (x, y), epochs=2)
+    assert history.history["loss"][1] < history.history["loss"][0]
+
+
+def _two_headed():
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((8,), name="features")
+    hidden = keras.layers.Dense(8, activation="relu")(inputs)
+    outputs = {
+        "cls": keras.layers.Dense(3, name="cls")(hidden),
+        "reg": keras.layers.Dense(1, name="reg")(hidden),
+    }
+    model = keras.Model(inputs, outputs)
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.0),
+        loss={"cls": keras.losses.SparseCategoricalCrossentropy(from_logits=True), "reg": "mse"},
+        loss_weights={"cls": 1.0, "reg": 0.5},
+        metrics={"cls": ["accuracy"]},
+    )
+    return model
+
+
+def test_multi_output_losses_are_weighted_per_output(data):
+    x, y, w = data
+    targets = {"cls": y, "reg": x[:, :1] * 2.0}
+    trainer = Trainer(strategy=mirrored(4), batch_size=32, verbose=0)
+    model = trainer.fit(_two_headed, (x, targets), epochs=1).model
+    result = trainer.evaluate(model, (x, targets))
+    pred = model.predict(x, verbose=0)
+    logits = pred["cls"] - pred["cls"].max(axis=1, keepdims=True)
+    ce = -(logits - np.log(np.exp(logits).sum(axis=1, keepdims=True)))[np.arange(len(y)), y]
+    mse = ((pred["reg"] - targets["reg"]) ** 2).mean(axis=1)
+    np.testing.assert_allclose(result["cls_loss"], ce.mean(), rtol=1e-5)
+    np.testing.assert_allclose(result["reg_loss"], mse.mean(), rtol=1e-5)
+    np.testing.assert_allclose(result["loss"], ce.mean() + 0.5 * mse.mean(), rtol=1e-5)
+    np.testing.assert_allclose(result["cls_accuracy"], np.mean(pred["cls"].argmax(1) == y), rtol=1e-6)
+    out = trainer.predict(model, x)
+    np.testing.assert_allclose(out["reg"], pred["reg"], rtol=1e-5, atol=1e-6)
+
+
+def test_dataset_and_function_inputs_match_arrays(data):
+    x, y, w = data  # 203 examples: the last global batch of 32 holds 11, split 3/3/3/2
+    strategy = mirrored(4)
+    trainer = Trainer(strategy=strategy, batch_size=32, shuffle=False, lr_scaling=None, verbose=0)
+    from_arrays = trainer.fit(tiny_model(), (x, y, w), epochs=2).history
+
+    dataset = tf.data.Dataset.from_tensor_slices((x, y, w))
+    from_dataset = trainer.fit(tiny_model(), dataset, epochs=2).history
+
+    def dataset_fn(ctx):
+        per_replica = ctx.get_per_replica_batch_size(32)
+        return tf.data.Dataset.from_tensor_slices((x, y, w)).batch(32).rebatch(
+            [per_replica] * ctx.num_replicas_in_sync).shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+
+    from_function = trainer.fit(tiny_model(), dataset_fn, epochs=2).history
+    for key in ("loss", "accuracy", "wce"):
+        np.testing.assert_allclose(from_dataset[key], from_arrays[key], rtol=1e-5, err_msg=key)
+        np.testing.assert_allclose(from_function[key], from_arrays[key], rtol=1e-5, err_msg=key)
+
+
+def test_predict_keeps_input_order_with_an_uneven_split(data):
+    x, y, w = data
+    model = tiny_model()
+    out = Trainer(strategy=mirrored(4), batch_size=8, verbose=0).predict(model, x)
+    assert out.shape == (203, 3)
+    np.testing.assert_allclose(out, model.predict(x, verbose=0), rtol=1e-5, atol=1e-6)
+    unbatched = Trainer(strategy=mirrored(4), batch_size=8, verbose=0).predict(
+        model, tf.data.Dataset.from_tensor_slices(x))
+    np.testing.assert_allclose(unbatched, out, rtol=1e-6)
