@@ -1,0 +1,75 @@
+"""Input pipelines: the global order depends on the seed only; every example once per epoch."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import mirrored
+from trainer import data as data_lib
+
+
+def test_epoch_order_depends_on_seed_and_epoch_only():
+    a = data_lib.epoch_order(100, shuffle=True, seed=3, epoch=1)
+    np.testing.assert_array_equal(a, data_lib.epoch_order(100, shuffle=True, seed=3, epoch=1))
+    assert not np.array_equal(a, data_lib.epoch_order(100, shuffle=True, seed=3, epoch=2))
+    assert sorted(a) == list(range(100))
+    np.testing.assert_array_equal(data_lib.epoch_order(5, shuffle=False, seed=3, epoch=1), np.arange(5))
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 3, 4])
+def test_replica_slices_cover_each_batch_contiguously(replicas):
+    starts, sizes = data_lib.replica_slices(1003, 64, replicas)
+    assert starts.shape == (16, replicas)
+    # Concatenating the slices in replica order gives back 0..1002.
+    rows = np.concatenate([np.arange(s, s + n) for s, n in zip(starts.ravel(), sizes.ravel())])
+    np.testing.assert_array_equal(rows, np.arange(1003))
+    assert sizes[-1].sum() == 1003 - 15 * 64 and sizes[-1].max() - sizes[-1].min() <= 1
+
+
+def test_replica_slices_resume_mid_epoch():
+    starts, sizes = data_lib.replica_slices(100, 16, 2, start_step=5)
+    assert starts[0, 0] == 80 and sizes.sum() == 20
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_each_replica_gets_its_slice_of_the_global_batch(replicas):
+    x = np.arange(37, dtype=np.float32)[:, None]
+    inp = data_lib.as_input((x, x), arg="data")
+    order = data_lib.epoch_order(37, shuffle=True, seed=0, epoch=0)
+    strategy = mirrored(replicas)
+    dataset = data_lib.distribute(strategy, inp, global_batch_size=8, num_workers=1, order=order)
+    seen = []
+    for batch in dataset:
+        parts = strategy.experimental_local_results(batch[0])
+        seen.extend(np.concatenate([p.numpy()[:, 0] for p in parts]).astype(int).tolist())
+    assert seen == order.tolist()  # every example once, in the global order
+
+
+def test_float64_arrays_become_float32_and_lengths_are_checked():
+    inp = data_lib.as_input((np.zeros((4, 2)), np.zeros(4, np.int64)), arg="data")
+    assert inp.arrays[0].dtype == np.float32 and inp.arrays[1].dtype == np.int64
+    assert inp.num_examples == 4
+    with pytest.raises(ValueError, match=r"leading example dimension"):
+        data_lib.as_input((np.float32(1.0), np.zeros(4)), arg="data")
+
+
+def test_dict_inputs_and_missing_sample_weight():
+    inp = data_lib.as_input(({"a": np.zeros((5, 2)), "b": np.ones((5,))}, np.zeros(5), None), arg="data")
+    assert len(inp.arrays) == 2 and set(inp.arrays[0]) == {"a", "b"}
+
+
+def test_shard_policy_is_explicit_and_respects_the_user():
+    ds = tf.data.Dataset.range(10)
+    policy = tf.data.experimental.AutoShardPolicy
+    assert data_lib.shard_policy(ds, 1)[0] == policy.OFF
+    assert data_lib.shard_policy(ds, 2)[0] == policy.DATA
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = policy.FILE
+    assert data_lib.shard_policy(ds.with_options(options), 2) == (policy.FILE, "set on the dataset by the user")
+
+
+def test_num_steps():
+    assert data_lib.num_steps(data_lib.as_input((np.zeros(65), np.zeros(65)), arg="d"), 32) == 3
+    assert data_lib.num_steps(data_lib.as_input(tf.data.Dataset.range(64).map(lambda i: (i, i)), arg="d"), 32) == 2
+    unknown = tf.data.Dataset.range(64).filter(lambda i: i > 3).map(lambda i: (i, i))
+    assert data_lib.num_steps(data_lib.as_input(unknown, arg="d"), 32) is None

@@ -1,0 +1,25 @@
+"""The README's quickstart runs as pasted, and .ci/run runs the README's commands."""
+
+import re
+import subprocess
+import sys
+
+from conftest import TESTS
+
+README = (TESTS.parent / "README.md").read_text()
+
+
+def test_quickstart_runs_as_pasted(tmp_path):
+    code = re.search(r"```python\n(.*?)```", README, re.S).group(1)
+    assert len(code.strip().splitlines()) <= 10
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "replicas       2 in sync over 1 worker(s)" in proc.stdout
+    assert "'accuracy':" in proc.stdout
+
+
+def test_ci_runs_the_readme_commands():
+    commands = re.search(r"```bash\n(.*?)```", README, re.S).group(1).strip().splitlines()
+    ci = (TESTS.parent / ".ci" / "run").read_text()
+    for command in commands:
+        assert command in ci

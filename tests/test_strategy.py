@@ -1,0 +1,69 @@
+"""Strategy names and TF_CONFIG parsing."""
+
+import json
+
+import pytest
+import tensorflow as tf
+
+from trainer import STRATEGY_NAMES, parse_tf_config, resolve_strategy
+from trainer.strategy import auto_strategy_name, check_strategy_name
+
+CLUSTER = {"chief": ["localhost:1"], "worker": ["localhost:2", "localhost:3"]}
+
+
+def test_no_tf_config_is_a_single_chief():
+    info = parse_tf_config(None)
+    assert info.is_chief and info.num_workers == 1 and info.num_ps == 0
+
+
+def test_chief_and_workers():
+    chief = parse_tf_config(json.dumps({"cluster": CLUSTER, "task": {"type": "chief", "index": 0}}))
+    worker0 = parse_tf_config({"cluster": CLUSTER, "task": {"type": "worker", "index": 0}})
+    assert chief.num_workers == 3 and chief.is_chief
+    assert not worker0.is_chief  # a dedicated chief exists
+
+
+def test_worker_zero_is_chief_without_a_chief_task():
+    cluster = {"worker": ["localhost:2", "localhost:3"]}
+    assert parse_tf_config({"cluster": cluster, "task": {"type": "worker", "index": 0}}).is_chief
+    assert not parse_tf_config({"cluster": cluster, "task": {"type": "worker", "index": 1}}).is_chief
+
+
+def test_parameter_server_cluster():
+    cluster = {"chief": ["h:1"], "worker": ["h:2"], "ps": ["h:3"]}
+    info = parse_tf_config({"cluster": cluster, "task": {"type": "ps", "index": 0}})
+    assert info.num_ps == 1 and not info.is_chief
+
+
+@pytest.mark.parametrize("info, gpus, tpu, expected", [
+    ({}, 0, False, "one_device"),
+    ({}, 1, False, "one_device"),
+    ({}, 4, False, "mirrored"),
+    ({"cluster": CLUSTER, "task": {"type": "chief"}}, 4, False, "multi_worker"),
+    ({"cluster": {**CLUSTER, "ps": ["h:9"]}, "task": {"type": "chief"}}, 0, False, "parameter_server"),
+    ({"cluster": CLUSTER, "task": {"type": "chief"}}, 4, True, "tpu"),
+])
+def test_auto_picks_tpu_then_cluster_then_gpus(info, gpus, tpu, expected):
+    assert auto_strategy_name(parse_tf_config(info), gpus, tpu) == expected
+
+
+def test_names_resolve_to_strategies():
+    assert isinstance(resolve_strategy("mirrored"), tf.distribute.MirroredStrategy)
+    assert resolve_strategy("mirrored").num_replicas_in_sync == 4  # the 4 logical CPUs from conftest
+    assert isinstance(resolve_strategy("one_device"), tf.distribute.OneDeviceStrategy)
+    assert resolve_strategy("default") is tf.distribute.get_strategy()
+    assert isinstance(resolve_strategy("auto"), tf.distribute.OneDeviceStrategy)  # no GPU here
+    assert set(STRATEGY_NAMES) >= {"auto", "default", "mirrored", "multi_worker", "parameter_server", "tpu"}
+
+
+def test_parameter_server_needs_a_ps_task(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(ValueError, match=r"needs a cluster with at least one 'ps' task"):
+        resolve_strategy("parameter_server")
+
+
+def test_bad_names():
+    with pytest.raises(ValueError, match="Unknown `strategy` name"):
+        check_strategy_name("Mirrored")
+    with pytest.raises(TypeError, match="must be a tf.distribute.Strategy or a name"):
+        check_strategy_name(["mirrored"])
