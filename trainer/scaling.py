@@ -115,3 +115,30 @@ class ScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):
         if isinstance(config["base"], dict):
             config["base"] = keras.saving.deserialize_keras_object(config["base"])
         return cls(**config)
+
+
+@dataclasses.dataclass(frozen=True)
+class LRPlan:
+    """The learning-rate decision of one fit: rule, unscaled LR, factor, warmup."""
+
+    rule: str | None
+    base: float | keras.optimizers.schedules.LearningRateSchedule
+    factor: float
+    warmup_steps: int
+
+    def float_warmup(self) -> tuple[float, float, int] | None:
+        """`(scaled_lr, factor, warmup_steps)` for an in-graph warmup of a float LR.
+
+        None when there is nothing to ramp, or when the LR is a schedule (the
+        `ScaledSchedule` wrapper then carries the warmup itself).
+        """
+        if not self.warmup_steps or not isinstance(self.base, float) or self.factor == 1.0:
+            return None
+        return (self.base * self.factor, self.factor, self.warmup_steps)
+
+    def describe(self) -> tuple[str, str]:
+        """The base and scaled LR, as text for the plan."""
+        if isinstance(self.base, float):
+            return f"{self.base:.4g}", f"{self.base * self.factor:.4g}"
+        name = type(self.base).__name__
+        return name, f"{name} x {self.factor:.4g}"

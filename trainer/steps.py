@@ -59,6 +59,10 @@ class Steps:
         self.model = model
         self.objective = objective
         self.warmup = warmup
+        # Under CentralStorageStrategy, metric variables live on one device and
+        # updates from several replicas don't add up; there the replicas return
+        # their tensors and the metrics are updated once, in cross-replica context.
+        self._replica_metrics = not isinstance(strategy, tf.distribute.experimental.CentralStorageStrategy)
         self._grads = tf.function(self._loss_and_grads, jit_compile=True) if jit_compile else self._loss_and_grads
         self.train = tf.function(self._train_loop)
         self.evaluate = tf.function(self._eval_loop)
@@ -85,7 +89,7 @@ class Steps:
         global_count = tf.distribute.get_replica_context().all_reduce("SUM", count)
         y_pred, losses, per_output, regularization, grads = self._grads(x, y, weights, global_count)
         self.model.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
-        self.objective.update(y, y_pred, weights, losses, per_output, regularization)
+        return self._track(y, y_pred, weights, losses, per_output, regularization)
 
     def _eval_replica(self, batch):
         x, y, sample_weight = unpack(batch)
@@ -93,9 +97,24 @@ class Steps:
         y_pred = self.model(x, training=False)
         losses, per_output = self.objective.per_example_losses(y, y_pred)
         regularization = tf.add_n(self.model.losses) if self.model.losses else tf.constant(0.0)
-        self.objective.update(y, y_pred, weights, losses, per_output, tf.cast(regularization, "float32"))
+        return self._track(y, y_pred, weights, losses, per_output, tf.cast(regularization, "float32"))
+
+    def _track(self, *values):
+        if self._replica_metrics:
+            self.objective.update(*values)
+            return ()
+        return values
 
     # Cross-replica context ---------------------------------------------------
+
+    def _run(self, replica_fn, batch):
+        outputs = self.strategy.run(replica_fn, args=(batch,))
+        if not self._replica_metrics:
+            self.objective.update(*tf.nest.map_structure(self._concat_replicas, outputs))
+
+    def _concat_replicas(self, value):
+        parts = self.strategy.experimental_local_results(value)
+        return parts[0] if parts[0].shape.rank == 0 else tf.concat(parts, axis=0)
 
     def sync_warmup(self) -> None:
         """Sets a float LR to its warmup value for the coming step (call before training)."""
@@ -118,7 +137,7 @@ class Steps:
             optional = iterator.get_next_as_optional()
             if not optional.has_value():
                 break
-            self.strategy.run(self._train_replica, args=(optional.get_value(),))
+            self._run(self._train_replica, optional.get_value())
             if self.warmup is not None:  # set the LR of the next step, so callbacks see it
                 self._apply_warmup()
             executed += 1
@@ -130,7 +149,7 @@ class Steps:
             optional = iterator.get_next_as_optional()
             if not optional.has_value():
                 break
-            self.strategy.run(self._eval_replica, args=(optional.get_value(),))
+            self._run(self._eval_replica, optional.get_value())
             executed += 1
         return executed
 

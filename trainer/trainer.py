@@ -13,12 +13,12 @@ import tensorflow as tf
 from trainer import data as data_lib
 from trainer import models, scaling
 from trainer import strategy as strategy_lib
+from trainer import loop
 from trainer.objective import Objective
 from trainer.plan import Plan
 from trainer.steps import Steps, unpack
 
 _AUTO_STEPS_PER_EXECUTION = 32
-_BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
 
 
 @dataclasses.dataclass
@@ -29,26 +29,6 @@ class _Compiled:
     strategy: tf.distribute.Strategy
     objective: Objective
     steps: Steps
-
-
-@dataclasses.dataclass(frozen=True)
-class _LRPlan:
-    rule: str | None
-    base: Any  # float or LearningRateSchedule
-    factor: float
-    warmup_steps: int
-
-    def float_warmup(self) -> tuple[float, float, int] | None:
-        """The in-graph warmup for a float LR; a schedule carries its own."""
-        if not self.warmup_steps or not isinstance(self.base, float) or self.factor == 1.0:
-            return None
-        return (self.base * self.factor, self.factor, self.warmup_steps)
-
-    def describe(self) -> tuple[str, str]:
-        if isinstance(self.base, float):
-            return f"{self.base:.4g}", f"{self.base * self.factor:.4g}"
-        name = type(self.base).__name__
-        return name, f"{name} x {self.factor:.4g}"
 
 
 class Trainer:
@@ -195,16 +175,19 @@ class Trainer:
         run_model, compiled, lr_plan = self._prepare(model, strategy, train, lr=(batch, warmup_steps))
         callbacks = list(callbacks or [])
         plan = self._plan(strategy, train, batch, steps_per_epoch, lr_plan, callbacks)
+        context = loop.TrainContext(strategy, strategy_lib.strategy_cluster_info(strategy), plan,
+                                    epochs=epochs, initial_epoch=initial_epoch)
         verbose = self.verbose if verbose is None else verbose
-        cluster = strategy_lib.strategy_cluster_info(strategy)
-        if verbose and cluster.is_chief:
+        if verbose and context.is_chief:
             print(plan.describe(), flush=True)
+        for callback in callbacks:
+            if hasattr(callback, "set_trainer_context"):
+                callback.set_trainer_context(context)
         callback_list = keras.callbacks.CallbackList(
-            callbacks, add_history=True, model=run_model, verbose=verbose,
-            epochs=epochs, steps=steps_per_epoch,
+            callbacks, add_history=True, model=run_model, verbose=verbose, epochs=epochs, steps=steps_per_epoch
         )
-        self._run_epochs(compiled, train, val, callback_list, plan, epochs=epochs, initial_epoch=initial_epoch,
-                         restart_each_epoch=isinstance(train, data_lib.ArrayInput) or user_steps is None)
+        loop.run_epochs(compiled.steps, context, callback_list, self._iterator_factory(strategy, batch), train, val,
+                        restart_each_epoch=isinstance(train, data_lib.ArrayInput) or user_steps is None)
         if run_model is not model and isinstance(model, keras.Model):
             model.set_weights(run_model.get_weights())  # the user's object sees the training
         return next(c for c in callback_list.callbacks if isinstance(c, keras.callbacks.History))
@@ -226,7 +209,8 @@ class Trainer:
         batch = self._batch_plan(strategy)
         run_model, compiled, _ = self._prepare(model, strategy, inp)
         callback_list = keras.callbacks.CallbackList(list(callbacks or []), model=run_model)
-        return self._run_eval(compiled, inp, batch, callback_list, steps=steps)
+        iterator = self._iterator_factory(strategy, batch)(inp)
+        return loop.run_eval(compiled.steps, iterator, callback_list, num_steps=steps)
 
     def predict(
         self,
@@ -242,9 +226,8 @@ class Trainer:
         sample_x = data_lib.sample_batch(inp)
         run_model = models.model_in_scope(model, strategy, sample_x, self.seed)
         predict_fn = self._predict_fn(run_model, strategy)
-        num_workers = strategy_lib.strategy_cluster_info(strategy).num_workers
-        dataset = data_lib.distribute(strategy, inp, global_batch_size=batch.global_batch_size, num_workers=num_workers)
-        outputs = [tf.nest.map_structure(lambda t: t.numpy(), predict_fn(b)) for b in dataset]
+        iterator = self._iterator_factory(strategy, batch)(inp)
+        outputs = [tf.nest.map_structure(lambda t: t.numpy(), predict_fn(b)) for b in iterator]
         return tf.nest.map_structure(lambda *parts: np.concatenate(parts, axis=0), *outputs)
 
     # Stages ------------------------------------------------------------------
@@ -288,10 +271,10 @@ class Trainer:
             )
         return int(round(self.warmup_epochs * steps_per_epoch))
 
-    def _lr_plan(self, optimizer, batch: scaling.BatchPlan, warmup_steps: int) -> _LRPlan:
+    def _lr_plan(self, optimizer, batch: scaling.BatchPlan, warmup_steps: int) -> scaling.LRPlan:
         rule = scaling.resolve_lr_rule(self.lr_scaling, optimizer)
         factor = scaling.lr_factor(rule, batch.global_batch_size, self.base_batch_size)
-        return _LRPlan(rule, models.base_learning_rate(optimizer), factor, warmup_steps)
+        return scaling.LRPlan(rule, models.base_learning_rate(optimizer), factor, warmup_steps)
 
     def _prepare(self, model, strategy, inp, *, lr: tuple | None = None):
         """Model in scope, optimizer scaled (when training), trackers and step functions."""
@@ -324,7 +307,7 @@ class Trainer:
             devices = [d.name for d in tf.config.list_logical_devices("GPU")]
         return any("GPU" in d.upper() for d in devices)
 
-    def _plan(self, strategy, inp, batch, steps_per_epoch, lr_plan: _LRPlan, callbacks) -> Plan:
+    def _plan(self, strategy, inp, batch, steps_per_epoch, lr_plan: scaling.LRPlan, callbacks) -> Plan:
         cluster = strategy_lib.strategy_cluster_info(strategy)
         if isinstance(inp, data_lib.ArrayInput):
             policy, why = "OFF", "the trainer splits each global batch into per-replica slices; each worker gathers only its own"
@@ -356,94 +339,27 @@ class Trainer:
     def _steps_per_execution(self, callbacks, steps_per_epoch: int | None) -> int:
         if self.steps_per_execution != "auto":
             return self.steps_per_execution
-        if any(_has_batch_hooks(c) for c in callbacks):
+        if any(loop.has_batch_hooks(c) for c in callbacks):
             return 1
         return min(_AUTO_STEPS_PER_EXECUTION, steps_per_epoch or _AUTO_STEPS_PER_EXECUTION)
 
-    def _iterator(self, compiled: _Compiled, inp, batch, epoch: int | None = None):
-        order = None
-        if isinstance(inp, data_lib.ArrayInput) and epoch is not None:
-            order = data_lib.epoch_order(inp.num_examples, shuffle=self.shuffle, seed=self.seed, epoch=epoch)
-        num_workers = strategy_lib.strategy_cluster_info(compiled.strategy).num_workers
-        return iter(data_lib.distribute(compiled.strategy, inp, global_batch_size=batch.global_batch_size,
-                                        num_workers=num_workers, order=order))
+    def _iterator_factory(self, strategy: tf.distribute.Strategy, batch: scaling.BatchPlan) -> loop.MakeIterator:
+        num_workers = strategy_lib.strategy_cluster_info(strategy).num_workers
 
-    def _run_epochs(self, compiled, train, val, callbacks, plan: Plan, *, epochs, initial_epoch, restart_each_epoch):
-        model, objective = compiled.steps.model, compiled.objective
-        batch = scaling.BatchPlan(plan.global_batch_size, plan.num_replicas)
-        batch_logs = any(_has_batch_hooks(c) for c in callbacks.callbacks)
-        model.stop_training = False
-        compiled.steps.sync_warmup()
-        callbacks.on_train_begin()
-        logs: dict[str, Any] = {}
-        iterator = None
-        for epoch in range(initial_epoch, epochs):
-            objective.reset()
-            callbacks.on_epoch_begin(epoch)
-            if iterator is None or restart_each_epoch:
-                iterator = self._iterator(compiled, train, batch, epoch)
-            step, exhausted = 0, False
-            while plan.steps_per_epoch is None or step < plan.steps_per_epoch:
-                n = plan.steps_per_execution
-                if plan.steps_per_epoch is not None:
-                    n = min(n, plan.steps_per_epoch - step)
-                callbacks.on_train_batch_begin(step)
-                ran = int(compiled.steps.train(iterator, tf.constant(n)))
-                step += ran
-                exhausted = ran < n
-                if ran:
-                    callbacks.on_train_batch_end(step - 1, objective.results() if batch_logs else None)
-                if exhausted or model.stop_training:
-                    break
-            if step == 0:
-                raise ValueError(
-                    f"`data` produced no batches in epoch {epoch}. Pass a non-empty dataset, or one "
-                    "that repeats when steps_per_epoch is set."
-                )
-            iterator = None if exhausted else iterator
-            logs = objective.results()
-            logs["learning_rate"] = float(keras.ops.convert_to_numpy(model.optimizer.learning_rate))
-            if val is not None:
-                val_logs = self._run_eval(compiled, val, batch, callbacks)
-                logs.update({f"val_{k}": v for k, v in val_logs.items()})
-            callbacks.on_epoch_end(epoch, logs)
-            if model.stop_training:
-                break
-        callbacks.on_train_end(logs)
+        def make_iterator(inp, epoch: int | None = None, start_step: int = 0):
+            order = None
+            if isinstance(inp, data_lib.ArrayInput) and epoch is not None:
+                order = data_lib.epoch_order(inp.num_examples, shuffle=self.shuffle, seed=self.seed, epoch=epoch)
+            return iter(data_lib.distribute(strategy, inp, global_batch_size=batch.global_batch_size,
+                                            num_workers=num_workers, order=order, start_step=start_step))
 
-    def _run_eval(self, compiled, inp, batch, callbacks, steps: int | None = None) -> dict[str, float]:
-        objective = compiled.objective
-        objective.reset()
-        callbacks.on_test_begin()
-        iterator = self._iterator(compiled, inp, batch)
-        total = 0
-        while steps is None or total < steps:
-            n = _AUTO_STEPS_PER_EXECUTION if steps is None else min(_AUTO_STEPS_PER_EXECUTION, steps - total)
-            ran = int(compiled.steps.evaluate(iterator, tf.constant(n)))
-            total += ran
-            if ran < n:
-                break
-        logs = objective.results()
-        callbacks.on_test_end(logs)
-        return logs
+        return make_iterator
 
     def _predict_fn(self, model: keras.Model, strategy: tf.distribute.Strategy):
         compiled = self._compiled.get(model)
         if compiled is not None and compiled.strategy is strategy:
             return compiled.steps.predict
         return Steps(strategy, model, objective=None).predict
-
-
-def _has_batch_hooks(callback: keras.callbacks.Callback) -> bool:
-    """Whether a callback overrides a train-batch hook (so it wants every step)."""
-    if getattr(callback, "handles_fused_steps", False):
-        return False
-    base = keras.callbacks.Callback
-    for hook in _BATCH_HOOKS:
-        attr = getattr(callback, hook)  # instance attributes count too (LambdaCallback)
-        if getattr(attr, "__func__", attr) is not getattr(base, hook):
-            return True
-    return False
 
 
 def _check_loop_args(*, epochs: int, initial_epoch: int, steps_per_epoch: int | None) -> None:

@@ -1,0 +1,157 @@
+"""The epoch loop: callbacks around fused step calls, and the evaluation loop.
+
+Callbacks that need the trainer's state (the epoch and step, the cluster role,
+where to resume) define `set_trainer_context(context)` and receive a
+`TrainContext`. That object is the only handshake between the loop and
+callbacks; nothing reads private model fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import keras
+import tensorflow as tf
+
+from trainer.plan import Plan
+from trainer.steps import Steps
+from trainer.strategy import ClusterInfo
+
+_BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
+EVAL_STEPS_PER_EXECUTION = 32
+
+MakeIterator = Callable[..., Any]  # (input, epoch=None, start_step=0) -> distributed iterator
+
+
+@dataclasses.dataclass
+class TrainContext:
+    """The running `fit`, as callbacks may see it.
+
+    Attributes:
+      strategy: the strategy training runs under.
+      cluster: this task's role; `is_chief` says whether it owns side effects.
+      plan: what fit decided (batch sizes, steps per epoch, ...).
+      epochs: the epoch to stop after.
+      epoch: the current epoch.
+      step: steps finished in the current epoch.
+      initial_epoch, initial_step: where training starts. A callback may move
+        them forward in `on_train_begin` to resume (see BackupAndRestore).
+      examples_seen: examples trained on in this call to fit.
+    """
+
+    strategy: tf.distribute.Strategy
+    cluster: ClusterInfo
+    plan: Plan
+    epochs: int
+    initial_epoch: int = 0
+    initial_step: int = 0
+    epoch: int = 0
+    step: int = 0
+    examples_seen: int = 0
+
+    @property
+    def is_chief(self) -> bool:
+        return self.cluster.is_chief
+
+    def examples_in(self, steps: int, first_step: int) -> int:
+        """Examples in `steps` steps from `first_step` of an epoch (the last batch may be partial)."""
+        batch, total = self.plan.global_batch_size, self.plan.num_examples
+        if total is None:
+            return steps * batch
+        return max(0, min(total, (first_step + steps) * batch) - first_step * batch)
+
+
+def has_batch_hooks(callback: keras.callbacks.Callback) -> bool:
+    """Whether a callback overrides a train-batch hook and wants every step reported.
+
+    Callbacks that cope with several steps per call set `handles_fused_steps = True`.
+    """
+    if getattr(callback, "handles_fused_steps", False):
+        return False
+    base = keras.callbacks.Callback
+    for hook in _BATCH_HOOKS:
+        attr = getattr(callback, hook)  # instance attributes count too (LambdaCallback)
+        if getattr(attr, "__func__", attr) is not getattr(base, hook):
+            return True
+    return False
+
+
+def run_epochs(
+    steps: Steps,
+    context: TrainContext,
+    callbacks: keras.callbacks.CallbackList,
+    make_iterator: MakeIterator,
+    train: Any,
+    val: Any,
+    *,
+    restart_each_epoch: bool,
+) -> dict[str, Any]:
+    """Trains from `context.initial_epoch` to `context.epochs`; returns the last logs."""
+    model, objective, plan = steps.model, steps.objective, context.plan
+    batch_logs = any(has_batch_hooks(c) for c in callbacks.callbacks)
+    model.stop_training = False
+    callbacks.on_train_begin()  # a resuming callback may move initial_epoch/initial_step here
+    steps.sync_warmup()
+    logs: dict[str, Any] = {}
+    iterator = None
+    for epoch in range(context.initial_epoch, context.epochs):
+        first_step = context.initial_step if epoch == context.initial_epoch else 0
+        context.epoch, context.step = epoch, first_step
+        objective.reset()
+        callbacks.on_epoch_begin(epoch)
+        if iterator is None or restart_each_epoch:
+            iterator = make_iterator(train, epoch=epoch, start_step=first_step)
+        exhausted = _train_epoch(steps, context, callbacks, iterator, batch_logs)
+        iterator = None if exhausted else iterator
+        logs = objective.results()
+        logs["learning_rate"] = float(keras.ops.convert_to_numpy(model.optimizer.learning_rate))
+        if val is not None:
+            val_logs = run_eval(steps, make_iterator(val), callbacks)
+            logs.update({f"val_{k}": v for k, v in val_logs.items()})
+        callbacks.on_epoch_end(epoch, logs)
+        if model.stop_training:
+            break
+    callbacks.on_train_end(logs)
+    return logs
+
+
+def _train_epoch(steps: Steps, context: TrainContext, callbacks, iterator, batch_logs: bool) -> bool:
+    """Runs one epoch's step calls; returns True when the data ran out."""
+    per_epoch, first_step = context.plan.steps_per_epoch, context.step
+    while per_epoch is None or context.step < per_epoch:
+        n = context.plan.steps_per_execution
+        if per_epoch is not None:
+            n = min(n, per_epoch - context.step)
+        callbacks.on_train_batch_begin(context.step)
+        ran = int(steps.train(iterator, tf.constant(n)))
+        context.examples_seen += context.examples_in(ran, context.step)
+        context.step += ran
+        if ran:
+            callbacks.on_train_batch_end(context.step - 1, steps.objective.results() if batch_logs else None)
+        if ran < n:
+            if context.step == first_step:
+                raise ValueError(
+                    f"`data` produced no batches in epoch {context.epoch}. Pass a non-empty dataset, "
+                    "or one that repeats when steps_per_epoch is set."
+                )
+            return True
+        if steps.model.stop_training:
+            break
+    return False
+
+
+def run_eval(steps: Steps, iterator, callbacks, num_steps: int | None = None) -> dict[str, float]:
+    """Evaluates over the whole iterator (or `num_steps`); exact results."""
+    steps.objective.reset()
+    callbacks.on_test_begin()
+    done = 0
+    while num_steps is None or done < num_steps:
+        n = EVAL_STEPS_PER_EXECUTION if num_steps is None else min(EVAL_STEPS_PER_EXECUTION, num_steps - done)
+        ran = int(steps.evaluate(iterator, tf.constant(n)))
+        done += ran
+        if ran < n:
+            break
+    logs = steps.objective.results()
+    callbacks.on_test_end(logs)
+    return logs
