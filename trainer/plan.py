@@ -33,9 +33,11 @@ class Plan:
         rest = self.num_examples % self.global_batch_size
         if rest == 0:
             return f"none: {self.num_examples} examples fill {self.steps_per_epoch} full batches"
-        share, extra = divmod(rest, self.num_replicas)
-        split = f"{extra} replica(s) get {share + 1}, {self.num_replicas - extra} get {share}" if self.num_replicas > 1 else f"{rest} examples"
-        return f"kept, not dropped or padded: {rest} examples ({split}); weighted by its true size"
+        kept = f"kept, not dropped or padded: {rest} examples"
+        if self.num_replicas > 1:
+            share, extra = divmod(rest, self.num_replicas)
+            kept += f" ({extra} replica(s) get {share + 1}, {self.num_replicas - extra} get {share})"
+        return kept + "; weighted by its true size"
 
     def describe(self) -> str:
         steps = "unknown (until the data ends)" if self.steps_per_epoch is None else str(self.steps_per_epoch)

@@ -19,6 +19,11 @@ from trainer.plan import Plan
 from trainer.steps import Steps, unpack
 
 _AUTO_STEPS_PER_EXECUTION = 32
+# Names TF's classes go by in the distributed-training guide.
+_STRATEGY_LABELS = {
+    "CollectiveAllReduceStrategy": "MultiWorkerMirroredStrategy",
+    "_DefaultDistributionStrategy": "default (no distribution)",
+}
 
 
 @dataclasses.dataclass
@@ -318,7 +323,7 @@ class Trainer:
             policy = enum.name
         base_lr, scaled_lr = lr_plan.describe()
         return Plan(
-            strategy=type(strategy).__name__,
+            strategy=_STRATEGY_LABELS.get(type(strategy).__name__, type(strategy).__name__),
             num_replicas=batch.num_replicas,
             num_workers=cluster.num_workers,
             global_batch_size=batch.global_batch_size,
