@@ -62,19 +62,22 @@ class TrainContext:
         return max(0, min(total, (first_step + steps) * batch) - first_step * batch)
 
 
-def has_batch_hooks(callback: keras.callbacks.Callback) -> bool:
-    """Whether a callback overrides a train-batch hook and wants every step reported.
-
-    Callbacks that cope with several steps per call set `handles_fused_steps = True`.
-    """
-    if getattr(callback, "handles_fused_steps", False):
-        return False
+def overrides_batch_hooks(callback: keras.callbacks.Callback) -> bool:
+    """Whether a callback implements a train-batch hook (and so wants batch logs)."""
     base = keras.callbacks.Callback
     for hook in _BATCH_HOOKS:
         attr = getattr(callback, hook)  # instance attributes count too (LambdaCallback)
         if getattr(attr, "__func__", attr) is not getattr(base, hook):
             return True
     return False
+
+
+def has_batch_hooks(callback: keras.callbacks.Callback) -> bool:
+    """Whether a callback wants to see every step (so steps must not be fused).
+
+    Callbacks that cope with several steps per call set `handles_fused_steps = True`.
+    """
+    return overrides_batch_hooks(callback) and not getattr(callback, "handles_fused_steps", False)
 
 
 def run_epochs(
@@ -89,7 +92,7 @@ def run_epochs(
 ) -> dict[str, Any]:
     """Trains from `context.initial_epoch` to `context.epochs`; returns the last logs."""
     model, objective, plan = steps.model, steps.objective, context.plan
-    batch_logs = any(has_batch_hooks(c) for c in callbacks.callbacks)
+    batch_logs = any(overrides_batch_hooks(c) for c in callbacks.callbacks)
     model.stop_training = False
     callbacks.on_train_begin()  # a resuming callback may move initial_epoch/initial_step here
     steps.sync_warmup()

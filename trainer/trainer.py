@@ -15,6 +15,7 @@ from trainer import models, scaling
 from trainer import strategy as strategy_lib
 from trainer import loop
 from trainer.objective import Objective
+from trainer.history import History
 from trainer.plan import Plan
 from trainer.steps import Steps, unpack
 
@@ -72,7 +73,9 @@ class Trainer:
         (32, or 1 when a callback has batch-level hooks).
       jit_compile: XLA for the forward and backward pass; "auto" turns it on for
         GPUs and TPUs only (it slows CNNs down on CPU).
-      verbose: 0 silent, 1 plan and progress (chief only).
+      verbose: 0 silent, 1 plan and progress bar, 2 plan and one line per epoch
+        (chief only).
+      nan_guard: stop training at the first non-finite loss (see `callbacks.NanGuard`).
     """
 
     def __init__(
@@ -90,6 +93,7 @@ class Trainer:
         steps_per_execution: int | str = "auto",
         jit_compile: bool | str = "auto",
         verbose: int = 1,
+        nan_guard: bool = True,
     ):
         strategy_lib.check_strategy_name(strategy)
         if per_replica_batch_size is not None and batch_size is not None:
@@ -134,6 +138,7 @@ class Trainer:
         self.steps_per_execution = steps_per_execution
         self.jit_compile = jit_compile
         self.verbose = verbose
+        self.nan_guard = nan_guard
         self._strategies: dict[Any, tf.distribute.Strategy] = {}
         self._compiled: "weakref.WeakKeyDictionary[keras.Model, _Compiled]" = weakref.WeakKeyDictionary()
 
@@ -151,7 +156,7 @@ class Trainer:
         initial_epoch: int = 0,
         strategy: str | tf.distribute.Strategy | None = None,
         verbose: int | None = None,
-    ) -> keras.callbacks.History:
+    ) -> History:
         """Trains `model` on `data`; returns a `History` whose `.model` is the trained model.
 
         Args:
@@ -185,17 +190,19 @@ class Trainer:
         verbose = self.verbose if verbose is None else verbose
         if verbose and context.is_chief:
             print(plan.describe(), flush=True)
+        history = History()
+        callbacks = self._default_callbacks(callbacks, verbose) + [history]
         for callback in callbacks:
             if hasattr(callback, "set_trainer_context"):
                 callback.set_trainer_context(context)
         callback_list = keras.callbacks.CallbackList(
-            callbacks, add_history=True, model=run_model, verbose=verbose, epochs=epochs, steps=steps_per_epoch
+            callbacks, model=run_model, verbose=verbose, epochs=epochs, steps=steps_per_epoch
         )
         loop.run_epochs(compiled.steps, context, callback_list, self._iterator_factory(strategy, batch), train, val,
                         restart_each_epoch=isinstance(train, data_lib.ArrayInput) or user_steps is None)
         if run_model is not model and isinstance(model, keras.Model):
             model.set_weights(run_model.get_weights())  # the user's object sees the training
-        return next(c for c in callback_list.callbacks if isinstance(c, keras.callbacks.History))
+        return history
 
     def evaluate(
         self,
@@ -347,6 +354,17 @@ class Trainer:
         if any(loop.has_batch_hooks(c) for c in callbacks):
             return 1
         return min(_AUTO_STEPS_PER_EXECUTION, steps_per_epoch or _AUTO_STEPS_PER_EXECUTION)
+
+    def _default_callbacks(self, callbacks: list, verbose: int) -> list:
+        """NanGuard (unless turned off) and a ProgressBar for verbose 1 or 2, unless given."""
+        from callbacks import NanGuard, ProgressBar  # callbacks/ builds on trainer/
+
+        extra = []
+        if self.nan_guard and not any(isinstance(c, NanGuard) for c in callbacks):
+            extra.append(NanGuard())
+        if verbose and not any(isinstance(c, ProgressBar) for c in callbacks):
+            extra.append(ProgressBar(mode="auto" if verbose == 1 else "epoch"))
+        return extra + callbacks
 
     def _iterator_factory(self, strategy: tf.distribute.Strategy, batch: scaling.BatchPlan) -> loop.MakeIterator:
         num_workers = strategy_lib.strategy_cluster_info(strategy).num_workers

@@ -1,0 +1,143 @@
+"""BackupAndRestore: resume exactly after a crash, a kill or a preemption."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+
+import numpy as np
+
+from callbacks._cluster import ContextAware, replace_atomically, writable_dir
+from callbacks.checkpoint import weights_are_finite
+
+BACKUP = "backup.npz"
+
+
+class BackupAndRestore(ContextAware):
+    """Backs up training state; re-running the same command resumes from the last backup.
+
+    A backup holds the model's variables (random-generator states included),
+    the optimizer's variables (step count, slots, learning rate) and the
+    position: epoch and step within it. Array inputs are shuffled from (seed,
+    epoch), so the position alone restores the data order, and a resumed run
+    ends with the same weights as an uninterrupted one. Each backup replaces
+    the previous one atomically. On SIGTERM (a preemption notice) a backup is
+    saved at the next step boundary and the process exits with status 143.
+    When training completes, the backup is removed.
+
+    Needs `Trainer.fit`, which resumes through its `TrainContext`; for a plain
+    `Model.fit` use `keras.callbacks.BackupAndRestore`.
+
+    Note: the metrics logged for an epoch that resumed mid-way cover only the
+    steps run after the resume.
+
+    Args:
+      backup_dir: where the backup lives (shared by all workers).
+      save_freq: "epoch", or a number of steps between backups (backups are
+        also taken at the end of every epoch).
+      handle_sigterm: install the SIGTERM handler.
+    """
+
+    def __init__(self, backup_dir: str | os.PathLike, save_freq: int | str = "epoch", handle_sigterm: bool = True):
+        super().__init__()
+        if save_freq != "epoch" and (not isinstance(save_freq, int) or save_freq < 1):
+            raise ValueError(
+                "Invalid value for argument `save_freq`. "
+                f"Received: save_freq={save_freq!r}. Expected 'epoch' or a positive integer of steps."
+            )
+        self.backup_dir = os.fspath(backup_dir)
+        self.save_freq = save_freq
+        self.handle_sigterm = handle_sigterm
+        self._preempted = False
+        self._previous_handler = None
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.backup_dir, BACKUP)
+
+    # Hooks -------------------------------------------------------------------
+
+    def on_train_begin(self, logs=None):
+        if self.context is None:
+            raise ValueError(
+                "`callbacks.BackupAndRestore` resumes through Trainer.fit and can't resume a plain "
+                "Model.fit. Use it with Trainer.fit, or use keras.callbacks.BackupAndRestore."
+            )
+        self._preempted = False
+        if self.handle_sigterm and threading.current_thread() is threading.main_thread():
+            self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+        if os.path.exists(self.path):
+            epoch, step = self._restore()
+            self.context.initial_epoch, self.context.initial_step = epoch, step
+            if self.context.is_chief:
+                print(f"BackupAndRestore: resuming from epoch {epoch}, step {step} ({self.path}).", flush=True)
+        self._saved_block = self.context.initial_step // self.save_freq if self.save_freq != "epoch" else 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        epoch, step = self.context.epoch, self.context.step
+        if self.save_freq != "epoch" and step // self.save_freq > self._saved_block:
+            self._saved_block = step // self.save_freq
+            self._save(epoch, step)
+        if self._preempted:
+            self._exit_preempted(epoch, step)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._saved_block = self.context.step // self.save_freq if self.save_freq != "epoch" else 0
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._save(epoch + 1, 0)
+        if self._preempted:
+            self._exit_preempted(epoch + 1, 0)
+
+    def on_train_end(self, logs=None):
+        self._restore_handler()
+        if self.context.is_chief and os.path.exists(self.path):
+            os.remove(self.path)
+
+    # Machinery ---------------------------------------------------------------
+
+    def _on_sigterm(self, signum, frame):
+        self._preempted = True  # acted on at the next step boundary, where the state is consistent
+
+    def _exit_preempted(self, epoch: int, step: int):
+        self._save(epoch, step)
+        self._restore_handler()
+        if self.context.is_chief:
+            print(f"BackupAndRestore: SIGTERM received; backup saved at epoch {epoch}, step {step}. "
+                  "Re-run the same command to resume.", flush=True)
+        raise SystemExit(128 + signal.SIGTERM)
+
+    def _restore_handler(self):
+        if self._previous_handler is not None:
+            signal.signal(signal.SIGTERM, self._previous_handler)
+            self._previous_handler = None
+
+    def _save(self, epoch: int, step: int) -> None:
+        if not weights_are_finite(self.model):
+            print(f"BackupAndRestore: weights are not finite at epoch {epoch}, step {step}; "
+                  "the previous backup is kept.", flush=True)
+            return
+        arrays = {f"model_{i}": np.asarray(v.numpy()) for i, v in enumerate(self.model.variables)}
+        arrays.update({f"optimizer_{i}": np.asarray(v.numpy()) for i, v in enumerate(self.model.optimizer.variables)})
+        state = {"epoch": epoch, "step": step, "model_vars": len(self.model.variables),
+                 "optimizer_vars": len(self.model.optimizer.variables)}
+        arrays["state"] = np.asarray(json.dumps(state))
+        with writable_dir(self.backup_dir, self.context.is_chief) as directory:
+            replace_atomically(lambda tmp: np.savez(tmp, **arrays), os.path.join(directory, BACKUP), suffix=".npz")
+
+    def _restore(self) -> tuple[int, int]:
+        with np.load(self.path) as backup:
+            state = json.loads(str(backup["state"]))
+            model_vars, optimizer_vars = self.model.variables, self.model.optimizer.variables
+            if (state["model_vars"], state["optimizer_vars"]) != (len(model_vars), len(optimizer_vars)):
+                raise ValueError(
+                    f"The backup in {self.backup_dir!r} holds {state['model_vars']} model and "
+                    f"{state['optimizer_vars']} optimizer variables, but this model has {len(model_vars)} and "
+                    f"{len(optimizer_vars)}. Delete the backup directory or point `backup_dir` elsewhere."
+                )
+            for prefix, variables in (("model", model_vars), ("optimizer", optimizer_vars)):
+                for i, variable in enumerate(variables):
+                    variable.assign(backup[f"{prefix}_{i}"])
+        return state["epoch"], state["step"]

@@ -1,0 +1,40 @@
+"""JSONLogger: JSON Lines, one object per epoch, appended."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from callbacks._cluster import replace_atomically
+from callbacks._epoch_rows import EpochRowLogger
+
+
+class JSONLogger(EpochRowLogger):
+    """Appends one JSON object per epoch (epoch, metrics, learning rate, time, examples/s).
+
+    A resumed run goes on in the same file; rows for epochs it re-runs are
+    dropped first. Only the chief writes.
+
+    Args:
+      path: the .jsonl file.
+    """
+
+    def keep_rows_before(self, epoch: int) -> None:
+        if not os.path.exists(self.path):
+            return
+        with open(self.path) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        kept = [r for r in rows if r["epoch"] < epoch]
+        if len(kept) != len(rows):
+            replace_atomically(lambda tmp: _dump(tmp, kept), self.path, suffix=".jsonl")
+
+    def write_row(self, row: dict[str, Any]) -> None:
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def _dump(path: str, rows: list[dict[str, Any]]) -> None:
+    with open(path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)

@@ -1,0 +1,72 @@
+"""TensorBoard: scalar summaries written with tf.summary, by the chief only."""
+
+from __future__ import annotations
+
+import os
+
+import tensorflow as tf
+
+from callbacks._cluster import ContextAware
+
+
+class TensorBoard(ContextAware):
+    """Writes epoch scalars (and, if asked, every `update_freq` steps) for TensorBoard.
+
+    Training scalars go to `log_dir/train`, validation scalars to
+    `log_dir/validation` under the same tags, so TensorBoard overlays them.
+    Only `tf.summary` is used: the tensorboard package is not needed to write.
+
+    Args:
+      log_dir: where the event files go.
+      update_freq: "epoch", or a number of steps between step-level scalars.
+    """
+
+    def __init__(self, log_dir: str | os.PathLike, update_freq: int | str = "epoch"):
+        super().__init__()
+        if update_freq != "epoch" and (not isinstance(update_freq, int) or update_freq < 1):
+            raise ValueError(
+                "Invalid value for argument `update_freq`. "
+                f"Received: update_freq={update_freq!r}. Expected 'epoch' or a positive integer."
+            )
+        self.log_dir = os.fspath(log_dir)
+        self.update_freq = update_freq
+        self._writers: dict[str, tf.summary.SummaryWriter] = {}
+        self._global_step = 0
+        self._last_logged = 0
+
+    def _writer(self, name: str) -> tf.summary.SummaryWriter:
+        if name not in self._writers:
+            self._writers[name] = tf.summary.create_file_writer(os.path.join(self.log_dir, name))
+        return self._writers[name]
+
+    def on_train_begin(self, logs=None):
+        self._active = self.is_chief
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._global_step = int(self.model.optimizer.iterations.numpy()) if self.model.optimizer else batch + 1
+        if not self._active or self.update_freq == "epoch" or not logs:
+            return
+        if self._global_step - self._last_logged >= self.update_freq:
+            self._last_logged = self._global_step
+            with self._writer("train").as_default(step=self._global_step):
+                for name, value in logs.items():
+                    tf.summary.scalar(f"batch_{name}", value)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not self._active:
+            return
+        train = {k: v for k, v in (logs or {}).items() if not k.startswith("val_")}
+        val = {k[4:]: v for k, v in (logs or {}).items() if k.startswith("val_")}
+        for name, scalars in (("train", train), ("validation", val)):
+            if not scalars:
+                continue
+            with self._writer(name).as_default(step=epoch):
+                for tag, value in scalars.items():
+                    if isinstance(value, (int, float)):
+                        tf.summary.scalar(f"epoch_{tag}", value)
+            self._writer(name).flush()
+
+    def on_train_end(self, logs=None):
+        for writer in self._writers.values():
+            writer.close()
+        self._writers.clear()
