@@ -31,8 +31,7 @@ def plot_history(history: Any, path: str | os.PathLike | None = None):
     """
     logs: Mapping[str, list] = getattr(history, "history", history)
     epochs_done = getattr(history, "epoch", None)
-    names = [k for k in logs if not k.startswith("val_") and k not in _NOT_CURVES]
-    names += [k[4:] for k in logs if k.startswith("val_") and k[4:] not in names and k[4:] not in _NOT_CURVES]
+    names = sorted({k.removeprefix("val_") for k in logs} - set(_NOT_CURVES), key=lambda k: (k != "loss", k))
     if not names:
         raise ValueError(f"`history` has no metrics to plot. Received keys: {sorted(logs)}.")
     plt = _require_matplotlib()

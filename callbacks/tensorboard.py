@@ -9,12 +9,26 @@ import tensorflow as tf
 from callbacks._cluster import ContextAware
 
 
+def _scalar_metadata() -> tf.compat.v1.SummaryMetadata:
+    # What tf.summary.scalar would attach, built without the tensorboard package
+    # (TF 2.21 does not install it, and tf.summary.scalar then fails).
+    metadata = tf.compat.v1.SummaryMetadata()
+    metadata.plugin_data.plugin_name = "scalars"
+    return metadata
+
+
+def write_scalar(tag: str, value: float, step: int) -> None:
+    """Writes one scalar that TensorBoard's scalar dashboard shows, to the default writer."""
+    tf.summary.write(tag, tf.constant(float(value), tf.float32), step=step, metadata=_scalar_metadata())
+
+
 class TensorBoard(ContextAware):
     """Writes epoch scalars (and, if asked, every `update_freq` steps) for TensorBoard.
 
     Training scalars go to `log_dir/train`, validation scalars to
     `log_dir/validation` under the same tags, so TensorBoard overlays them.
-    Only `tf.summary` is used: the tensorboard package is not needed to write.
+    Only TensorFlow's own `tf.summary.write` is used: the tensorboard package is
+    not needed to write (TensorBoard itself is needed to view).
 
     Args:
       log_dir: where the event files go.
@@ -48,9 +62,9 @@ class TensorBoard(ContextAware):
             return
         if self._global_step - self._last_logged >= self.update_freq:
             self._last_logged = self._global_step
-            with self._writer("train").as_default(step=self._global_step):
+            with self._writer("train").as_default():
                 for name, value in logs.items():
-                    tf.summary.scalar(f"batch_{name}", value)
+                    write_scalar(f"batch_{name}", value, self._global_step)
 
     def on_epoch_end(self, epoch, logs=None):
         if not self._active:
@@ -60,10 +74,10 @@ class TensorBoard(ContextAware):
         for name, scalars in (("train", train), ("validation", val)):
             if not scalars:
                 continue
-            with self._writer(name).as_default(step=epoch):
+            with self._writer(name).as_default():
                 for tag, value in scalars.items():
                     if isinstance(value, (int, float)):
-                        tf.summary.scalar(f"epoch_{tag}", value)
+                        write_scalar(f"epoch_{tag}", value, epoch)
             self._writer(name).flush()
 
     def on_train_end(self, logs=None):

@@ -1,0 +1,85 @@
+"""BackupAndRestore: a killed or preempted run, re-run, ends with the uninterrupted run's weights."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from callbacks import BackupAndRestore
+from conftest import TESTS, tiny_data, tiny_model
+from trainer import Trainer
+
+SCRIPT = str(TESTS / "backup_run.py")
+
+
+def _run(workdir, *extra):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    return subprocess.run([sys.executable, SCRIPT, str(workdir / "backup"), str(workdir / "out.npz"), *extra],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def _weights(workdir):
+    with np.load(workdir / "out.npz") as f:
+        return [f[k] for k in sorted(f.files, key=lambda k: int(k.split("_")[1]))]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("uninterrupted")
+    proc = _run(workdir)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return workdir
+
+
+@pytest.mark.parametrize("how, expected_status, resume_step", [
+    ("kill", -signal.SIGKILL, 8),  # killed before the backup due at step 12: resumes from step 8
+    ("term", 128 + signal.SIGTERM, 8),  # SIGTERM at step 6: saved at the end of that call (step 8)
+])
+def test_interrupted_run_resumes_to_the_same_weights(tmp_path, uninterrupted, how, expected_status, resume_step):
+    step = 10 if how == "kill" else 6
+    first = _run(tmp_path, how, "1", str(step))
+    assert first.returncode == expected_status, first.stderr[-2000:]
+    assert (tmp_path / "backup" / "backup.npz").exists()
+    assert not (tmp_path / "out.npz").exists()
+
+    second = _run(tmp_path)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert f"resuming from epoch 1, step {resume_step}" in second.stdout
+    assert "completed [1, 2]" in second.stdout
+    for resumed, reference in zip(_weights(tmp_path), _weights(uninterrupted)):
+        np.testing.assert_allclose(resumed, reference, rtol=1e-6, atol=1e-6)
+    assert not (tmp_path / "backup" / "backup.npz").exists()  # removed once training completed
+    with open(tmp_path / "log.jsonl") as f:
+        assert [json.loads(line)["epoch"] for line in f] == [0, 1, 2]  # the log continued, no duplicates
+
+
+def test_backup_needs_trainer_fit(tmp_path):
+    x, y, w = tiny_data(64)
+    with pytest.raises(ValueError, match=r"resumes through Trainer.fit"):
+        tiny_model().fit(x, y, epochs=1, verbose=0, callbacks=[BackupAndRestore(tmp_path)])
+
+
+def test_backup_for_another_model_is_refused(tmp_path):
+    x, y, w = tiny_data(64)
+    trainer = Trainer(strategy="default", per_replica_batch_size=16, verbose=0)
+
+    class Crash(BackupAndRestore):
+        def on_train_end(self, logs=None):  # keep the backup, as a crash would
+            self._restore_handler()
+
+    trainer.fit(tiny_model(), (x, y), epochs=1, callbacks=[Crash(tmp_path)])
+    import keras
+
+    other = keras.Sequential([keras.Input((8,)), keras.layers.Dense(3)])
+    other.compile("sgd", "mse")
+    with pytest.raises(ValueError, match=r"holds \d+ model and \d+ optimizer variables.*Delete the backup"):
+        trainer.fit(other, (x, np.eye(3)[y]), epochs=2, callbacks=[BackupAndRestore(tmp_path)])
+
+
+def test_bad_save_freq():
+    with pytest.raises(ValueError, match=r"`save_freq`.*save_freq='batch'"):
+        BackupAndRestore("x", save_freq="batch")

@@ -1,0 +1,96 @@
+"""ModelCheckpoint: best k and last, atomic writes, loads without a strategy."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+
+from callbacks import ModelCheckpoint
+from callbacks.checkpoint import INDEX
+from conftest import mirrored, tiny_data, tiny_model
+from trainer import Trainer
+
+
+def _fit(callbacks, epochs=4, lr=0.05, model=None):
+    x, y, w = tiny_data(256)
+    trainer = Trainer(strategy=mirrored(2), per_replica_batch_size=16, verbose=0)
+    history = trainer.fit(model or tiny_model(lr=lr), (x, y), epochs=epochs, validation_data=(x[:64], y[:64]),
+                          callbacks=callbacks)
+    return trainer, history
+
+
+def test_keeps_the_best_k_and_the_last(tmp_path):
+    checkpoint = ModelCheckpoint(tmp_path, monitor="val_loss", save_best_only=True, keep=2)
+    _, history = _fit([checkpoint], epochs=5)
+    losses = history.history["val_loss"]
+    best_two = sorted(range(5), key=lambda e: losses[e])[:2]
+    expected = {f"epoch{e + 1:03d}.keras" for e in best_two} | {"last.keras", INDEX}
+    assert set(os.listdir(tmp_path)) == expected
+    index = ModelCheckpoint.read_index(tmp_path)
+    assert index["best"] == f"epoch{int(np.argmin(losses)) + 1:03d}.keras"
+    assert {k["epoch"]: k["value"] for k in index["kept"]} == pytest.approx({e: losses[e] for e in best_two})
+    assert index["last"]["epoch"] == 4
+
+
+def test_checkpoint_from_a_strategy_loads_without_one_and_evaluates_the_same(tmp_path):
+    x, y, w = tiny_data(256)
+    trainer, history = _fit([ModelCheckpoint(tmp_path), ModelCheckpoint(tmp_path / "w", save_weights_only=True)],
+                            epochs=2)
+    expected = trainer.evaluate(history.model, (x, y, w))
+    plain = Trainer(strategy="default", batch_size=32, verbose=0)
+
+    loaded = keras.models.load_model(ModelCheckpoint.last_path(tmp_path))
+    for key, value in plain.evaluate(loaded, (x, y, w)).items():
+        assert value == pytest.approx(expected[key], rel=1e-6), key
+
+    fresh = tiny_model()
+    fresh.load_weights(ModelCheckpoint.last_path(tmp_path / "w"))
+    for key, value in plain.evaluate(fresh, (x, y, w)).items():
+        assert value == pytest.approx(expected[key], rel=1e-6), key
+    assert int(loaded.optimizer.iterations.numpy()) == 2 * 8  # optimizer state came along
+
+
+def test_recent_k_when_not_ranking(tmp_path):
+    _fit([ModelCheckpoint(tmp_path, keep=2, save_last=False)], epochs=4)
+    assert set(os.listdir(tmp_path)) == {"epoch003.keras", "epoch004.keras", INDEX}
+
+
+def test_crash_during_a_write_keeps_the_last_good_checkpoint(tmp_path):
+    class CrashOnSecondSave(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 1:
+                def broken_save(path, *args, **kwargs):
+                    with open(path, "wb") as f:
+                        f.write(b"half a checkpoint")
+                    raise OSError("disk went away mid-write")
+
+                self.model.save = broken_save
+
+    model = tiny_model()
+    with pytest.raises(OSError, match="mid-write"):
+        _fit([CrashOnSecondSave(), ModelCheckpoint(tmp_path)], epochs=3, model=model)
+    assert sorted(os.listdir(tmp_path)) == ["checkpoints.json", "epoch001.keras", "last.keras"]  # no temp files
+    restored = keras.models.load_model(tmp_path / "last.keras")
+    assert ModelCheckpoint.read_index(tmp_path)["last"]["epoch"] == 0
+    assert all(np.all(np.isfinite(w)) for w in restored.get_weights())
+
+
+def test_non_finite_weights_are_never_saved(tmp_path):
+    checkpoint = ModelCheckpoint(tmp_path)
+    _fit([checkpoint], epochs=1)
+    good = keras.models.load_model(tmp_path / "last.keras").get_weights()
+    model = keras.models.load_model(tmp_path / "last.keras")
+    model.set_weights([np.full_like(w, np.nan) for w in model.get_weights()])
+    checkpoint.set_model(model)
+    with pytest.warns(UserWarning, match="not finite"):
+        checkpoint.on_epoch_end(1, {"val_loss": float("nan")})
+    for before, after in zip(good, keras.models.load_model(tmp_path / "last.keras").get_weights()):
+        np.testing.assert_array_equal(before, after)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match=r"`mode`.*'best'"):
+        ModelCheckpoint("x", mode="best")
+    with pytest.raises(ValueError, match=r"`keep`.*keep=0"):
+        ModelCheckpoint("x", keep=0)
