@@ -107,3 +107,13 @@ def test_fused_steps_call_batch_hooks_once_per_execution():
     Trainer(strategy="default", per_replica_batch_size=16, steps_per_execution=3, verbose=0).fit(
         tiny_model(), (x, y), epochs=1, callbacks=[counter])
     assert counter.seen == [2, 5, 8, 11, 14, 15]  # 16 steps: five executions of 3, then 1
+
+
+def test_keras_file_callbacks_work_on_one_worker(tmp_path):
+    csv_logger = keras.callbacks.CSVLogger(str(tmp_path / "keras.csv"))
+    checkpoint = keras.callbacks.ModelCheckpoint(str(tmp_path / "best.keras"), monitor="val_loss", save_best_only=True)
+    history = _fit([csv_logger, checkpoint], epochs=2)
+    rows = (tmp_path / "keras.csv").read_text().strip().splitlines()
+    assert len(rows) == 3 and rows[0].startswith("epoch")
+    reloaded = keras.models.load_model(tmp_path / "best.keras")
+    assert len(reloaded.get_weights()) == len(history.model.get_weights())

@@ -94,3 +94,43 @@ def test_bad_arguments():
         ModelCheckpoint("x", mode="best")
     with pytest.raises(ValueError, match=r"`keep`.*keep=0"):
         ModelCheckpoint("x", keep=0)
+
+
+def test_non_chief_saves_into_a_temporary_directory_that_is_removed(tmp_path, monkeypatch):
+    import tempfile
+
+    from trainer import ClusterInfo
+
+    scratch = []
+    real_mkdtemp = tempfile.mkdtemp
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda **kw: scratch.append(real_mkdtemp(**kw)) or scratch[-1])
+    checkpoint = ModelCheckpoint(tmp_path / "ckpt")
+    original = checkpoint.set_trainer_context
+
+    def as_worker(context):
+        context.cluster = ClusterInfo(task_type="worker", task_id=1, num_workers=2)
+        original(context)
+
+    checkpoint.set_trainer_context = as_worker
+    _fit([checkpoint], epochs=2)
+    assert not (tmp_path / "ckpt").exists()
+    ours = [d for d in scratch if os.path.basename(d).startswith("trainer-worker-")]
+    assert len(ours) == 2 and not any(os.path.exists(d) for d in ours)  # saved each epoch, then deleted
+
+
+def test_callbacks_also_work_with_plain_model_fit(tmp_path):
+    from callbacks import CSVLogger, JSONLogger, ProgressBar
+    import io
+
+    x, y, w = tiny_data(128)
+    out = io.StringIO()
+    model = tiny_model()
+    history = model.fit(x, y, epochs=2, verbose=0, validation_data=(x, y), callbacks=[
+        ModelCheckpoint(tmp_path / "ckpt"), CSVLogger(tmp_path / "log.csv"), JSONLogger(tmp_path / "log.jsonl"),
+        ProgressBar(mode="epoch", file=out)])
+    assert ModelCheckpoint.read_index(tmp_path / "ckpt")["last"]["epoch"] == 1
+    assert (tmp_path / "log.csv").read_text().count("\n") == 3
+    assert out.getvalue().count("done in") == 2
+    loaded = keras.models.load_model(tmp_path / "ckpt" / "last.keras")
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0), rtol=1e-6)
+    assert history.history["loss"]
