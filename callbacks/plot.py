@@ -12,10 +12,7 @@ _NOT_CURVES = ("learning_rate", "epoch_time", "examples_per_second")
 
 
 def _require_matplotlib():
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg", force=False)
+    try:  # pyplot picks Agg without a display, and the inline backend in notebooks
         import matplotlib.pyplot as plt
     except ImportError as err:  # matplotlib is an optional extra
         raise ImportError("Plotting needs matplotlib: pip install 'trainer[plot]'.") from err
@@ -46,6 +43,7 @@ def plot_history(history: Any, path: str | os.PathLike | None = None):
                 ax.plot(list(xs), values, marker="o", markersize=3, label=label)
         ax.set_title(name)
         ax.set_xlabel("epoch")
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
         ax.legend()
     for ax in list(axes.flat)[len(names):]:

@@ -36,7 +36,10 @@ class Plan:
         kept = f"kept, not dropped or padded: {rest} examples"
         if self.num_replicas > 1:
             share, extra = divmod(rest, self.num_replicas)
-            kept += f" ({extra} replica(s) get {share + 1}, {self.num_replicas - extra} get {share})"
+            if extra:
+                kept += f" ({extra} replica(s) get {share + 1}, {self.num_replicas - extra} get {share})"
+            else:
+                kept += f" ({share} per replica)"
         return kept + "; weighted by its true size"
 
     def describe(self) -> str:

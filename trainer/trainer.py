@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 import weakref
 from typing import Any, Sequence
 
@@ -35,6 +37,23 @@ class _Compiled:
     strategy: tf.distribute.Strategy
     objective: Objective
     steps: Steps
+
+
+def _quiet_tf_info(method):
+    """Hides TensorFlow's INFO chatter (a line per cross-device reduce) while `method` runs."""
+
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        logger = tf.get_logger()
+        level = logger.level
+        if logger.getEffectiveLevel() < logging.WARNING:
+            logger.setLevel(logging.WARNING)
+        try:
+            return method(*args, **kwargs)
+        finally:
+            logger.setLevel(level)
+
+    return wrapper
 
 
 class Trainer:
@@ -144,6 +163,7 @@ class Trainer:
 
     # Public API ----------------------------------------------------------------
 
+    @_quiet_tf_info
     def fit(
         self,
         model: models.ModelOrBuilder,
@@ -204,6 +224,7 @@ class Trainer:
             model.set_weights(run_model.get_weights())  # the user's object sees the training
         return history
 
+    @_quiet_tf_info
     def evaluate(
         self,
         model: models.ModelOrBuilder,
@@ -224,6 +245,7 @@ class Trainer:
         iterator = self._iterator_factory(strategy, batch)(inp)
         return loop.run_eval(compiled.steps, iterator, callback_list, num_steps=steps)
 
+    @_quiet_tf_info
     def predict(
         self,
         model: models.ModelOrBuilder,
@@ -248,10 +270,10 @@ class Trainer:
         strategy_lib.check_strategy_name(strategy)
         key = strategy if strategy is not None else self.strategy
         if isinstance(key, tf.distribute.Strategy):
-            return key
+            return _check_supported(key)
         if key not in self._strategies:  # one instance per name: TF can't rebuild collectives
             self._strategies[key] = strategy_lib.resolve_strategy(key)
-        return self._strategies[key]
+        return _check_supported(self._strategies[key])
 
     def _validation_input(self, validation_data: Any, train: data_lib.Input) -> data_lib.Input | None:
         if validation_data is None:
@@ -383,6 +405,16 @@ class Trainer:
         if compiled is not None and compiled.strategy is strategy:
             return compiled.steps.predict
         return Steps(strategy, model, objective=None).predict
+
+
+def _check_supported(strategy: tf.distribute.Strategy) -> tf.distribute.Strategy:
+    if isinstance(strategy, tf.distribute.ParameterServerStrategy):
+        raise ValueError(
+            "ParameterServerStrategy needs a ClusterCoordinator-driven loop, which Trainer does not have "
+            "yet. Received: strategy=ParameterServerStrategy. Use strategy='multi_worker' "
+            "(synchronous all-reduce) for now."
+        )
+    return strategy
 
 
 def _check_loop_args(*, epochs: int, initial_epoch: int, steps_per_epoch: int | None) -> None:

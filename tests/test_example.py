@@ -1,0 +1,125 @@
+"""The Fashion-MNIST example end to end on generated IDX files, its IDX reader, and the notebook."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from conftest import TESTS
+
+EXAMPLES = TESTS.parent / "examples"
+sys.path.insert(0, str(EXAMPLES))
+
+import fashion_mnist  # noqa: E402
+import idx  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def idx_dir(tmp_path_factory):
+    """The four standard files, in the real format, with generated images."""
+    directory = tmp_path_factory.mktemp("fashion")
+    for split, n in (("train", 320), ("test", 80)):
+        images, labels = fashion_mnist.synthetic_images(n, seed=0, split=int(split == "test"))
+        idx.write_idx(directory / idx.FILES[f"{split}_images"], images)
+        idx.write_idx(directory / idx.FILES[f"{split}_labels"], labels)
+    return directory
+
+
+def test_idx_round_trip(idx_dir):
+    (x_train, y_train), (x_test, y_test) = idx.load_dataset(idx_dir)
+    assert x_train.shape == (320, 28, 28) and x_train.dtype == np.uint8 and y_test.shape == (80,)
+    expected, _ = fashion_mnist.synthetic_images(320, seed=0, split=0)
+    np.testing.assert_array_equal(x_train, expected)
+
+
+@pytest.mark.parametrize("corrupt, pattern", [
+    (lambda raw: b"\x00\x00\x08\x02" + raw[4:], r"magic number 0x00000802, expected 0x00000803"),
+    (lambda raw: b"\x00\x00\x0d\x03" + raw[4:], r"magic number"),
+    (lambda raw: raw[:-5], r"data bytes for dimensions \(320, 28, 28\), expected 250880"),
+    (lambda raw: raw[:3], r"too short for an IDX header"),
+])
+def test_idx_reader_names_the_bad_file(tmp_path, idx_dir, corrupt, pattern):
+    import gzip
+    import shutil
+
+    for name in idx.FILES.values():
+        shutil.copy(idx_dir / name, tmp_path / name)
+    bad = tmp_path / idx.FILES["train_images"]
+    with gzip.open(bad, "rb") as f:
+        raw = f.read()
+    with gzip.open(bad, "wb") as f:
+        f.write(corrupt(raw))
+    with pytest.raises(idx.IDXError, match=re.escape(str(bad)) + ".*" + pattern):
+        idx.load_dataset(tmp_path)
+
+
+def test_idx_reader_checks_labels_and_gzip(tmp_path, idx_dir):
+    import shutil
+
+    for name in idx.FILES.values():
+        shutil.copy(idx_dir / name, tmp_path / name)
+    idx.write_idx(tmp_path / idx.FILES["test_labels"], np.full(79, 3, np.uint8))
+    with pytest.raises(idx.IDXError, match=r"t10k-labels-idx1-ubyte.gz: 79 labels for 80 images"):
+        idx.load_dataset(tmp_path)
+    idx.write_idx(tmp_path / idx.FILES["test_labels"], np.full(80, 12, np.uint8))
+    with pytest.raises(idx.IDXError, match=r"label 12 is out of range"):
+        idx.load_dataset(tmp_path)
+    (tmp_path / idx.FILES["test_labels"]).write_bytes(b"not gzip at all")
+    with pytest.raises(idx.IDXError, match=r"t10k-labels-idx1-ubyte.gz: can't be read"):
+        idx.load_dataset(tmp_path)
+
+
+def test_offline_without_flags_fails_fast_naming_both(monkeypatch, tmp_path):
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))  # nothing cached
+    monkeypatch.setattr(fashion_mnist, "_reachable", lambda host, timeout=3.0: False)
+    with pytest.raises(SystemExit, match=r"--data-dir DIR.*--synthetic N"):
+        fashion_mnist.load_raw(None, None, seed=0)
+
+
+def test_example_end_to_end_on_idx_files(tmp_path, idx_dir):
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "fashion_mnist.py"), "--data-dir", str(idx_dir), "--epochs", "1",
+         "--out", str(out), "--strategy", "mirrored", "--cpu-replicas", "2", "--batch", "32"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Training plan" in proc.stdout and "2 in sync" in proc.stdout
+    printed = float(re.search(r"Test accuracy: ([0-9.]+)", proc.stdout).group(1))
+    restored = float(re.search(r"Restored without a strategy: test accuracy ([0-9.]+)", proc.stdout).group(1))
+
+    for name in ("log.csv", "log.jsonl", "curves.png", "results.json", "checkpoints/checkpoints.json",
+                 "checkpoints/last.keras", "checkpoints/epoch001.keras"):
+        assert (out / name).exists(), name
+    # Recompute the accuracy from the saved checkpoint, outside the example.
+    (_, _), (x_test, y_test) = idx.load_dataset(idx_dir)
+    model = keras.models.load_model(out / "checkpoints" / "last.keras")
+    logits = model.predict(x_test[..., None].astype("float32") / 255, verbose=0)
+    recomputed = float(np.mean(logits.argmax(axis=1) == y_test))
+    assert printed == pytest.approx(recomputed, abs=5e-5)
+    assert restored == pytest.approx(recomputed, abs=5e-5)
+    results = json.loads((out / "results.json").read_text())
+    assert results["test_accuracy"] == pytest.approx(recomputed, abs=1e-6)
+    with open(out / "log.jsonl") as f:
+        assert [json.loads(line)["epoch"] for line in f] == [0]
+
+
+def test_notebook_runs_without_errors(tmp_path):
+    import nbformat
+    from nbclient import NotebookClient
+
+    notebook = nbformat.read(TESTS.parent / "notebooks" / "quickstart.ipynb", as_version=4)
+    assert all(not cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code"), "strip outputs"
+    client = NotebookClient(notebook, timeout=240, kernel_name="python3",
+                            resources={"metadata": {"path": str(TESTS.parent / "notebooks")}})
+    client.execute()  # raises CellExecutionError on any cell error
+    outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
+    text = "".join(o.get("text", "") for o in outputs)
+    assert "Training plan" in text and "2 in sync" in text
+    assert any("image/png" in o.get("data", {}) for o in outputs)  # the inline curves
+    assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in outputs)  # tqdm widget
