@@ -10,7 +10,7 @@ from typing import Iterator
 
 import keras
 
-from trainer.strategy import cluster_info
+from trainer.cluster import cluster_info
 
 
 class ContextAware(keras.callbacks.Callback):

@@ -23,7 +23,7 @@ tf.config.set_logical_device_configuration(
     tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 4
 )
 
-import keras  # noqa: E402
+from tiny import tiny_data, tiny_model  # noqa: E402,F401  (re-exported for tests)
 
 TESTS = Path(__file__).parent
 
@@ -34,33 +34,6 @@ def mirrored(num_replicas: int) -> tf.distribute.MirroredStrategy:
         [f"/cpu:{i}" for i in range(num_replicas)],
         cross_device_ops=tf.distribute.ReductionToOneDevice(),
     )
-
-
-def tiny_data(n: int = 203, seed: int = 0):
-    """(x, y, w): 8 features, 3 classes, positive sample weights."""
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(n, 8)).astype("float32")
-    y = (x[:, 0] + 0.5 * x[:, 1] > 0).astype("int64") + (x[:, 2] > 1).astype("int64")
-    w = rng.uniform(0.5, 2.0, size=n).astype("float32")
-    return x, y, w
-
-
-def tiny_model(lr: float = 0.05, optimizer: str = "sgd", seed: int = 0) -> keras.Model:
-    """A compiled two-layer classifier with L2 regularization and fixed initial weights."""
-    keras.utils.set_random_seed(seed)
-    model = keras.Sequential([
-        keras.Input((8,)),
-        keras.layers.Dense(16, activation="relu", kernel_regularizer=keras.regularizers.L2(1e-3)),
-        keras.layers.Dense(3),
-    ])
-    opt = keras.optimizers.SGD(lr, momentum=0.9) if optimizer == "sgd" else keras.optimizers.Adam(lr)
-    model.compile(
-        optimizer=opt,
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
-        weighted_metrics=[keras.metrics.SparseCategoricalCrossentropy(from_logits=True, name="wce")],
-    )
-    return model
 
 
 def run_python(script: str, *args: str, env: dict | None = None, timeout: int = 300) -> dict:

@@ -17,7 +17,7 @@ tf.config.set_logical_device_configuration(
 )
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from conftest import tiny_data, tiny_model  # noqa: E402
+from tiny import tiny_data, tiny_model  # noqa: E402
 
 from trainer import Trainer  # noqa: E402
 

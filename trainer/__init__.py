@@ -2,22 +2,39 @@
 
 The same script trains on one device, many GPUs or many machines, with the same
 numbers: losses and metrics are aggregated exactly across replicas.
+
+Names are imported on first use, so `trainer-launch` starts without loading
+TensorFlow.
 """
 
-from trainer.plan import Plan
-from trainer.scaling import BatchPlan, ScaledSchedule
-from trainer.strategy import STRATEGY_NAMES, ClusterInfo, cluster_info, parse_tf_config, resolve_strategy
-from trainer.trainer import Trainer
+import importlib
 
-__all__ = [
-    "BatchPlan",
-    "ClusterInfo",
-    "Plan",
-    "STRATEGY_NAMES",
-    "ScaledSchedule",
-    "Trainer",
-    "cluster_info",
-    "parse_tf_config",
-    "resolve_strategy",
-]
+_EXPORTS = {
+    "Trainer": "trainer.trainer",
+    "History": "trainer.history",
+    "TrainContext": "trainer.loop",
+    "Plan": "trainer.plan",
+    "BatchPlan": "trainer.scaling",
+    "ScaledSchedule": "trainer.scaling",
+    "STRATEGY_NAMES": "trainer.strategy",
+    "resolve_strategy": "trainer.strategy",
+    "ClusterInfo": "trainer.cluster",
+    "cluster_info": "trainer.cluster",
+    "parse_tf_config": "trainer.cluster",
+    "notebook_launcher": "trainer.launch",
+}
+
+__all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'trainer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

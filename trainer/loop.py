@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from trainer.plan import Plan
 from trainer.steps import Steps
-from trainer.strategy import ClusterInfo
+from trainer.cluster import ClusterInfo
 
 _BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
 EVAL_STEPS_PER_EXECUTION = 32

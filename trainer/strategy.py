@@ -1,18 +1,13 @@
-"""Strategy names -> `tf.distribute.Strategy` instances, and the task's cluster role.
-
-The cluster is described by TF_CONFIG, as Kubernetes (TFJob), Vertex AI and
-`trainer-launch` set it. Parsing TF_CONFIG is pure Python so it can be tested
-without TensorFlow.
-"""
+"""Strategy names (and their options) -> `tf.distribute.Strategy` instances."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
-from typing import Any, Mapping
+from typing import Any
 
 import tensorflow as tf
+
+from trainer.cluster import ClusterInfo, cluster_info
 
 STRATEGY_NAMES = (
     "auto",
@@ -31,48 +26,6 @@ STRATEGY_NAMES = (
 _TPU_HINTS = ("TPU_NAME", "TPU_WORKER_ID", "COLAB_TPU_ADDR", "TPU_ACCELERATOR_TYPE")
 
 
-@dataclasses.dataclass(frozen=True)
-class ClusterInfo:
-    """This task's place in the cluster, as TF_CONFIG describes it."""
-
-    task_type: str | None = None
-    task_id: int = 0
-    num_workers: int = 1  # tasks that compute: chief + workers
-    num_ps: int = 0
-    has_chief_task: bool = False  # False: worker 0 acts as the chief
-
-    @property
-    def is_chief(self) -> bool:
-        """True for the task that owns side effects (plan, logs, checkpoints)."""
-        if self.task_type in (None, "chief"):
-            return True
-        # With no dedicated chief, worker 0 plays the chief (TF's convention).
-        return self.task_type == "worker" and self.task_id == 0 and not self.has_chief_task
-
-
-def parse_tf_config(raw: str | Mapping[str, Any] | None) -> ClusterInfo:
-    """Parses a TF_CONFIG value (JSON text or dict) into a `ClusterInfo`."""
-    if not raw:
-        return ClusterInfo()
-    config = json.loads(raw) if isinstance(raw, str) else dict(raw)
-    cluster = config.get("cluster", {}) or {}
-    task = config.get("task", {}) or {}
-    n_chief = len(cluster.get("chief", []))
-    n_workers = len(cluster.get("worker", []))
-    return ClusterInfo(
-        task_type=task.get("type"),
-        task_id=int(task.get("index", 0)),
-        num_workers=max(1, n_chief + n_workers),
-        num_ps=len(cluster.get("ps", [])),
-        has_chief_task=n_chief > 0,
-    )
-
-
-def cluster_info() -> ClusterInfo:
-    """The `ClusterInfo` of this process, from the TF_CONFIG environment variable."""
-    return parse_tf_config(os.environ.get("TF_CONFIG"))
-
-
 def auto_strategy_name(info: ClusterInfo, num_gpus: int, tpu_hinted: bool) -> str:
     """The name "auto" resolves to: TPU, then cluster, then GPUs, then one device."""
     if tpu_hinted:
@@ -86,15 +39,37 @@ def auto_strategy_name(info: ClusterInfo, num_gpus: int, tpu_hinted: bool) -> st
     return "one_device"
 
 
-def resolve_strategy(strategy: str | tf.distribute.Strategy | None) -> tf.distribute.Strategy:
-    """Returns a strategy instance for a name or an instance.
+DEFAULT_COLLECTIVE_TIMEOUT = 300.0  # seconds before a collective gives up on a silent peer
+
+_CROSS_DEVICE_OPS = {
+    "nccl": tf.distribute.NcclAllReduce,
+    "hierarchical_copy": tf.distribute.HierarchicalCopyAllReduce,
+    "reduction_to_one_device": tf.distribute.ReductionToOneDevice,
+}
+_COMMUNICATION = {
+    "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
+    "ring": tf.distribute.experimental.CommunicationImplementation.RING,
+    "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
+}
+
+
+def resolve_strategy(strategy: str | tf.distribute.Strategy | None, **options: Any) -> tf.distribute.Strategy:
+    """Returns a strategy instance for a name (with options) or an instance.
 
     Args:
       strategy: a `tf.distribute.Strategy`, None (the current strategy), or one of
         `STRATEGY_NAMES`.
+      **options: for the named strategy:
+        "one_device": device.
+        "mirrored": devices (a subset, e.g. ["/gpu:0", "/gpu:1"]), cross_device_ops
+          ("nccl", "hierarchical_copy", "reduction_to_one_device" or an instance).
+        "central_storage": devices.
+        "multi_worker": communication ("auto", "ring", "nccl"), timeout_seconds
+          (per collective; a dead peer then raises instead of hanging).
 
     Raises:
-      ValueError: for an unknown name, or "tpu" when no TPU can be reached.
+      ValueError: for an unknown name or option value, or "tpu" when no TPU can be reached.
+      TypeError: for an option the strategy does not take.
     """
     if isinstance(strategy, tf.distribute.Strategy):
         return strategy
@@ -106,7 +81,16 @@ def resolve_strategy(strategy: str | tf.distribute.Strategy | None) -> tf.distri
         tpu_hinted = any(os.environ.get(k) for k in _TPU_HINTS)
         gpus = tf.config.list_logical_devices("GPU")
         name = auto_strategy_name(cluster_info(), len(gpus), tpu_hinted)
-    return _BUILDERS[name]()
+        options = {}  # options are for an explicit name
+    builder = _BUILDERS[name]
+    allowed = _OPTIONS[name]
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise TypeError(
+            f"Strategy {name!r} takes no option(s) {unknown}. Received: {options}. "
+            f"Options it takes: {list(allowed) or 'none'}."
+        )
+    return builder(**options)
 
 
 def check_strategy_name(strategy: Any) -> None:
@@ -132,20 +116,42 @@ def _compute_devices() -> list[str]:
     return [d.name for d in (gpus or tf.config.list_logical_devices("CPU"))]
 
 
-def _one_device() -> tf.distribute.Strategy:
-    return tf.distribute.OneDeviceStrategy(_compute_devices()[0])
+def _one_device(device: str | None = None) -> tf.distribute.Strategy:
+    return tf.distribute.OneDeviceStrategy(device or _compute_devices()[0])
 
 
-def _mirrored() -> tf.distribute.Strategy:
-    return tf.distribute.MirroredStrategy(devices=_compute_devices())
+def _mirrored(devices: list[str] | None = None, cross_device_ops: Any = None) -> tf.distribute.Strategy:
+    if isinstance(cross_device_ops, str):
+        if cross_device_ops not in _CROSS_DEVICE_OPS:
+            raise ValueError(
+                f"Unknown `cross_device_ops`. Received: cross_device_ops={cross_device_ops!r}. "
+                f"Pass one of {sorted(_CROSS_DEVICE_OPS)} or a tf.distribute.CrossDeviceOps instance."
+            )
+        cross_device_ops = _CROSS_DEVICE_OPS[cross_device_ops]()
+    return tf.distribute.MirroredStrategy(devices=devices or _compute_devices(), cross_device_ops=cross_device_ops)
 
 
-def _central_storage() -> tf.distribute.Strategy:
-    return tf.distribute.experimental.CentralStorageStrategy(compute_devices=_compute_devices())
+def _central_storage(devices: list[str] | None = None) -> tf.distribute.Strategy:
+    return tf.distribute.experimental.CentralStorageStrategy(compute_devices=devices or _compute_devices())
 
 
-def _multi_worker() -> tf.distribute.Strategy:
-    return tf.distribute.MultiWorkerMirroredStrategy()
+def _multi_worker(communication: str = "auto", timeout_seconds: float | None = DEFAULT_COLLECTIVE_TIMEOUT):
+    if communication not in _COMMUNICATION:
+        raise ValueError(
+            f"Unknown `communication`. Received: communication={communication!r}. Pass one of {sorted(_COMMUNICATION)}."
+        )
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=_COMMUNICATION[communication], timeout_seconds=timeout_seconds
+    )
+    try:
+        return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    except RuntimeError as err:
+        if "program startup" not in str(err):
+            raise
+        raise RuntimeError(
+            "MultiWorkerMirroredStrategy must be created before TensorFlow runs anything. Create the "
+            "Trainer (or the strategy) at the top of the script, before building models or data."
+        ) from err
 
 
 def _parameter_server() -> tf.distribute.Strategy:
@@ -182,12 +188,12 @@ _BUILDERS = {
     "parameter_server": _parameter_server,
     "tpu": _tpu,
 }
-
-
-def strategy_cluster_info(strategy: tf.distribute.Strategy) -> ClusterInfo:
-    """The cluster role of this process under `strategy` (single task unless multi-worker)."""
-    resolver = getattr(strategy, "cluster_resolver", None)
-    if resolver is None or not resolver.cluster_spec().as_dict():
-        return ClusterInfo()
-    spec = resolver.cluster_spec().as_dict()
-    return parse_tf_config({"cluster": spec, "task": {"type": resolver.task_type, "index": resolver.task_id}})
+_OPTIONS = {
+    "default": (),
+    "one_device": ("device",),
+    "mirrored": ("devices", "cross_device_ops"),
+    "central_storage": ("devices",),
+    "multi_worker": ("communication", "timeout_seconds"),
+    "parameter_server": (),
+    "tpu": (),
+}

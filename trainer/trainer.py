@@ -15,6 +15,7 @@ import tensorflow as tf
 from trainer import data as data_lib
 from trainer import models, scaling
 from trainer import strategy as strategy_lib
+from trainer.cluster import strategy_cluster_info
 from trainer import loop
 from trainer.objective import Objective
 from trainer.history import History
@@ -159,6 +160,8 @@ class Trainer:
         self.verbose = verbose
         self.nan_guard = nan_guard
         self._strategies: dict[Any, tf.distribute.Strategy] = {}
+        # Resolve now: multi-worker strategies must be created before TensorFlow runs any op.
+        self._resolve_strategy(None)
         self._compiled: "weakref.WeakKeyDictionary[keras.Model, _Compiled]" = weakref.WeakKeyDictionary()
 
     # Public API ----------------------------------------------------------------
@@ -205,7 +208,7 @@ class Trainer:
         run_model, compiled, lr_plan = self._prepare(model, strategy, train, lr=(batch, warmup_steps))
         callbacks = list(callbacks or [])
         plan = self._plan(strategy, train, batch, steps_per_epoch, lr_plan, callbacks)
-        context = loop.TrainContext(strategy, strategy_lib.strategy_cluster_info(strategy), plan,
+        context = loop.TrainContext(strategy, strategy_cluster_info(strategy), plan,
                                     epochs=epochs, initial_epoch=initial_epoch)
         verbose = self.verbose if verbose is None else verbose
         if verbose and context.is_chief:
@@ -342,7 +345,7 @@ class Trainer:
         return any("GPU" in d.upper() for d in devices)
 
     def _plan(self, strategy, inp, batch, steps_per_epoch, lr_plan: scaling.LRPlan, callbacks) -> Plan:
-        cluster = strategy_lib.strategy_cluster_info(strategy)
+        cluster = strategy_cluster_info(strategy)
         if isinstance(inp, data_lib.ArrayInput):
             policy, why = "OFF", "the trainer splits each global batch into per-replica slices; each worker gathers only its own"
         elif isinstance(inp, data_lib.FunctionInput):
@@ -389,7 +392,7 @@ class Trainer:
         return extra + callbacks
 
     def _iterator_factory(self, strategy: tf.distribute.Strategy, batch: scaling.BatchPlan) -> loop.MakeIterator:
-        num_workers = strategy_lib.strategy_cluster_info(strategy).num_workers
+        num_workers = strategy_cluster_info(strategy).num_workers
 
         def make_iterator(inp, epoch: int | None = None, start_step: int = 0):
             order = None

@@ -1,0 +1,58 @@
+"""Trains the equivalence problem under one device layout and saves what each task saw.
+
+Usage: python multiworker_run.py OUT_DIR STRATEGY [backup]
+Run once without TF_CONFIG for the single-process reference, or under
+trainer-launch for the multi-worker run. Each task writes OUT_DIR/task<id>.npz
+and OUT_DIR/task<id>.json; chief-only files go to OUT_DIR/files.
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+
+from trainer import Trainer, cluster_info  # noqa: E402
+
+out, strategy = sys.argv[1], sys.argv[2]
+# Multi-worker strategies must exist before TensorFlow runs anything, so the Trainer comes first.
+trainer = Trainer(strategy=strategy, batch_size=64, lr_scaling=None, seed=0, steps_per_execution=4)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tiny import tiny_data, tiny_model  # noqa: E402
+
+from callbacks import BackupAndRestore, JSONLogger, ModelCheckpoint  # noqa: E402
+
+files = os.path.join(out, "files")
+x, y, w = tiny_data(1003)
+callbacks = [JSONLogger(os.path.join(files, "log.jsonl")), ModelCheckpoint(os.path.join(files, "ckpt"))]
+if "backup" in sys.argv[3:]:
+    callbacks.append(BackupAndRestore(os.path.join(files, "backup"), save_freq=4))
+info = cluster_info()
+task = f"{info.task_type or 'single'}{info.task_id}"
+if os.environ.get("KILL_TASK") == task:  # dies at epoch 1, step 8: a crashed worker
+    import signal
+
+    import keras
+
+    class Die(keras.callbacks.Callback):
+        handles_fused_steps = True
+
+        def set_trainer_context(self, context):
+            self.context = context
+
+        def on_train_batch_end(self, batch, logs=None):
+            if (self.context.epoch, self.context.step) >= (1, 8):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    callbacks.append(Die())
+epochs = int(os.environ.get("EPOCHS", "2"))
+history = trainer.fit(tiny_model(), (x, y, w), epochs=epochs, validation_data=(x[:301], y[:301], w[:301]),
+                      callbacks=callbacks)
+evaluation = trainer.evaluate(history.model, (x, y, w))
+predictions = trainer.predict(history.model, x)
+np.savez(os.path.join(out, f"{task}.npz"), predictions=predictions,
+         weights=np.concatenate([v.ravel() for v in history.model.get_weights()]))
+with open(os.path.join(out, f"{task}.json"), "w") as f:
+    json.dump({"history": history.history, "evaluate": evaluation, "epochs": history.epoch}, f)
+print("done", task)

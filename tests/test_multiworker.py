@@ -1,0 +1,80 @@
+"""Two local workers through trainer-launch: same numbers as one process; failures stop the job."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import TESTS
+
+SCRIPT = str(TESTS / "multiworker_run.py")
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def _launch(out, *extra, workers=2, env=None, timeout=240):
+    command = [sys.executable, "-m", "trainer.launch", "--workers", str(workers), SCRIPT, str(out), "multi_worker",
+               *extra]
+    return subprocess.run(command, capture_output=True, text=True, env={**ENV, **(env or {})}, timeout=timeout)
+
+
+def _load(out, task):
+    with open(out / f"{task}.json") as f:
+        result = json.load(f)
+    return result, dict(np.load(out / f"{task}.npz"))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("single")
+    proc = subprocess.run([sys.executable, SCRIPT, str(out), "default"], capture_output=True, text=True, env=ENV,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return _load(out, "single0")
+
+
+def _assert_matches(result, arrays, reference):
+    ref_result, ref_arrays = reference
+    for key, values in ref_result["history"].items():
+        np.testing.assert_allclose(result["history"][key], values, rtol=1e-5, err_msg=key)
+    for key, value in ref_result["evaluate"].items():
+        np.testing.assert_allclose(result["evaluate"][key], value, rtol=1e-5, err_msg=key)
+    np.testing.assert_allclose(arrays["weights"], ref_arrays["weights"], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(arrays["predictions"], ref_arrays["predictions"], rtol=1e-5, atol=1e-6)
+
+
+def test_two_workers_match_the_single_process_run(tmp_path, reference):
+    proc = _launch(tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("Training plan") == 1 and "[worker:0] Training plan" in proc.stdout
+    assert "2 in sync over 2 worker(s)" in proc.stdout
+    assert not any(line.startswith("[worker:1] Epoch") for line in proc.stdout.splitlines())  # chief only
+    worker0, worker1 = _load(tmp_path, "worker0"), _load(tmp_path, "worker1")
+    assert worker0[0] == worker1[0]  # identical history and evaluate() on both workers
+    np.testing.assert_array_equal(worker0[1]["weights"], worker1[1]["weights"])
+    _assert_matches(*worker0, reference)  # 1003 examples: an uneven last batch of 43
+    files = tmp_path / "files"
+    assert sorted(os.listdir(files)) == ["ckpt", "log.jsonl"]  # only the chief's files
+    with open(files / "log.jsonl") as f:
+        assert [json.loads(line)["epoch"] for line in f] == [0, 1]
+
+
+def test_a_dead_worker_stops_the_job_and_backup_resumes_it(tmp_path, reference):
+    start = time.monotonic()
+    proc = _launch(tmp_path, "backup", env={"KILL_TASK": "worker1"})
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 128 + 9, proc.stdout[-3000:]
+    assert "[launcher] task worker:1 failed with exit status 137" in proc.stdout
+    assert elapsed < 120
+    assert (tmp_path / "files" / "backup" / "backup.npz").exists()
+
+    resumed = _launch(tmp_path, "backup")
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "[worker:0] BackupAndRestore: resuming from epoch 1" in resumed.stdout
+    result, arrays = _load(tmp_path, "worker0")
+    assert result["epochs"] == [1]
+    np.testing.assert_allclose(arrays["weights"], reference[1]["weights"], rtol=1e-5, atol=1e-7)
+    assert not (tmp_path / "files" / "backup" / "backup.npz").exists()

@@ -1,0 +1,235 @@
+"""Local multi-process launcher, like torchrun: one process per task, TF_CONFIG set for each.
+
+    trainer-launch --workers 2 script.py [args]          # MultiWorkerMirroredStrategy
+    trainer-launch --workers 2 --ps 1 script.py [args]   # ParameterServerStrategy
+    python -m trainer.launch --workers 2 script.py [args]
+
+Each output line is prefixed with the task's role and index. If a task fails,
+the others are stopped and the launcher exits with that task's status. Ctrl-C
+stops everything. With --ps, the script runs on the chief (the coordinator);
+the worker and ps tasks run TensorFlow servers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from queue import Empty
+from typing import Any, Callable, Sequence
+
+GRACE_SECONDS = 10.0  # between SIGTERM (time to save a backup) and SIGKILL
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct localhost ports that were free a moment ago."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("localhost", 0))
+        return [s.getsockname()[1] for s in sockets]
+
+
+def cluster_spec(workers: int, ps: int, ports: Sequence[int]) -> dict[str, list[str]]:
+    """The cluster dict: workers only (worker 0 is chief), or chief + workers + ps with --ps."""
+    addresses = [f"localhost:{p}" for p in ports]
+    if ps == 0:
+        return {"worker": addresses[:workers]}
+    return {"chief": addresses[:1], "worker": addresses[1 : 1 + workers], "ps": addresses[1 + workers : 1 + workers + ps]}
+
+
+def tasks(cluster: dict[str, list[str]]) -> list[tuple[str, int]]:
+    """Every (task type, index) in the cluster, chief first."""
+    order = ("chief", "worker", "ps")
+    return [(kind, i) for kind in order for i in range(len(cluster.get(kind, [])))]
+
+
+def tf_config(cluster: dict[str, list[str]], task_type: str, index: int) -> str:
+    return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})
+
+
+def _pump(stream, prefix: str, out) -> None:
+    for line in iter(stream.readline, ""):
+        out.write(f"{prefix}{line}" if line.endswith("\n") else f"{prefix}{line}\n")
+        out.flush()
+
+
+class _Task:
+    def __init__(self, kind: str, index: int, command: list[str], env: dict[str, str], out):
+        self.name = f"{kind}:{index}"
+        self.process = subprocess.Popen(
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+            start_new_session=True,  # Ctrl-C reaches the launcher only, which stops the tasks in order
+        )
+        self.pump = threading.Thread(target=_pump, args=(self.process.stdout, f"[{self.name}] ", out), daemon=True)
+        self.pump.start()
+
+    def signal(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signum)
+
+
+def _exit_status(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode  # killed by signal N -> 128 + N
+
+
+def run(
+    command: Sequence[str],
+    *,
+    workers: int,
+    ps: int = 0,
+    env: dict[str, str] | None = None,
+    out=None,
+    server_command: Callable[[str, int], list[str]] | None = None,
+) -> int:
+    """Runs `command` as every computing task of a local cluster; returns the exit status.
+
+    Args:
+      command: the program and its arguments, e.g. [sys.executable, "train.py"].
+      workers: worker tasks.
+      ps: parameter-server tasks; with any, the command runs on a chief and the
+        workers and ps tasks run TensorFlow servers.
+      env: the environment (default: this process's).
+      out: where prefixed lines go (default: stdout).
+    """
+    out = out or sys.stdout
+    cluster = cluster_spec(workers, ps, free_ports(workers + ps + (1 if ps else 0)))
+    base_env = dict(os.environ if env is None else env)
+    running: list[_Task] = []
+    try:
+        for kind, index in tasks(cluster):
+            task_env = {**base_env, "TF_CONFIG": tf_config(cluster, kind, index)}
+            chief = (kind, index) in (("chief", 0), ("worker", 0)) and (ps == 0 or kind == "chief")
+            if not chief:
+                task_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # non-chief tasks: warnings and errors only
+            runs_script = ps == 0 or kind == "chief"
+            argv = list(command) if runs_script else (server_command or _server_command)(kind, index)
+            running.append(_Task(kind, index, argv, task_env, out))
+        return _supervise(running, out, script_tasks=[t for t in running if ps == 0 or t.name == "chief:0"])
+    except KeyboardInterrupt:
+        out.write("[launcher] interrupted; stopping every task\n")
+        _stop(running)
+        return 130
+
+
+def _supervise(running: list[_Task], out, script_tasks: list[_Task]) -> int:
+    while True:
+        for task in running:
+            code = task.process.poll()
+            if code is not None and code != 0:
+                out.write(f"[launcher] task {task.name} failed with exit status {_exit_status(code)}; "
+                          "stopping the others\n")
+                out.flush()
+                _stop([t for t in running if t is not task])
+                return _exit_status(code)
+        if all(t.process.poll() == 0 for t in script_tasks):
+            _stop([t for t in running if t not in script_tasks])  # servers run until told to stop
+            for task in running:
+                task.pump.join(timeout=5)
+            return 0
+        time.sleep(0.1)
+
+
+def _stop(tasks_: list[_Task]) -> None:
+    live = [t for t in tasks_ if t.process.poll() is None]
+    for task in live:
+        task.signal(signal.SIGTERM)
+    deadline = time.monotonic() + GRACE_SECONDS
+    for task in live:
+        try:
+            task.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            task.signal(signal.SIGKILL)
+            task.process.wait()
+
+
+def _server_command(kind: str, index: int) -> list[str]:
+    return [sys.executable, "-m", "trainer.launch", "--serve"]
+
+
+def serve() -> None:
+    """Runs this task's TensorFlow server until killed (worker and ps tasks under --ps)."""
+    import tensorflow as tf
+
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
+                                  task_index=resolver.task_id, protocol="grpc", start=True)
+    server.join()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="trainer-launch", description=__doc__.split("\n")[0])
+    parser.add_argument("--workers", type=int, default=2, help="worker tasks (default 2)")
+    parser.add_argument("--ps", type=int, default=0, help="parameter-server tasks (default 0)")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("script", nargs="?", help="the Python script to run")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    args = parser.parse_args(argv)
+    if args.serve:
+        serve()
+        return 0
+    if args.script is None:
+        parser.error("the script to run is missing: trainer-launch --workers 2 train.py [args]")
+    if args.workers < 1 or args.ps < 0:
+        parser.error(f"--workers must be >= 1 and --ps >= 0; got --workers {args.workers} --ps {args.ps}")
+    return run([sys.executable, args.script, *args.args], workers=args.workers, ps=args.ps)
+
+
+def notebook_launcher(fn: Callable[[], Any], workers: int = 2, timeout: float | None = None) -> Any:
+    """Runs `fn()` in `workers` local worker processes (one TF_CONFIG each); returns the chief's result.
+
+    The processes are forked, so `fn` may be defined in the notebook. Fork only
+    before TensorFlow has run anything in the notebook's own process: build the
+    model, data and Trainer inside `fn`.
+    """
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    cluster = cluster_spec(workers, 0, free_ports(workers))
+    queue = context.Queue()
+    processes = [context.Process(target=_notebook_task, args=(fn, cluster, i, queue)) for i in range(workers)]
+    for p in processes:
+        p.start()
+    results: dict[int, Any] = {}
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        while len(results) < workers:
+            try:
+                index, ok, value = queue.get(timeout=0.5)
+            except Empty:
+                dead = [i for i, p in enumerate(processes) if p.exitcode not in (None, 0) and i not in results]
+                if dead:
+                    raise RuntimeError(f"worker:{dead[0]} died with exit code {processes[dead[0]].exitcode}.")
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"notebook_launcher: workers still running after {timeout}s.")
+                continue
+            if not ok:
+                raise RuntimeError(f"worker:{index} failed:\n{value}")
+            results[index] = value
+    finally:
+        for p in processes:
+            p.join(timeout=GRACE_SECONDS)
+            if p.is_alive():
+                p.kill()
+    return results[0]
+
+
+def _notebook_task(fn, cluster, index, queue) -> None:
+    os.environ["TF_CONFIG"] = tf_config(cluster, "worker", index)
+    try:
+        queue.put((index, True, fn()))
+    except BaseException:  # report any failure to the notebook, with its traceback
+        import traceback
+
+        queue.put((index, False, traceback.format_exc()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
