@@ -1,0 +1,111 @@
+"""trainer-launch without TensorFlow in the tasks: cluster specs, prefixes, failures, Ctrl-C."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from trainer import launch
+
+
+def test_cluster_spec_and_tf_config():
+    assert launch.cluster_spec(2, 0, [1, 2]) == {"worker": ["localhost:1", "localhost:2"]}
+    cluster = launch.cluster_spec(2, 1, [1, 2, 3, 4])
+    assert cluster == {"chief": ["localhost:1"], "worker": ["localhost:2", "localhost:3"], "ps": ["localhost:4"]}
+    assert launch.tasks(cluster) == [("chief", 0), ("worker", 0), ("worker", 1), ("ps", 0)]
+    assert json.loads(launch.tf_config(cluster, "worker", 1))["task"] == {"type": "worker", "index": 1}
+    ports = launch.free_ports(3)
+    assert len(set(ports)) == 3
+
+
+def _script(tmp_path, body):
+    path = tmp_path / "task.py"
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def _launch(script, *args, workers=2, ps=0, **kwargs):
+    return subprocess.Popen([sys.executable, "-m", "trainer.launch", "--workers", str(workers), "--ps", str(ps),
+                             script, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
+
+
+def test_each_task_gets_its_tf_config_and_a_prefix(tmp_path):
+    script = _script(tmp_path, """
+        import json, os, sys
+        task = json.loads(os.environ["TF_CONFIG"])["task"]
+        print("hello from", task["type"], task["index"], "args", sys.argv[1:])
+    """)
+    out, _ = _launch(script, "--flag", "1", workers=3).communicate(timeout=60)
+    for i in range(3):
+        assert f"[worker:{i}] hello from worker {i} args ['--flag', '1']" in out
+
+
+def test_a_failing_task_stops_the_others_with_its_status(tmp_path):
+    script = _script(tmp_path, """
+        import json, os, sys, time
+        if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 1:
+            sys.exit(3)
+        time.sleep(60)
+    """)
+    start = time.monotonic()
+    proc = _launch(script)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 3
+    assert "task worker:1 failed with exit status 3" in out
+    assert time.monotonic() - start < 30
+
+
+def test_ctrl_c_stops_every_task(tmp_path):
+    marker = tmp_path / "pids"
+    script = _script(tmp_path, f"""
+        import os, time
+        with open({str(marker)!r}, "a") as f:
+            f.write(f"{{os.getpid()}}\\n")
+        time.sleep(60)
+    """)
+    proc = _launch(script)
+    deadline = time.monotonic() + 30
+    while (not marker.exists() or len(marker.read_text().split()) < 2) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and "interrupted" in out
+    for pid in map(int, marker.read_text().split()):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_missing_script_is_a_usage_error():
+    proc = subprocess.run([sys.executable, "-m", "trainer.launch", "--workers", "2"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "the script to run is missing" in proc.stderr
+
+
+def test_notebook_launcher_returns_the_chiefs_result(tmp_path):
+    script = _script(tmp_path, """
+        from trainer.launch import notebook_launcher
+
+        def train():
+            from trainer import Trainer  # everything TensorFlow happens inside the workers
+            trainer = Trainer(strategy="multi_worker", batch_size=32, verbose=0)
+            import numpy as np, keras
+            x = np.random.default_rng(0).normal(size=(100, 4)).astype("float32")
+            y = (x[:, 0] > 0).astype("int64")
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+            model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            history = trainer.fit(model, (x, y), epochs=1)
+            from trainer import cluster_info
+            return cluster_info().task_id, history.history["loss"][0]
+
+        print("RESULT", notebook_launcher(train, workers=2, timeout=120))
+    """)
+    proc = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))
+    task_id, loss = eval(line[len("RESULT "):])
+    assert task_id == 0 and 0 < loss < 5
