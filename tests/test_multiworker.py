@@ -78,3 +78,20 @@ def test_a_dead_worker_stops_the_job_and_backup_resumes_it(tmp_path, reference):
     assert result["epochs"] == [1]
     np.testing.assert_allclose(arrays["weights"], reference[1]["weights"], rtol=1e-5, atol=1e-7)
     assert not (tmp_path / "files" / "backup" / "backup.npz").exists()
+
+
+def test_a_dead_peer_gives_a_clear_error_not_a_hang():
+    from trainer.launch import cluster_spec, free_ports, tf_config
+
+    cluster = cluster_spec(2, 0, free_ports(2))
+    procs = [subprocess.Popen([sys.executable, str(TESTS / "dead_peer_run.py")],
+                              env={**ENV, "TF_CONFIG": tf_config(cluster, "worker", i)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    try:
+        out, _ = procs[0].communicate(timeout=120)  # a hang would time out here
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    assert procs[0].returncode == 1
+    assert "RuntimeError: A collective failed in epoch 0 near step 6: a peer worker is probably dead" in out

@@ -67,3 +67,20 @@ def test_bad_names():
         check_strategy_name("Mirrored")
     with pytest.raises(TypeError, match="must be a tf.distribute.Strategy or a name"):
         check_strategy_name(["mirrored"])
+
+
+def test_mirrored_options_subset_and_cross_device_ops():
+    strategy = resolve_strategy("mirrored", devices=["/cpu:1", "/cpu:3"], cross_device_ops="reduction_to_one_device")
+    assert strategy.num_replicas_in_sync == 2
+    assert isinstance(strategy.extended._cross_device_ops, tf.distribute.ReductionToOneDevice)
+    from trainer.strategy import _CROSS_DEVICE_OPS
+
+    assert _CROSS_DEVICE_OPS["nccl"] is tf.distribute.NcclAllReduce
+    assert _CROSS_DEVICE_OPS["hierarchical_copy"] is tf.distribute.HierarchicalCopyAllReduce
+
+
+def test_bad_strategy_options():
+    with pytest.raises(TypeError, match=r"'mirrored' takes no option\(s\) \['timeout'\].*devices"):
+        resolve_strategy("mirrored", timeout=3)
+    with pytest.raises(ValueError, match=r"Unknown `cross_device_ops`.*'allreduce'"):
+        resolve_strategy("mirrored", cross_device_ops="allreduce")

@@ -57,6 +57,8 @@ def cluster_info() -> ClusterInfo:
 def strategy_cluster_info(strategy) -> ClusterInfo:
     """The cluster role of this process under `strategy` (single task unless multi-worker)."""
     resolver = getattr(strategy, "cluster_resolver", None)
+    if type(strategy).__name__.startswith("ParameterServerStrategy"):
+        return cluster_info()  # its resolver is TF_CONFIG's, and the chief coordinates
     if resolver is None or not resolver.cluster_spec().as_dict():
         return ClusterInfo()
     spec = resolver.cluster_spec().as_dict()

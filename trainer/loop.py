@@ -127,7 +127,14 @@ def _train_epoch(steps: Steps, context: TrainContext, callbacks, iterator, batch
         if per_epoch is not None:
             n = min(n, per_epoch - context.step)
         callbacks.on_train_batch_begin(context.step)
-        ran = int(steps.train(iterator, tf.constant(n)))
+        try:
+            ran = int(steps.train(iterator, tf.constant(n)))
+        except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as err:
+            raise RuntimeError(
+                f"A collective failed in epoch {context.epoch} near step {context.step}: a peer worker is "
+                "probably dead or stuck (see its log). With BackupAndRestore, re-run the job to resume. "
+                "The per-collective timeout is resolve_strategy('multi_worker', timeout_seconds=...)."
+            ) from err
         context.examples_seen += context.examples_in(ran, context.step)
         context.step += ran
         if ran:

@@ -59,10 +59,13 @@ class Steps:
         self.model = model
         self.objective = objective
         self.warmup = warmup
-        # Under CentralStorageStrategy, metric variables live on one device and
-        # updates from several replicas don't add up; there the replicas return
-        # their tensors and the metrics are updated once, in cross-replica context.
-        self._replica_metrics = not isinstance(strategy, tf.distribute.experimental.CentralStorageStrategy)
+        # Keras variables add by read-modify-write (`assign(self + value)`), so
+        # updates from several replicas to one copy get lost: under
+        # CentralStorageStrategy (one copy on one device) and parameter-server
+        # training (copies on ps tasks). There the replicas return their tensors
+        # instead, and the metrics are updated once, away from the replicas.
+        self.replica_metrics = not isinstance(
+            strategy, (tf.distribute.experimental.CentralStorageStrategy, tf.distribute.ParameterServerStrategy))
         self._grads = tf.function(self._loss_and_grads, jit_compile=True) if jit_compile else self._loss_and_grads
         self.train = tf.function(self._train_loop)
         self.evaluate = tf.function(self._eval_loop)
@@ -83,7 +86,8 @@ class Steps:
         grads = tape.gradient(scaled, model.trainable_variables)
         return y_pred, losses, per_output, regularization, grads
 
-    def _train_replica(self, batch):
+    def train_replica(self, batch):
+        """One train step on this replica's share of a batch (replica context)."""
         x, y, sample_weight = unpack(batch)
         count, weights = _count_and_weights(x, sample_weight)
         global_count = tf.distribute.get_replica_context().all_reduce("SUM", count)
@@ -91,7 +95,8 @@ class Steps:
         self.model.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
         return self._track(y, y_pred, weights, losses, per_output, regularization)
 
-    def _eval_replica(self, batch):
+    def eval_replica(self, batch):
+        """One evaluation step on this replica's share of a batch (replica context)."""
         x, y, sample_weight = unpack(batch)
         _, weights = _count_and_weights(x, sample_weight)
         y_pred = self.model(x, training=False)
@@ -100,7 +105,7 @@ class Steps:
         return self._track(y, y_pred, weights, losses, per_output, tf.cast(regularization, "float32"))
 
     def _track(self, *values):
-        if self._replica_metrics:
+        if self.replica_metrics:
             self.objective.update(*values)
             return ()
         return values
@@ -109,7 +114,7 @@ class Steps:
 
     def _run(self, replica_fn, batch):
         outputs = self.strategy.run(replica_fn, args=(batch,))
-        if not self._replica_metrics:
+        if not self.replica_metrics:
             self.objective.update(*tf.nest.map_structure(self._concat_replicas, outputs))
 
     def _concat_replicas(self, value):
@@ -137,7 +142,7 @@ class Steps:
             optional = iterator.get_next_as_optional()
             if not optional.has_value():
                 break
-            self._run(self._train_replica, optional.get_value())
+            self._run(self.train_replica, optional.get_value())
             if self.warmup is not None:  # set the LR of the next step, so callbacks see it
                 self._apply_warmup()
             executed += 1
@@ -149,7 +154,7 @@ class Steps:
             optional = iterator.get_next_as_optional()
             if not optional.has_value():
                 break
-            self._run(self._eval_replica, optional.get_value())
+            self._run(self.eval_replica, optional.get_value())
             executed += 1
         return executed
 

@@ -16,7 +16,7 @@ from trainer import data as data_lib
 from trainer import models, scaling
 from trainer import strategy as strategy_lib
 from trainer.cluster import strategy_cluster_info
-from trainer import loop
+from trainer import loop, ps
 from trainer.objective import Objective
 from trainer.history import History
 from trainer.plan import Plan
@@ -27,6 +27,7 @@ _AUTO_STEPS_PER_EXECUTION = 32
 _STRATEGY_LABELS = {
     "CollectiveAllReduceStrategy": "MultiWorkerMirroredStrategy",
     "_DefaultDistributionStrategy": "default (no distribution)",
+    "ParameterServerStrategyV2": "ParameterServerStrategy (asynchronous)",
 }
 
 
@@ -38,6 +39,10 @@ class _Compiled:
     strategy: tf.distribute.Strategy
     objective: Objective
     steps: Steps
+    # Where evaluation and prediction run: the training strategy, except under
+    # parameter-server training, where they run inline on the coordinator.
+    eval_strategy: tf.distribute.Strategy
+    eval_steps: Steps
 
 
 def _quiet_tf_info(method):
@@ -160,6 +165,7 @@ class Trainer:
         self.verbose = verbose
         self.nan_guard = nan_guard
         self._strategies: dict[Any, tf.distribute.Strategy] = {}
+        self._coordinators: dict[int, Any] = {}
         # Resolve now: multi-worker strategies must be created before TensorFlow runs any op.
         self._resolve_strategy(None)
         self._compiled: "weakref.WeakKeyDictionary[keras.Model, _Compiled]" = weakref.WeakKeyDictionary()
@@ -221,8 +227,15 @@ class Trainer:
         callback_list = keras.callbacks.CallbackList(
             callbacks, model=run_model, verbose=verbose, epochs=epochs, steps=steps_per_epoch
         )
-        loop.run_epochs(compiled.steps, context, callback_list, self._iterator_factory(strategy, batch), train, val,
-                        restart_each_epoch=isinstance(train, data_lib.ArrayInput) or user_steps is None)
+        make_eval_iterator = self._iterator_factory(compiled.eval_strategy, batch)
+        if ps.is_parameter_server(strategy):
+            coordinator = self._coordinator(strategy)
+            iterator = ps.per_worker_iterator(strategy, coordinator, train, batch.global_batch_size)
+            ps.run_epochs(coordinator, compiled.steps, compiled.eval_steps, context, callback_list, iterator,
+                          make_eval_iterator, val)
+        else:
+            loop.run_epochs(compiled.steps, context, callback_list, self._iterator_factory(strategy, batch), train,
+                            val, restart_each_epoch=isinstance(train, data_lib.ArrayInput) or user_steps is None)
         if run_model is not model and isinstance(model, keras.Model):
             model.set_weights(run_model.get_weights())  # the user's object sees the training
         return history
@@ -245,8 +258,8 @@ class Trainer:
         batch = self._batch_plan(strategy)
         run_model, compiled, _ = self._prepare(model, strategy, inp)
         callback_list = keras.callbacks.CallbackList(list(callbacks or []), model=run_model)
-        iterator = self._iterator_factory(strategy, batch)(inp)
-        return loop.run_eval(compiled.steps, iterator, callback_list, num_steps=steps)
+        iterator = self._iterator_factory(compiled.eval_strategy, batch)(inp)
+        return loop.run_eval(compiled.eval_steps, iterator, callback_list, num_steps=steps)
 
     @_quiet_tf_info
     def predict(
@@ -262,6 +275,8 @@ class Trainer:
         batch = self._batch_plan(strategy)
         sample_x = data_lib.sample_batch(inp)
         run_model = models.model_in_scope(model, strategy, sample_x, self.seed)
+        if ps.is_parameter_server(strategy):
+            strategy = tf.distribute.get_strategy()  # inline on the coordinator
         predict_fn = self._predict_fn(run_model, strategy)
         iterator = self._iterator_factory(strategy, batch)(inp)
         outputs = [tf.nest.map_structure(lambda t: t.numpy(), predict_fn(b)) for b in iterator]
@@ -273,10 +288,10 @@ class Trainer:
         strategy_lib.check_strategy_name(strategy)
         key = strategy if strategy is not None else self.strategy
         if isinstance(key, tf.distribute.Strategy):
-            return _check_supported(key)
+            return key
         if key not in self._strategies:  # one instance per name: TF can't rebuild collectives
             self._strategies[key] = strategy_lib.resolve_strategy(key)
-        return _check_supported(self._strategies[key])
+        return self._strategies[key]
 
     def _validation_input(self, validation_data: Any, train: data_lib.Input) -> data_lib.Input | None:
         if validation_data is None:
@@ -330,7 +345,13 @@ class Trainer:
             with strategy.scope():
                 objective = Objective(run_model, y, run_model(x, training=False))
             steps = Steps(strategy, run_model, objective, jit_compile=jit, warmup=warmup)
-            compiled = self._compiled[run_model] = _Compiled(key, strategy, objective, steps)
+            eval_strategy, eval_steps = strategy, steps
+            if ps.is_parameter_server(strategy):
+                eval_strategy = tf.distribute.get_strategy()  # inline on the coordinator
+                eval_objective = Objective(run_model, y, run_model(x, training=False))
+                eval_steps = Steps(eval_strategy, run_model, eval_objective, jit_compile=jit)
+            compiled = _Compiled(key, strategy, objective, steps, eval_strategy, eval_steps)
+            self._compiled[run_model] = compiled
         return run_model, compiled, lr_plan
 
     def _jit(self, strategy: tf.distribute.Strategy) -> bool:
@@ -346,7 +367,9 @@ class Trainer:
 
     def _plan(self, strategy, inp, batch, steps_per_epoch, lr_plan: scaling.LRPlan, callbacks) -> Plan:
         cluster = strategy_cluster_info(strategy)
-        if isinstance(inp, data_lib.ArrayInput):
+        if ps.is_parameter_server(strategy):
+            policy, why = "per worker", "each worker reads its own shuffled, repeated copy; steps go to free workers"
+        elif isinstance(inp, data_lib.ArrayInput):
             policy, why = "OFF", "the trainer splits each global batch into per-replica slices; each worker gathers only its own"
         elif isinstance(inp, data_lib.FunctionInput):
             policy, why = "per worker", "your dataset function shards by its input_context"
@@ -357,10 +380,12 @@ class Trainer:
         return Plan(
             strategy=_STRATEGY_LABELS.get(type(strategy).__name__, type(strategy).__name__),
             num_replicas=batch.num_replicas,
-            num_workers=cluster.num_workers,
+            # Under parameter-server training the chief only coordinates.
+            num_workers=cluster.num_workers - (1 if ps.is_parameter_server(strategy) else 0),
             global_batch_size=batch.global_batch_size,
             per_replica_batch_size=batch.per_replica_batch_size,
             num_examples=getattr(inp, "num_examples", None),
+            repeated_data=ps.is_parameter_server(strategy),
             steps_per_epoch=steps_per_epoch,
             shard_policy=policy,
             shard_reason=why,
@@ -403,21 +428,16 @@ class Trainer:
 
         return make_iterator
 
+    def _coordinator(self, strategy: tf.distribute.Strategy):
+        if id(strategy) not in self._coordinators:  # one coordinator per strategy
+            self._coordinators[id(strategy)] = tf.distribute.coordinator.ClusterCoordinator(strategy)
+        return self._coordinators[id(strategy)]
+
     def _predict_fn(self, model: keras.Model, strategy: tf.distribute.Strategy):
         compiled = self._compiled.get(model)
-        if compiled is not None and compiled.strategy is strategy:
-            return compiled.steps.predict
+        if compiled is not None and compiled.eval_strategy is strategy:
+            return compiled.eval_steps.predict
         return Steps(strategy, model, objective=None).predict
-
-
-def _check_supported(strategy: tf.distribute.Strategy) -> tf.distribute.Strategy:
-    if isinstance(strategy, tf.distribute.ParameterServerStrategy):
-        raise ValueError(
-            "ParameterServerStrategy needs a ClusterCoordinator-driven loop, which Trainer does not have "
-            "yet. Received: strategy=ParameterServerStrategy. Use strategy='multi_worker' "
-            "(synchronous all-reduce) for now."
-        )
-    return strategy
 
 
 def _check_loop_args(*, epochs: int, initial_epoch: int, steps_per_epoch: int | None) -> None:

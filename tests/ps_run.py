@@ -1,0 +1,27 @@
+"""Trains the tiny problem under STRATEGY and reports exact evaluation. Used by test_parameter_server.py.
+
+Usage: python ps_run.py OUT_JSON STRATEGY   (run under `trainer-launch --workers 2 --ps 1` for "parameter_server")
+"""
+
+import json
+import os
+import sys
+
+from trainer import Trainer
+
+out, strategy = sys.argv[1], sys.argv[2]
+trainer = Trainer(strategy=strategy, per_replica_batch_size=32, lr_scaling=None, seed=0, steps_per_execution=8)
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tiny import tiny_data, tiny_model  # noqa: E402
+
+x, y, w = tiny_data(1003)
+history = trainer.fit(lambda: tiny_model(lr=0.05), (x, y, w), epochs=4, validation_data=(x[:300], y[:300]))
+evaluation = trainer.evaluate(history.model, (x, y, w))
+logits = trainer.predict(history.model, x)
+with open(out, "w") as f:
+    json.dump({"history": history.history, "evaluate": evaluation, "logits": logits.tolist(),
+               "iterations": int(history.model.optimizer.iterations.numpy())}, f)
+print("done")

@@ -1,0 +1,54 @@
+"""Parameter-server training on a local cluster of 1 ps and 2 workers (plus the coordinator)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import TESTS, tiny_data
+
+SCRIPT = str(TESTS / "ps_run.py")
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def _run(command, timeout=300):
+    proc = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ps")
+    _run([sys.executable, SCRIPT, str(out / "default.json"), "default"])
+    proc = _run([sys.executable, "-m", "trainer.launch", "--workers", "2", "--ps", "1", SCRIPT,
+                 str(out / "ps.json"), "parameter_server"])
+    with open(out / "default.json") as f, open(out / "ps.json") as g:
+        return json.load(f), json.load(g), proc.stdout
+
+
+def test_reaches_the_default_strategys_accuracy_band(results):
+    default, ps, stdout = results
+    assert "ParameterServerStrategy (asynchronous)" in stdout and "over 2 worker(s)" in stdout
+    assert ps["evaluate"]["accuracy"] > 0.85
+    assert abs(ps["evaluate"]["accuracy"] - default["evaluate"]["accuracy"]) < 0.08
+    assert ps["history"]["loss"][-1] < ps["history"]["loss"][0]
+
+
+def test_every_scheduled_step_is_counted(results):
+    default, ps, _ = results
+    assert ps["iterations"] == default["iterations"] == 4 * 32
+
+
+def test_evaluation_is_exact_on_the_coordinator(results):
+    _, ps, _ = results
+    x, y, w = tiny_data(1003)
+    logits = np.asarray(ps["logits"], dtype=np.float64)
+    assert logits.shape == (1003, 3)
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    ce = -(shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True)))[np.arange(len(y)), y]
+    np.testing.assert_allclose(ps["evaluate"]["wce"], np.sum(w * ce) / np.sum(w), rtol=1e-5)
+    np.testing.assert_allclose(ps["evaluate"]["accuracy"], np.mean(logits.argmax(axis=1) == y), rtol=1e-6)

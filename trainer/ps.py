@@ -1,0 +1,106 @@
+"""ParameterServerStrategy: asynchronous steps scheduled by a ClusterCoordinator.
+
+Training follows the asynchronous model of TF's parameter-server training (and
+MXNet's dist_async KVStore): the coordinator (chief) schedules single steps;
+whichever worker is free runs one on its own copy of the data, reading and
+updating the variables on the ps tasks. Each worker reads a shuffled, repeated
+copy of the training data, so an epoch is a number of steps, not an exact pass.
+
+Evaluation and prediction run inline on the coordinator, with trackers that
+live there, so their numbers are exact. Callbacks run on the coordinator.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from trainer import data as data_lib
+from trainer.loop import TrainContext, run_eval
+from trainer.steps import Steps
+
+
+def is_parameter_server(strategy: tf.distribute.Strategy) -> bool:
+    return isinstance(strategy, tf.distribute.ParameterServerStrategy)
+
+
+def per_worker_iterator(strategy, coordinator, inp: data_lib.Input, global_batch_size: int):
+    """An iterator over per-worker datasets: each worker reads a shuffled, repeated copy."""
+
+    def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        if isinstance(inp, data_lib.ArrayInput):
+            # The arrays travel inside the dataset graph: fine for modest data; read files for more.
+            ds = tf.data.Dataset.from_tensor_slices(inp.arrays).shuffle(inp.num_examples).repeat()
+            ds = ds.batch(global_batch_size)
+        elif isinstance(inp, data_lib.DatasetInput):
+            ds = inp.dataset.repeat().batch(global_batch_size)
+        else:
+            ds = inp.fn(ctx).repeat()
+        return ds.prefetch(tf.data.AUTOTUNE)
+
+    @tf.function
+    def per_worker_dataset_fn():
+        return strategy.distribute_datasets_from_function(dataset_fn)
+
+    return iter(coordinator.create_per_worker_dataset(per_worker_dataset_fn))
+
+
+def run_epochs(
+    coordinator,
+    steps: Steps,
+    eval_steps: Steps,
+    context: TrainContext,
+    callbacks: keras.callbacks.CallbackList,
+    iterator,
+    make_eval_iterator,
+    val: Any,
+) -> dict[str, Any]:
+    """Schedules `steps_per_epoch` steps per epoch, a call's worth at a time; validates inline."""
+    plan, model = context.plan, steps.model
+    if plan.steps_per_epoch is None:
+        raise ValueError(
+            "Parameter-server training needs a known epoch length. Received data of unknown size. "
+            "Pass steps_per_epoch to fit()."
+        )
+
+    @tf.function
+    def scheduled_step(per_worker):
+        # Returns the step's labels, outputs and losses, for exact metrics on the coordinator.
+        return steps.strategy.run(steps.train_replica, args=(next(per_worker),))
+
+    # Training metrics are kept on the coordinator (see Steps.replica_metrics), in
+    # the evaluation trackers, which validation only resets after the train logs are read.
+    objective = eval_steps.objective
+    model.stop_training = False
+    callbacks.on_train_begin()
+    iterations = int(model.optimizer.iterations.numpy())
+    logs: dict[str, Any] = {}
+    for epoch in range(context.initial_epoch, context.epochs):
+        context.epoch, context.step = epoch, context.initial_step if epoch == context.initial_epoch else 0
+        objective.reset()
+        callbacks.on_epoch_begin(epoch)
+        while context.step < plan.steps_per_epoch and not model.stop_training:
+            n = min(plan.steps_per_execution, plan.steps_per_epoch - context.step)
+            callbacks.on_train_batch_begin(context.step)
+            results = [coordinator.schedule(scheduled_step, args=(iterator,)) for _ in range(n)]
+            coordinator.join()  # also re-raises a failed step's error here
+            for result in results:
+                objective.update(*tf.nest.map_structure(tf.convert_to_tensor, result.fetch()))
+            # Concurrent workers lose some of Keras's read-modify-write increments; set the true count.
+            iterations += n
+            model.optimizer.iterations.assign(iterations)
+            context.examples_seen += context.examples_in(n, context.step)
+            context.step += n
+            callbacks.on_train_batch_end(context.step - 1, objective.results())
+        logs = objective.results()
+        logs["learning_rate"] = float(keras.ops.convert_to_numpy(model.optimizer.learning_rate))
+        if val is not None:
+            val_logs = run_eval(eval_steps, make_eval_iterator(val), callbacks)
+            logs.update({f"val_{k}": v for k, v in val_logs.items()})
+        callbacks.on_epoch_end(epoch, logs)
+        if model.stop_training:
+            break
+    callbacks.on_train_end(logs)
+    return logs
