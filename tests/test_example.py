@@ -123,3 +123,17 @@ def test_notebook_runs_without_errors(tmp_path):
     assert "Training plan" in text and "2 in sync" in text
     assert any("image/png" in o.get("data", {}) for o in outputs)  # the inline curves
     assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in outputs)  # tqdm widget
+
+
+def test_example_runs_unchanged_under_the_launcher(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer.launch", "--workers", "2", str(EXAMPLES / "fashion_mnist.py"),
+         "--synthetic", "400", "--epochs", "1", "--batch", "32", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "[worker:0]   replicas       2 in sync over 2 worker(s)" in proc.stdout
+    assert "[worker:0] Restored without a strategy" in proc.stdout
+    assert "[worker:1] Test accuracy" not in proc.stdout
+    assert json.loads((out / "results.json").read_text())["epochs"] == 1

@@ -79,8 +79,10 @@ def resolve_strategy(strategy: str | tf.distribute.Strategy | None, **options: A
     name = strategy
     if name == "auto":
         tpu_hinted = any(os.environ.get(k) for k in _TPU_HINTS)
-        gpus = tf.config.list_logical_devices("GPU")
-        name = auto_strategy_name(cluster_info(), len(gpus), tpu_hinted)
+        name = auto_strategy_name(cluster_info(), 0, tpu_hinted)
+        if name == "one_device":  # only now look at devices: listing them starts TensorFlow,
+            # after which a multi-worker strategy could no longer be created
+            name = auto_strategy_name(cluster_info(), len(tf.config.list_logical_devices("GPU")), tpu_hinted)
         options = {}  # options are for an explicit name
     builder = _BUILDERS[name]
     allowed = _OPTIONS[name]
