@@ -36,6 +36,20 @@ def mirrored(num_replicas: int) -> tf.distribute.MirroredStrategy:
     )
 
 
+def as_worker(callback):
+    """Makes `callback` see itself on worker 1 of 2 (not the chief) under Trainer.fit."""
+    from trainer import ClusterInfo
+
+    original = callback.set_trainer_context
+
+    def set_context(context):
+        context.cluster = ClusterInfo(task_type="worker", task_id=1, num_workers=2)
+        original(context)
+
+    callback.set_trainer_context = set_context
+    return callback
+
+
 def run_python(script: str, *args: str, env: dict | None = None, timeout: int = 300) -> dict:
     """Runs a Python file in a fresh interpreter; returns the JSON it prints last."""
     full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}

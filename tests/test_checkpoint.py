@@ -8,7 +8,7 @@ import pytest
 
 from callbacks import ModelCheckpoint
 from callbacks.checkpoint import INDEX
-from conftest import mirrored, tiny_data, tiny_model
+from conftest import as_worker, mirrored, tiny_data, tiny_model
 from trainer import Trainer
 
 
@@ -99,20 +99,10 @@ def test_bad_arguments():
 def test_non_chief_saves_into_a_temporary_directory_that_is_removed(tmp_path, monkeypatch):
     import tempfile
 
-    from trainer import ClusterInfo
-
     scratch = []
     real_mkdtemp = tempfile.mkdtemp
     monkeypatch.setattr(tempfile, "mkdtemp", lambda **kw: scratch.append(real_mkdtemp(**kw)) or scratch[-1])
-    checkpoint = ModelCheckpoint(tmp_path / "ckpt")
-    original = checkpoint.set_trainer_context
-
-    def as_worker(context):
-        context.cluster = ClusterInfo(task_type="worker", task_id=1, num_workers=2)
-        original(context)
-
-    checkpoint.set_trainer_context = as_worker
-    _fit([checkpoint], epochs=2)
+    _fit([as_worker(ModelCheckpoint(tmp_path / "ckpt"))], epochs=2)
     assert not (tmp_path / "ckpt").exists()
     ours = [d for d in scratch if os.path.basename(d).startswith("trainer-worker-")]
     assert len(ours) == 2 and not any(os.path.exists(d) for d in ours)  # saved each epoch, then deleted

@@ -9,8 +9,8 @@ import pytest
 import tensorflow as tf
 
 from callbacks import CSVLogger, JSONLogger, TensorBoard
-from conftest import mirrored, tiny_data, tiny_model
-from trainer import ClusterInfo, Trainer
+from conftest import as_worker, mirrored, tiny_data, tiny_model
+from trainer import Trainer
 
 
 def _fit(callbacks, epochs=3, initial_epoch=0, model=None):
@@ -55,20 +55,9 @@ def test_resumed_run_continues_without_duplicating_epochs(tmp_path):
     np.testing.assert_allclose([r["loss"] for r in json_rows[1:]], history.history["loss"], rtol=1e-12)
 
 
-def _as_worker(callback):
-    original = callback.set_trainer_context
-
-    def set_context(context):
-        context.cluster = ClusterInfo(task_type="worker", task_id=1, num_workers=2)
-        original(context)
-
-    callback.set_trainer_context = set_context
-    return callback
-
-
 def test_only_the_chief_writes(tmp_path):
-    _fit([_as_worker(CSVLogger(tmp_path / "log.csv")), _as_worker(JSONLogger(tmp_path / "log.jsonl")),
-          _as_worker(TensorBoard(tmp_path / "tb"))], epochs=1)
+    _fit([as_worker(CSVLogger(tmp_path / "log.csv")), as_worker(JSONLogger(tmp_path / "log.jsonl")),
+          as_worker(TensorBoard(tmp_path / "tb"))], epochs=1)
     assert os.listdir(tmp_path) == []
 
 

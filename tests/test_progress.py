@@ -5,8 +5,8 @@ import io
 import pytest
 
 from callbacks import ProgressBar
-from conftest import mirrored, tiny_data, tiny_model
-from trainer import ClusterInfo, Trainer
+from conftest import as_worker, mirrored, tiny_data, tiny_model
+from trainer import Trainer
 
 
 def _fit(callbacks, epochs=2, n=800, verbose=0, **kwargs):
@@ -41,15 +41,7 @@ def test_epoch_mode_is_one_line_per_epoch():
 
 def test_non_chief_draws_nothing():
     out = io.StringIO()
-    bar = ProgressBar(file=out)
-    original = bar.set_trainer_context
-
-    def as_worker(context):
-        context.cluster = ClusterInfo(task_type="worker", task_id=1, num_workers=2)
-        original(context)
-
-    bar.set_trainer_context = as_worker
-    _fit([bar], epochs=1)
+    _fit([as_worker(ProgressBar(file=out))], epochs=1)
     assert out.getvalue() == ""
 
 

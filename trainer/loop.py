@@ -107,15 +107,22 @@ def run_epochs(
             iterator = make_iterator(train, epoch=epoch, start_step=first_step)
         exhausted = _train_epoch(steps, context, callbacks, iterator, batch_logs)
         iterator = None if exhausted else iterator
-        logs = objective.results()
-        logs["learning_rate"] = float(keras.ops.convert_to_numpy(model.optimizer.learning_rate))
-        if val is not None:
-            val_logs = run_eval(steps, make_iterator(val), callbacks)
-            logs.update({f"val_{k}": v for k, v in val_logs.items()})
-        callbacks.on_epoch_end(epoch, logs)
+        logs = end_epoch(epoch, objective, steps, make_iterator, val, callbacks)
         if model.stop_training:
             break
     callbacks.on_train_end(logs)
+    return logs
+
+
+def end_epoch(epoch: int, objective, eval_steps: Steps, make_iterator: MakeIterator, val, callbacks) -> dict:
+    """Reads the epoch's train logs, validates, and calls `on_epoch_end`; returns the logs."""
+    logs = objective.results()
+    optimizer = eval_steps.model.optimizer
+    logs["learning_rate"] = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+    if val is not None:
+        val_logs = run_eval(eval_steps, make_iterator(val), callbacks)
+        logs.update({f"val_{k}": v for k, v in val_logs.items()})
+    callbacks.on_epoch_end(epoch, logs)
     return logs
 
 

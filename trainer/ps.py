@@ -18,7 +18,7 @@ import keras
 import tensorflow as tf
 
 from trainer import data as data_lib
-from trainer.loop import TrainContext, run_eval
+from trainer.loop import TrainContext, end_epoch
 from trainer.steps import Steps
 
 
@@ -94,12 +94,7 @@ def run_epochs(
             context.examples_seen += context.examples_in(n, context.step)
             context.step += n
             callbacks.on_train_batch_end(context.step - 1, objective.results())
-        logs = objective.results()
-        logs["learning_rate"] = float(keras.ops.convert_to_numpy(model.optimizer.learning_rate))
-        if val is not None:
-            val_logs = run_eval(eval_steps, make_eval_iterator(val), callbacks)
-            logs.update({f"val_{k}": v for k, v in val_logs.items()})
-        callbacks.on_epoch_end(epoch, logs)
+        logs = end_epoch(epoch, objective, eval_steps, make_eval_iterator, val, callbacks)
         if model.stop_training:
             break
     callbacks.on_train_end(logs)

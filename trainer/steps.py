@@ -137,24 +137,22 @@ class Steps:
 
     def _train_loop(self, iterator, num_steps):
         """Runs up to `num_steps` train steps; returns how many ran."""
-        executed = tf.constant(0)
-        for _ in tf.range(num_steps):
-            optional = iterator.get_next_as_optional()
-            if not optional.has_value():
-                break
-            self._run(self.train_replica, optional.get_value())
-            if self.warmup is not None:  # set the LR of the next step, so callbacks see it
-                self._apply_warmup()
-            executed += 1
-        return executed
+        return self._fused(self.train_replica, iterator, num_steps, warmup=self.warmup is not None)
 
     def _eval_loop(self, iterator, num_steps):
+        """Runs up to `num_steps` evaluation steps; returns how many ran."""
+        return self._fused(self.eval_replica, iterator, num_steps, warmup=False)
+
+    def _fused(self, replica_fn, iterator, num_steps, warmup: bool):
+        # Several steps in one tf.function call; stops early when the data ends.
         executed = tf.constant(0)
         for _ in tf.range(num_steps):
             optional = iterator.get_next_as_optional()
             if not optional.has_value():
                 break
-            self._run(self.eval_replica, optional.get_value())
+            self._run(replica_fn, optional.get_value())
+            if warmup:  # set the LR of the next step, so callbacks see it
+                self._apply_warmup()
             executed += 1
         return executed
 
