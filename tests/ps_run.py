@@ -12,8 +12,6 @@ from trainer import Trainer
 out, strategy = sys.argv[1], sys.argv[2]
 trainer = Trainer(strategy=strategy, per_replica_batch_size=32, lr_scaling=None, seed=0, steps_per_execution=8)
 
-import numpy as np  # noqa: E402
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tiny import tiny_data, tiny_model  # noqa: E402
 

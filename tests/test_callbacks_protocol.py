@@ -2,7 +2,6 @@
 
 import keras
 import numpy as np
-import pytest
 
 from conftest import mirrored, tiny_data, tiny_model
 from trainer import Trainer

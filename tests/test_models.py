@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import mirrored, tiny_data, tiny_model
+from conftest import mirrored, tiny_model
 from trainer import Trainer
 
 

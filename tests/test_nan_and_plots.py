@@ -5,7 +5,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from callbacks import ModelCheckpoint, NanGuard, PlotHistory, plot_history
+from callbacks import ModelCheckpoint, PlotHistory, plot_history
 from conftest import tiny_data, tiny_model
 from trainer import Trainer
 

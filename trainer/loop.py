@@ -91,7 +91,7 @@ def run_epochs(
     restart_each_epoch: bool,
 ) -> dict[str, Any]:
     """Trains from `context.initial_epoch` to `context.epochs`; returns the last logs."""
-    model, objective, plan = steps.model, steps.objective, context.plan
+    model, objective = steps.model, steps.objective
     batch_logs = any(overrides_batch_hooks(c) for c in callbacks.callbacks)
     model.stop_training = False
     callbacks.on_train_begin()  # a resuming callback may move initial_epoch/initial_step here

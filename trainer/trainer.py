@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import weakref
@@ -13,14 +12,13 @@ import numpy as np
 import tensorflow as tf
 
 from trainer import data as data_lib
-from trainer import models, scaling
+from trainer import engine as engine_lib
+from trainer import loop, models, options, ps, scaling
 from trainer import strategy as strategy_lib
 from trainer.cluster import strategy_cluster_info
-from trainer import loop, ps
-from trainer.objective import Objective
 from trainer.history import History
 from trainer.plan import Plan
-from trainer.steps import Steps, unpack
+from trainer.steps import Steps
 
 _AUTO_STEPS_PER_EXECUTION = 32
 # Names TF's classes go by in the distributed-training guide.
@@ -29,20 +27,6 @@ _STRATEGY_LABELS = {
     "_DefaultDistributionStrategy": "default (no distribution)",
     "ParameterServerStrategyV2": "ParameterServerStrategy (asynchronous)",
 }
-
-
-@dataclasses.dataclass
-class _Compiled:
-    """What one (model, strategy) pair needs to run steps; cached between calls."""
-
-    key: tuple
-    strategy: tf.distribute.Strategy
-    objective: Objective
-    steps: Steps
-    # Where evaluation and prediction run: the training strategy, except under
-    # parameter-server training, where they run inline on the coordinator.
-    eval_strategy: tf.distribute.Strategy
-    eval_steps: Steps
 
 
 def _quiet_tf_info(method):
@@ -121,36 +105,13 @@ class Trainer:
         nan_guard: bool = True,
     ):
         strategy_lib.check_strategy_name(strategy)
-        if per_replica_batch_size is not None and batch_size is not None:
-            raise ValueError(
-                "Pass `per_replica_batch_size` or `batch_size`, not both. Received: "
-                f"per_replica_batch_size={per_replica_batch_size}, batch_size={batch_size}. "
-                "per_replica_batch_size scales the global batch with the replicas; batch_size fixes it."
-            )
+        options.check_trainer_options(
+            per_replica_batch_size=per_replica_batch_size, batch_size=batch_size, base_batch_size=base_batch_size,
+            lr_scaling=lr_scaling, warmup_epochs=warmup_epochs, warmup_steps=warmup_steps,
+            steps_per_execution=steps_per_execution, jit_compile=jit_compile,
+        )
         if batch_size is None and per_replica_batch_size is None:
             per_replica_batch_size = 32
-        for name, value in (("per_replica_batch_size", per_replica_batch_size), ("batch_size", batch_size),
-                            ("base_batch_size", base_batch_size)):
-            if value is not None and (not isinstance(value, (int, np.integer)) or value < 1):
-                raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}.")
-        if lr_scaling not in scaling.LR_SCALING_RULES:
-            raise ValueError(
-                f"`lr_scaling` must be one of {scaling.LR_SCALING_RULES}. Received: lr_scaling={lr_scaling!r}."
-            )
-        if warmup_epochs and warmup_steps:
-            raise ValueError(
-                f"Pass `warmup_epochs` or `warmup_steps`, not both. Received: warmup_epochs={warmup_epochs}, "
-                f"warmup_steps={warmup_steps}."
-            )
-        if warmup_epochs < 0 or warmup_steps < 0:
-            raise ValueError(f"Warmup must be >= 0. Received: warmup_epochs={warmup_epochs}, warmup_steps={warmup_steps}.")
-        if steps_per_execution != "auto" and (not isinstance(steps_per_execution, int) or steps_per_execution < 1):
-            raise ValueError(
-                "`steps_per_execution` must be a positive integer or 'auto'. "
-                f"Received: steps_per_execution={steps_per_execution!r}."
-            )
-        if jit_compile not in (True, False, "auto"):
-            raise ValueError(f"`jit_compile` must be True, False or 'auto'. Received: jit_compile={jit_compile!r}.")
         self.strategy = strategy
         self.per_replica_batch_size = per_replica_batch_size
         self.batch_size = batch_size
@@ -168,7 +129,7 @@ class Trainer:
         self._coordinators: dict[int, Any] = {}
         # Resolve now: multi-worker strategies must be created before TensorFlow runs any op.
         self._resolve_strategy(None)
-        self._compiled: "weakref.WeakKeyDictionary[keras.Model, _Compiled]" = weakref.WeakKeyDictionary()
+        self._compiled: "weakref.WeakKeyDictionary[keras.Model, engine_lib.Engine]" = weakref.WeakKeyDictionary()
 
     # Public API ----------------------------------------------------------------
 
@@ -204,14 +165,15 @@ class Trainer:
         strategy = self._resolve_strategy(strategy)
         train = data_lib.as_input(data, arg="data")
         val = self._validation_input(validation_data, train)
-        _check_loop_args(epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch)
+        options.check_loop_args(epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch)
         if isinstance(model, keras.Model):
             models.check_compiled(model)
         batch = self._batch_plan(strategy)
         user_steps = steps_per_epoch
         steps_per_epoch = steps_per_epoch or data_lib.num_steps(train, batch.global_batch_size)
         warmup_steps = self._warmup_steps(steps_per_epoch)
-        run_model, compiled, lr_plan = self._prepare(model, strategy, train, lr=(batch, warmup_steps))
+        lr = engine_lib.LRSettings(self.lr_scaling, self.base_batch_size, batch, warmup_steps)
+        run_model, compiled, lr_plan = self._build(model, strategy, train, lr=lr)
         callbacks = list(callbacks or [])
         plan = self._plan(strategy, train, batch, steps_per_epoch, lr_plan, callbacks)
         context = loop.TrainContext(strategy, strategy_cluster_info(strategy), plan,
@@ -256,7 +218,7 @@ class Trainer:
         if isinstance(model, keras.Model):
             models.check_compiled(model)
         batch = self._batch_plan(strategy)
-        run_model, compiled, _ = self._prepare(model, strategy, inp)
+        run_model, compiled, _ = self._build(model, strategy, inp)
         callback_list = keras.callbacks.CallbackList(list(callbacks or []), model=run_model)
         iterator = self._iterator_factory(compiled.eval_strategy, batch)(inp)
         return loop.run_eval(compiled.eval_steps, iterator, callback_list, num_steps=steps)
@@ -323,47 +285,9 @@ class Trainer:
             )
         return int(round(self.warmup_epochs * steps_per_epoch))
 
-    def _lr_plan(self, optimizer, batch: scaling.BatchPlan, warmup_steps: int) -> scaling.LRPlan:
-        rule = scaling.resolve_lr_rule(self.lr_scaling, optimizer)
-        factor = scaling.lr_factor(rule, batch.global_batch_size, self.base_batch_size)
-        return scaling.LRPlan(rule, models.base_learning_rate(optimizer), factor, warmup_steps)
-
-    def _prepare(self, model, strategy, inp, *, lr: tuple | None = None):
-        """Model in scope, optimizer scaled (when training), trackers and step functions."""
-        x, y, _ = unpack(data_lib.sample_batch(inp))
-        run_model = models.model_in_scope(model, strategy, x, self.seed)
-        lr_plan = None
-        if lr is not None:
-            batch, warmup_steps = lr
-            lr_plan = self._lr_plan(run_model.optimizer, batch, warmup_steps)
-            models.optimizer_in_scope(run_model, strategy, factor=lr_plan.factor, warmup_steps=warmup_steps)
-        jit = self._jit(strategy)
-        warmup = lr_plan.float_warmup() if lr_plan else None
-        key = (id(strategy), id(run_model.optimizer), jit, warmup)
-        compiled = self._compiled.get(run_model)
-        if compiled is None or compiled.key != key:
-            with strategy.scope():
-                objective = Objective(run_model, y, run_model(x, training=False))
-            steps = Steps(strategy, run_model, objective, jit_compile=jit, warmup=warmup)
-            eval_strategy, eval_steps = strategy, steps
-            if ps.is_parameter_server(strategy):
-                eval_strategy = tf.distribute.get_strategy()  # inline on the coordinator
-                eval_objective = Objective(run_model, y, run_model(x, training=False))
-                eval_steps = Steps(eval_strategy, run_model, eval_objective, jit_compile=jit)
-            compiled = _Compiled(key, strategy, objective, steps, eval_strategy, eval_steps)
-            self._compiled[run_model] = compiled
-        return run_model, compiled, lr_plan
-
-    def _jit(self, strategy: tf.distribute.Strategy) -> bool:
-        if self.jit_compile != "auto":
-            return self.jit_compile
-        if isinstance(strategy, tf.distribute.TPUStrategy):
-            return True
-        try:
-            devices = strategy.extended.worker_devices
-        except RuntimeError:  # the default strategy: whatever TF places on
-            devices = [d.name for d in tf.config.list_logical_devices("GPU")]
-        return any("GPU" in d.upper() for d in devices)
+    def _build(self, model, strategy, inp, lr: engine_lib.LRSettings | None = None):
+        return engine_lib.build(model, strategy, inp, seed=self.seed, jit_compile=self.jit_compile,
+                                cache=self._compiled, lr=lr)
 
     def _plan(self, strategy, inp, batch, steps_per_epoch, lr_plan: scaling.LRPlan, callbacks) -> Plan:
         cluster = strategy_cluster_info(strategy)
@@ -395,7 +319,7 @@ class Trainer:
             base_batch_size=self.base_batch_size,
             warmup_steps=lr_plan.warmup_steps,
             steps_per_execution=self._steps_per_execution(callbacks, steps_per_epoch),
-            jit_compile=self._jit(strategy),
+            jit_compile=engine_lib.jit_for(strategy, self.jit_compile),
         )
 
     def _steps_per_execution(self, callbacks, steps_per_epoch: int | None) -> int:
@@ -438,17 +362,3 @@ class Trainer:
         if compiled is not None and compiled.eval_strategy is strategy:
             return compiled.eval_steps.predict
         return Steps(strategy, model, objective=None).predict
-
-
-def _check_loop_args(*, epochs: int, initial_epoch: int, steps_per_epoch: int | None) -> None:
-    if not isinstance(epochs, (int, np.integer)) or epochs < 0:
-        raise ValueError(f"`epochs` must be a non-negative integer. Received: epochs={epochs!r}.")
-    if not isinstance(initial_epoch, (int, np.integer)) or not 0 <= initial_epoch <= epochs:
-        raise ValueError(
-            f"`initial_epoch` must be an integer in [0, epochs]. Received: initial_epoch={initial_epoch!r}, "
-            f"epochs={epochs}."
-        )
-    if steps_per_epoch is not None and (not isinstance(steps_per_epoch, (int, np.integer)) or steps_per_epoch < 1):
-        raise ValueError(
-            f"`steps_per_epoch` must be a positive integer or None. Received: steps_per_epoch={steps_per_epoch!r}."
-        )

@@ -1,0 +1,97 @@
+"""The engine for one (model, strategy) pair: model and optimizer in scope, trackers, step functions.
+
+Built on the first fit/evaluate call and cached, so later calls reuse the
+traced step functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import keras
+import tensorflow as tf
+
+from trainer import data as data_lib
+from trainer import models, ps, scaling
+from trainer.objective import Objective
+from trainer.steps import Steps, unpack
+
+
+@dataclasses.dataclass
+class Engine:
+    """What one (model, strategy) pair needs to run steps."""
+
+    key: tuple
+    strategy: tf.distribute.Strategy
+    objective: Objective
+    steps: Steps
+    # Where evaluation and prediction run: the training strategy, except under
+    # parameter-server training, where they run inline on the coordinator.
+    eval_strategy: tf.distribute.Strategy
+    eval_steps: Steps
+
+
+@dataclasses.dataclass(frozen=True)
+class LRSettings:
+    """The Trainer's learning-rate options, with the fit's global batch and warmup."""
+
+    rule: str | None
+    base_batch_size: int
+    batch: scaling.BatchPlan
+    warmup_steps: int
+
+    def plan_for(self, optimizer: keras.optimizers.Optimizer) -> scaling.LRPlan:
+        rule = scaling.resolve_lr_rule(self.rule, optimizer)
+        factor = scaling.lr_factor(rule, self.batch.global_batch_size, self.base_batch_size)
+        return scaling.LRPlan(rule, models.base_learning_rate(optimizer), factor, self.warmup_steps)
+
+
+def jit_for(strategy: tf.distribute.Strategy, setting: bool | str) -> bool:
+    """XLA on TPUs and GPUs for "auto" (it slows CNNs down on CPU); else the setting."""
+    if setting != "auto":
+        return bool(setting)
+    if isinstance(strategy, tf.distribute.TPUStrategy):
+        return True
+    try:
+        devices = strategy.extended.worker_devices
+    except RuntimeError:  # the default strategy: whatever TF places on
+        devices = [d.name for d in tf.config.list_logical_devices("GPU")]
+    return any("GPU" in d.upper() for d in devices)
+
+
+def build(
+    model: models.ModelOrBuilder,
+    strategy: tf.distribute.Strategy,
+    inp: data_lib.Input,
+    *,
+    seed: int | None,
+    jit_compile: bool | str,
+    cache: "dict[keras.Model, Engine]",
+    lr: LRSettings | None = None,
+) -> tuple[keras.Model, Engine, scaling.LRPlan | None]:
+    """Puts the model (and, when training, its scaled optimizer) in scope; returns it with its engine.
+
+    Args:
+      lr: the learning-rate settings when training; None for evaluation.
+      cache: engines by model, reused while strategy, optimizer and settings match.
+    """
+    x, y, _ = unpack(data_lib.sample_batch(inp))
+    run_model = models.model_in_scope(model, strategy, x, seed)
+    lr_plan = None
+    if lr is not None:
+        lr_plan = lr.plan_for(run_model.optimizer)
+        models.optimizer_in_scope(run_model, strategy, factor=lr_plan.factor, warmup_steps=lr.warmup_steps)
+    jit = jit_for(strategy, jit_compile)
+    warmup = lr_plan.float_warmup() if lr_plan else None
+    key = (id(strategy), id(run_model.optimizer), jit, warmup)
+    engine = cache.get(run_model)
+    if engine is None or engine.key != key:
+        with strategy.scope():
+            objective = Objective(run_model, y, run_model(x, training=False))
+        steps = Steps(strategy, run_model, objective, jit_compile=jit, warmup=warmup)
+        eval_strategy, eval_steps = strategy, steps
+        if ps.is_parameter_server(strategy):
+            eval_strategy = tf.distribute.get_strategy()  # inline on the coordinator
+            eval_objective = Objective(run_model, y, run_model(x, training=False))
+            eval_steps = Steps(eval_strategy, run_model, eval_objective, jit_compile=jit)
+        engine = cache[run_model] = Engine(key, strategy, objective, steps, eval_strategy, eval_steps)
+    return run_model, engine, lr_plan
