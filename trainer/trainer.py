@@ -182,22 +182,9 @@ class Trainer:
         if verbose and context.is_chief:
             print(plan.describe(), flush=True)
         history = History()
-        callbacks = self._default_callbacks(callbacks, verbose) + [history]
-        for callback in callbacks:
-            if hasattr(callback, "set_trainer_context"):
-                callback.set_trainer_context(context)
-        callback_list = keras.callbacks.CallbackList(
-            callbacks, model=run_model, verbose=verbose, epochs=epochs, steps=steps_per_epoch
-        )
-        make_eval_iterator = self._iterator_factory(compiled.eval_strategy, batch)
-        if ps.is_parameter_server(strategy):
-            coordinator = self._coordinator(strategy)
-            iterator = ps.per_worker_iterator(strategy, coordinator, train, batch.global_batch_size)
-            ps.run_epochs(coordinator, compiled.steps, compiled.eval_steps, context, callback_list, iterator,
-                          make_eval_iterator, val)
-        else:
-            loop.run_epochs(compiled.steps, context, callback_list, self._iterator_factory(strategy, batch), train,
-                            val, restart_each_epoch=isinstance(train, data_lib.ArrayInput) or user_steps is None)
+        callback_list = self._callback_list(callbacks + [history], context, run_model, verbose)
+        self._train(compiled, context, callback_list, train, val, batch,
+                    restart_each_epoch=isinstance(train, data_lib.ArrayInput) or user_steps is None)
         if run_model is not model and isinstance(model, keras.Model):
             model.set_weights(run_model.get_weights())  # the user's object sees the training
         return history
@@ -328,6 +315,28 @@ class Trainer:
         if any(loop.has_batch_hooks(c) for c in callbacks):
             return 1
         return min(_AUTO_STEPS_PER_EXECUTION, steps_per_epoch or _AUTO_STEPS_PER_EXECUTION)
+
+    def _callback_list(self, callbacks: list, context: loop.TrainContext, model, verbose: int):
+        """The user's callbacks plus the defaults, each given the TrainContext if it asks."""
+        callbacks = self._default_callbacks(callbacks, verbose)
+        for callback in callbacks:
+            if hasattr(callback, "set_trainer_context"):
+                callback.set_trainer_context(context)
+        return keras.callbacks.CallbackList(
+            callbacks, model=model, verbose=verbose, epochs=context.epochs, steps=context.plan.steps_per_epoch
+        )
+
+    def _train(self, compiled, context, callback_list, train, val, batch, *, restart_each_epoch: bool) -> None:
+        """Runs the epochs: the synchronous loop, or scheduled steps under parameter-server training."""
+        make_eval_iterator = self._iterator_factory(compiled.eval_strategy, batch)
+        if not ps.is_parameter_server(compiled.strategy):
+            loop.run_epochs(compiled.steps, context, callback_list, self._iterator_factory(compiled.strategy, batch),
+                            train, val, restart_each_epoch=restart_each_epoch)
+            return
+        coordinator = self._coordinator(compiled.strategy)
+        iterator = ps.per_worker_iterator(compiled.strategy, coordinator, train, batch.global_batch_size)
+        ps.run_epochs(coordinator, compiled.steps, compiled.eval_steps, context, callback_list, iterator,
+                      make_eval_iterator, val)
 
     def _default_callbacks(self, callbacks: list, verbose: int) -> list:
         """NanGuard (unless turned off) and a ProgressBar for verbose 1 or 2, unless given."""
