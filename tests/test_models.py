@@ -142,3 +142,18 @@ def test_predict_keeps_input_order_with_an_uneven_split(data):
     unbatched = Trainer(strategy=mirrored(4), batch_size=8, verbose=0).predict(
         model, tf.data.Dataset.from_tensor_slices(x))
     np.testing.assert_allclose(unbatched, out, rtol=1e-6)
+
+
+def test_dict_inputs_under_four_replicas(data):
+    x, y, w = data
+    inputs = {"a": keras.Input((4,), name="a"), "b": keras.Input((4,), name="b")}
+    merged = keras.layers.Concatenate()([inputs["a"], inputs["b"]])
+    model = keras.Model(inputs, keras.layers.Dense(3)(merged))
+    model.compile(keras.optimizers.SGD(0.0), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    features = {"a": x[:, :4], "b": x[:, 4:]}
+    trainer = Trainer(strategy=mirrored(4), batch_size=32, verbose=0)
+    history = trainer.fit(model, (features, y), epochs=1, validation_data=(features, y))
+    logits = model.predict(features, verbose=0)
+    np.testing.assert_allclose(trainer.predict(history.model, features), logits, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(history.history["val_accuracy"][0], np.mean(logits.argmax(1) == y), rtol=1e-6)
