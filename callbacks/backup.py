@@ -93,6 +93,8 @@ class BackupAndRestore(ContextAware):
 
     def on_train_end(self, logs=None):
         self._restore_handler()
+        if not weights_are_finite(self.model):  # stopped by NanGuard: keep the last good backup
+            return
         if self.context.is_chief and os.path.exists(self.path):
             os.remove(self.path)
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+import trainer.scaling  # noqa: F401  registers ScaledSchedule, which checkpoints may contain
 from callbacks._cluster import ContextAware, replace_atomically, writable_dir
 
 INDEX = "checkpoints.json"
@@ -70,6 +71,7 @@ class ModelCheckpoint(ContextAware):
         self.keep = keep
         self.save_weights_only = save_weights_only
         self.kept: list[dict[str, Any]] = []  # newest last; each {"file", "epoch", "value"}
+        self._first_epoch = True
 
     @property
     def suffix(self) -> str:
@@ -93,15 +95,21 @@ class ModelCheckpoint(ContextAware):
         return os.path.join(directory, cls.read_index(directory)["last"]["file"])
 
     def on_train_begin(self, logs=None):
-        index_path = os.path.join(self.directory, INDEX)
-        if self.is_chief and os.path.exists(index_path):  # a resumed run keeps ranking its old checkpoints
+        self.kept, self._first_epoch = [], True
+
+    def _continue_index(self, epoch: int) -> None:
+        """A run that resumes at `epoch` keeps ranking the checkpoints of the epochs before it."""
+        if self.is_chief and os.path.exists(os.path.join(self.directory, INDEX)):
             self.kept = [k for k in self.read_index(self.directory)["kept"]
-                         if os.path.exists(os.path.join(self.directory, k["file"]))]
+                         if k["epoch"] < epoch and os.path.exists(os.path.join(self.directory, k["file"]))]
 
     def _better(self, a: float, b: float) -> bool:
         return a < b if self.mode == "min" else a > b
 
     def on_epoch_end(self, epoch, logs=None):
+        if self._first_epoch:  # only now is it known where this run started
+            self._continue_index(epoch)
+            self._first_epoch = False
         logs = logs or {}
         value = logs.get(self.monitor)
         if not weights_are_finite(self.model):
@@ -139,7 +147,8 @@ class ModelCheckpoint(ContextAware):
             evicted = [worst]
         else:
             evicted = self.kept[: len(self.kept) - self.keep]
-        self.kept = [k for k in self.kept if k not in evicted]
+        gone = {k["file"] for k in evicted}
+        self.kept = [k for k in self.kept if k["file"] not in gone]
         return evicted
 
     def _save(self, path: str) -> None:

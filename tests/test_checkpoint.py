@@ -124,3 +124,25 @@ def test_callbacks_also_work_with_plain_model_fit(tmp_path):
     loaded = keras.models.load_model(tmp_path / "ckpt" / "last.keras")
     np.testing.assert_allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0), rtol=1e-6)
     assert history.history["loss"]
+
+
+def test_a_new_run_in_the_same_directory_keeps_its_own_checkpoints(tmp_path):
+    _fit([ModelCheckpoint(tmp_path, keep=3)], epochs=3)
+    _fit([ModelCheckpoint(tmp_path, keep=3)], epochs=1)  # a fresh run, same folder
+    index = ModelCheckpoint.read_index(tmp_path)
+    assert [k["file"] for k in index["kept"]] == ["epoch001.keras"]
+    assert (tmp_path / "epoch001.keras").exists() and index["best"] == "epoch001.keras"
+
+
+def test_checkpoint_with_a_scaled_schedule_loads_in_a_fresh_process(tmp_path):
+    import subprocess
+    import sys
+
+    model = tiny_model()
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.05, decay_steps=10, decay_rate=0.9)
+    model.compile(keras.optimizers.SGD(schedule), model.loss)
+    _fit([ModelCheckpoint(tmp_path)], epochs=1, model=model)
+    code = ("import keras, callbacks; m = keras.models.load_model(callbacks.ModelCheckpoint.last_path("
+            f"{str(tmp_path)!r})); print(type(m.optimizer.get_config()['learning_rate']))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]

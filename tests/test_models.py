@@ -157,3 +157,25 @@ def test_dict_inputs_under_four_replicas(data):
     logits = model.predict(features, verbose=0)
     np.testing.assert_allclose(trainer.predict(history.model, features), logits, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(history.history["val_accuracy"][0], np.mean(logits.argmax(1) == y), rtol=1e-6)
+
+
+def test_a_model_built_outside_scope_keeps_its_optimizer_state_across_fits(data):
+    x, y, w = data
+    model = tiny_model()
+    trainer = Trainer(strategy=mirrored(2), per_replica_batch_size=16, verbose=0)
+    first = trainer.fit(model, (x, y), epochs=1)
+    second = trainer.fit(model, (x, y), epochs=1)
+    assert second.model is first.model  # the in-scope copy is reused, not re-created
+    assert int(second.model.optimizer.iterations.numpy()) == 2 * 7
+    for trained, user in zip(second.model.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(trained, user)
+
+
+def test_engine_cache_is_bounded(data):
+    from trainer.engine import CACHE_SIZE
+
+    x, y, w = data
+    trainer = Trainer(strategy="default", verbose=0)
+    for _ in range(CACHE_SIZE + 2):
+        trainer.evaluate(tiny_model(), (x, y))
+    assert len(trainer._engines) == CACHE_SIZE

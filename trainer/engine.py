@@ -15,6 +15,8 @@ from trainer import models, ps, scaling
 from trainer.objective import Objective
 from trainer.steps import Steps, unpack
 
+CACHE_SIZE = 4
+
 
 @dataclasses.dataclass
 class Engine:
@@ -65,14 +67,15 @@ def build(
     *,
     seed: int | None,
     jit_compile: bool | str,
-    cache: "dict[keras.Model, Engine]",
+    cache: "list[Engine]",
     lr: LRSettings | None = None,
 ) -> tuple[keras.Model, Engine, scaling.LRPlan | None]:
     """Puts the model (and, when training, its scaled optimizer) in scope; returns it with its engine.
 
     Args:
       lr: the learning-rate settings when training; None for evaluation.
-      cache: engines by model, reused while strategy, optimizer and settings match.
+      cache: recent engines (at most `CACHE_SIZE`), reused while model, strategy,
+        optimizer and settings match.
     """
     x, y, _ = unpack(data_lib.sample_batch(inp))
     run_model = models.model_in_scope(model, strategy, x, seed)
@@ -82,9 +85,9 @@ def build(
         models.optimizer_in_scope(run_model, strategy, factor=lr_plan.factor, warmup_steps=lr.warmup_steps)
     jit = jit_for(strategy, jit_compile)
     warmup = lr_plan.float_warmup() if lr_plan else None
-    key = (id(strategy), id(run_model.optimizer), jit, warmup)
-    engine = cache.get(run_model)
-    if engine is None or engine.key != key:
+    key = (run_model, strategy, run_model.optimizer, jit, warmup)
+    engine = next((e for e in cache if _same(e.key, key)), None)
+    if engine is None:
         with strategy.scope():
             objective = Objective(run_model, y, run_model(x, training=False))
         steps = Steps(strategy, run_model, objective, jit_compile=jit, warmup=warmup)
@@ -93,5 +96,11 @@ def build(
             eval_strategy = tf.distribute.get_strategy()  # inline on the coordinator
             eval_objective = Objective(run_model, y, run_model(x, training=False))
             eval_steps = Steps(eval_strategy, run_model, eval_objective, jit_compile=jit)
-        engine = cache[run_model] = Engine(key, strategy, objective, steps, eval_strategy, eval_steps)
+        engine = Engine(key, strategy, objective, steps, eval_strategy, eval_steps)
+        cache[:] = [engine] + cache[: CACHE_SIZE - 1]  # bounded: engines hold their models
     return run_model, engine, lr_plan
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    # Objects by identity (ids can be reused once an object is freed), settings by value.
+    return all(x is y for x, y in zip(a[:3], b[:3])) and a[3:] == b[3:]

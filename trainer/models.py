@@ -21,6 +21,9 @@ ModelOrBuilder = keras.Model | Callable[[], keras.Model]
 # with, before scaling, so that a second `fit` never scales twice.
 _BASE_LR: "weakref.WeakKeyDictionary[keras.optimizers.Optimizer, Any]" = weakref.WeakKeyDictionary()
 _SCALING: "weakref.WeakKeyDictionary[keras.optimizers.Optimizer, tuple]" = weakref.WeakKeyDictionary()
+# The in-scope copy of each user model that had to be re-created, so later calls
+# reuse it (and its optimizer state) instead of re-creating it again.
+_CLONES: "weakref.WeakKeyDictionary[keras.Model, keras.Model]" = weakref.WeakKeyDictionary()
 
 
 def check_compiled(model: Any, arg: str = "model") -> None:
@@ -56,8 +59,14 @@ def model_in_scope(
                 keras.utils.set_random_seed(seed)
             model = model()
         check_compiled(model, arg="model()")
-    elif model.variables and not _in_scope(strategy, model.variables):
-        model = _recreate(model, strategy, sample_x)
+    elif model.weights and not _in_scope(strategy, model.weights):
+        clone = _CLONES.get(model)
+        if clone is not None and _in_scope(strategy, clone.weights):
+            clone.set_weights(model.get_weights())  # the user's object holds the latest weights
+            return clone
+        clone = _recreate(model, strategy, sample_x)
+        _CLONES[model] = clone
+        model = clone
     with strategy.scope():
         model(sample_x, training=False)  # creates any variables not built yet
     return model
@@ -76,14 +85,17 @@ def _recreate(model: keras.Model, strategy: tf.distribute.Strategy, sample_x: An
             "function that builds and compiles the model instead: Trainer.fit(lambda: make_model(), ...)."
         ) from err
     clone.set_weights(model.get_weights())
+    if model.optimizer is None:  # predict-only use
+        return clone
     compile_config = model.get_compile_config()
-    clone.compile(
-        optimizer=model.optimizer,  # replaced in scope by `optimizer_in_scope`
-        loss=model.loss,
-        loss_weights=compile_config.get("loss_weights"),
-        metrics=_deserialize(compile_config.get("metrics")),
-        weighted_metrics=_deserialize(compile_config.get("weighted_metrics")),
-    )
+    with strategy.scope():  # compile creates Keras's own trackers
+        clone.compile(
+            optimizer=model.optimizer,  # replaced in scope by `optimizer_in_scope`
+            loss=model.loss,
+            loss_weights=compile_config.get("loss_weights"),
+            metrics=_deserialize(compile_config.get("metrics")),
+            weighted_metrics=_deserialize(compile_config.get("weighted_metrics")),
+        )
     return clone
 
 
@@ -107,7 +119,11 @@ def base_learning_rate(optimizer: keras.optimizers.Optimizer) -> Any:
     if optimizer in _BASE_LR:
         return _BASE_LR[optimizer]
     lr = optimizer.get_config()["learning_rate"]
-    return keras.saving.deserialize_keras_object(lr) if isinstance(lr, dict) else float(lr)
+    if not isinstance(lr, dict):
+        return float(lr)
+    schedule = keras.saving.deserialize_keras_object(lr)
+    # A checkpoint of a scaled run: its schedule is ours, so the user's is inside it.
+    return schedule.base if isinstance(schedule, scaling.ScaledSchedule) else schedule
 
 
 def optimizer_in_scope(
@@ -123,8 +139,8 @@ def optimizer_in_scope(
     state and any LR changes made by callbacks included.
     """
     old = model.optimizer
-    wanted = (id(strategy), factor, warmup_steps)
-    if _SCALING.get(old) == wanted and _in_scope(strategy, old.variables):
+    scaled_for = _SCALING.get(old)
+    if scaled_for and scaled_for[0] is strategy and scaled_for[1:] == (factor, warmup_steps):
         return old
     base = base_learning_rate(old)
     if isinstance(base, keras.optimizers.schedules.LearningRateSchedule):
@@ -137,7 +153,7 @@ def optimizer_in_scope(
         new.build(model.trainable_variables)
     if old.built:
         _copy_state(old, new)
-    _BASE_LR[new], _SCALING[new] = base, wanted
+    _BASE_LR[new], _SCALING[new] = base, (strategy, factor, warmup_steps)
     model.optimizer = new
     return new
 

@@ -25,12 +25,12 @@ class Plan:
     warmup_steps: int
     steps_per_execution: int
     jit_compile: bool
-    repeated_data: bool = False  # parameter-server training: workers read repeated copies
+    repeated_data: bool = False  # parameter-server training: workers repeat their shards
 
     def last_batch(self) -> str:
         """How the last partial batch is handled, in words."""
         if self.repeated_data:
-            return "none: each worker reads a repeated copy, so every batch is full; an epoch is a step count"
+            return "none: each worker repeats its shard, so every batch is full; an epoch is a step count"
         if self.num_examples is None:
             return "kept if partial; replicas share it unevenly and losses are divided by the true global count"
         rest = self.num_examples % self.global_batch_size

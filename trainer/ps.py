@@ -3,8 +3,9 @@
 Training follows the asynchronous model of TF's parameter-server training (and
 MXNet's dist_async KVStore): the coordinator (chief) schedules single steps;
 whichever worker is free runs one on its own copy of the data, reading and
-updating the variables on the ps tasks. Each worker reads a shuffled, repeated
-copy of the training data, so an epoch is a number of steps, not an exact pass.
+updating the variables on the ps tasks. Each worker reads its own shard of the
+training data, shuffled and repeated, so an epoch is a number of steps, not an
+exact pass.
 
 Evaluation and prediction run inline on the coordinator, with trackers that
 live there, so their numbers are exact. Callbacks run on the coordinator.
@@ -26,19 +27,23 @@ def is_parameter_server(strategy: tf.distribute.Strategy) -> bool:
     return isinstance(strategy, tf.distribute.ParameterServerStrategy)
 
 
-def per_worker_iterator(strategy, coordinator, inp: data_lib.Input, global_batch_size: int):
-    """An iterator over per-worker datasets: each worker reads a shuffled, repeated copy."""
+def per_worker_iterator(strategy, coordinator, inp: data_lib.Input, global_batch_size: int, num_workers: int):
+    """An iterator over per-worker datasets: each worker reads its own shard, shuffled and repeated."""
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        if isinstance(inp, data_lib.FunctionInput):
+            return inp.fn(ctx).repeat().prefetch(tf.data.AUTOTUNE)
+        # The function is traced once and runs on every worker, so shuffle seeds are the
+        # same everywhere; sharding by the worker's index (known at run time) keeps the
+        # workers' streams apart.
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
         if isinstance(inp, data_lib.ArrayInput):
             # The arrays travel inside the dataset graph: fine for modest data; read files for more.
-            ds = tf.data.Dataset.from_tensor_slices(inp.arrays).shuffle(inp.num_examples).repeat()
-            ds = ds.batch(global_batch_size)
-        elif isinstance(inp, data_lib.DatasetInput):
-            ds = inp.dataset.repeat().batch(global_batch_size)
+            ds = tf.data.Dataset.from_tensor_slices(inp.arrays).shard(num_workers, worker)
+            ds = ds.shuffle(-(-inp.num_examples // num_workers))
         else:
-            ds = inp.fn(ctx).repeat()
-        return ds.prefetch(tf.data.AUTOTUNE)
+            ds = inp.dataset.shard(num_workers, worker)
+        return ds.repeat().batch(global_batch_size).prefetch(tf.data.AUTOTUNE)
 
     @tf.function
     def per_worker_dataset_fn():

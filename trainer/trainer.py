@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import weakref
 from typing import Any, Sequence
 
 import keras
@@ -126,10 +125,10 @@ class Trainer:
         self.verbose = verbose
         self.nan_guard = nan_guard
         self._strategies: dict[Any, tf.distribute.Strategy] = {}
-        self._coordinators: dict[int, Any] = {}
+        self._coordinators: list[tuple[tf.distribute.Strategy, Any]] = []
         # Resolve now: multi-worker strategies must be created before TensorFlow runs any op.
         self._resolve_strategy(None)
-        self._compiled: "weakref.WeakKeyDictionary[keras.Model, engine_lib.Engine]" = weakref.WeakKeyDictionary()
+        self._engines: list[engine_lib.Engine] = []
 
     # Public API ----------------------------------------------------------------
 
@@ -274,12 +273,12 @@ class Trainer:
 
     def _build(self, model, strategy, inp, lr: engine_lib.LRSettings | None = None):
         return engine_lib.build(model, strategy, inp, seed=self.seed, jit_compile=self.jit_compile,
-                                cache=self._compiled, lr=lr)
+                                cache=self._engines, lr=lr)
 
     def _plan(self, strategy, inp, batch, steps_per_epoch, lr_plan: scaling.LRPlan, callbacks) -> Plan:
         cluster = strategy_cluster_info(strategy)
         if ps.is_parameter_server(strategy):
-            policy, why = "per worker", "each worker reads its own shuffled, repeated copy; steps go to free workers"
+            policy, why = "per worker", "each worker reads its own shard, shuffled and repeated; steps go to free workers"
         elif isinstance(inp, data_lib.ArrayInput):
             policy, why = "OFF", "the trainer splits each global batch into per-replica slices; each worker gathers only its own"
         elif isinstance(inp, data_lib.FunctionInput):
@@ -334,7 +333,8 @@ class Trainer:
                             train, val, restart_each_epoch=restart_each_epoch)
             return
         coordinator = self._coordinator(compiled.strategy)
-        iterator = ps.per_worker_iterator(compiled.strategy, coordinator, train, batch.global_batch_size)
+        iterator = ps.per_worker_iterator(compiled.strategy, coordinator, train, batch.global_batch_size,
+                                          num_workers=context.plan.num_workers)
         ps.run_epochs(coordinator, compiled.steps, compiled.eval_steps, context, callback_list, iterator,
                       make_eval_iterator, val)
 
@@ -362,12 +362,15 @@ class Trainer:
         return make_iterator
 
     def _coordinator(self, strategy: tf.distribute.Strategy):
-        if id(strategy) not in self._coordinators:  # one coordinator per strategy
-            self._coordinators[id(strategy)] = tf.distribute.coordinator.ClusterCoordinator(strategy)
-        return self._coordinators[id(strategy)]
+        for known, coordinator in self._coordinators:  # one coordinator per strategy
+            if known is strategy:
+                return coordinator
+        coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+        self._coordinators.append((strategy, coordinator))
+        return coordinator
 
     def _predict_fn(self, model: keras.Model, strategy: tf.distribute.Strategy):
-        compiled = self._compiled.get(model)
-        if compiled is not None and compiled.eval_strategy is strategy:
-            return compiled.eval_steps.predict
+        for engine in self._engines:
+            if engine.steps.model is model and engine.eval_strategy is strategy:
+                return engine.eval_steps.predict
         return Steps(strategy, model, objective=None).predict
