@@ -31,7 +31,9 @@ class BackupAndRestore(ContextAware):
     `Model.fit` use `keras.callbacks.BackupAndRestore`.
 
     Note: the metrics logged for an epoch that resumed mid-way cover only the
-    steps run after the resume.
+    steps run after the resume. Exact resume needs array inputs or datasets
+    read once per epoch; a dataset function restarts its epoch from the first
+    batch, and a dataset read with `steps_per_epoch` restarts its stream.
 
     Args:
       backup_dir: where the backup lives (shared by all workers).

@@ -60,7 +60,8 @@ def test_a_failing_task_stops_the_others_with_its_status(tmp_path):
     assert time.monotonic() - start < 30
 
 
-def test_ctrl_c_stops_every_task(tmp_path):
+@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
+def test_interrupt_stops_every_task(tmp_path, signum, status):
     marker = tmp_path / "pids"
     script = _script(tmp_path, f"""
         import os, time
@@ -72,9 +73,9 @@ def test_ctrl_c_stops_every_task(tmp_path):
     deadline = time.monotonic() + 30
     while (not marker.exists() or len(marker.read_text().split()) < 2) and time.monotonic() < deadline:
         time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     out, _ = proc.communicate(timeout=30)
-    assert proc.returncode == 130 and "interrupted" in out
+    assert proc.returncode == status and "interrupted" in out
     for pid in map(int, marker.read_text().split()):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
@@ -109,3 +110,15 @@ def test_notebook_launcher_returns_the_chiefs_result(tmp_path):
     line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))
     task_id, loss = eval(line[len("RESULT "):])
     assert task_id == 0 and 0 < loss < 5
+
+
+def test_notebook_launcher_reports_a_result_it_cannot_return(tmp_path):
+    script = _script(tmp_path, """
+        from trainer.launch import notebook_launcher
+        try:
+            notebook_launcher(lambda: (lambda: 1), workers=2, timeout=60)
+        except RuntimeError as err:
+            print("RAISED", "pickle" in str(err).lower())
+    """)
+    proc = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120)
+    assert "RAISED True" in proc.stdout, proc.stderr[-2000:]

@@ -115,14 +115,11 @@ def _checked_dataset(dataset: tf.data.Dataset, arg: str) -> DatasetInput:
 
 
 def feature_signature(inp: Input) -> Any:
-    """Structure of (x, y[, w]) with per-example shapes and dtype kinds, for comparisons."""
+    """Structure of (x, y[, w]) with per-example shapes, for comparing two inputs."""
     if isinstance(inp, ArrayInput):
-        return tf.nest.map_structure(lambda a: (a.shape[1:], a.dtype.kind), inp.arrays)
+        return tf.nest.map_structure(lambda a: tuple(a.shape[1:]), inp.arrays)
     if isinstance(inp, DatasetInput):
-        return tf.nest.map_structure(
-            lambda s: (tuple(s.shape), "f" if s.dtype.is_floating else s.dtype.name[0]),
-            inp.dataset.element_spec,
-        )
+        return tf.nest.map_structure(lambda s: tuple(s.shape), inp.dataset.element_spec)
     return None
 
 

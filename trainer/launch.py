@@ -101,6 +101,8 @@ def run(
     """
     out = out or sys.stdout
     cluster = cluster_spec(workers, ps, free_ports(workers + ps + (1 if ps else 0)))
+    # A preempted launcher (SIGTERM) stops its tasks the same way, so they can save backups.
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt) if _main_thread() else None
     base_env = dict(os.environ if env is None else env)
     running: list[_Task] = []
     try:
@@ -113,10 +115,25 @@ def run(
             argv = list(command) if runs_script else (server_command or _server_command)(kind, index)
             running.append(_Task(kind, index, argv, task_env, out))
         return _supervise(running, out, script_tasks=[t for t in running if ps == 0 or t.name == "chief:0"])
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         out.write("[launcher] interrupted; stopping every task\n")
         _stop(running)
-        return 130
+        return 128 + (signal.SIGTERM if isinstance(interrupt, _Terminated) else signal.SIGINT)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C."""
+
+
+def _raise_interrupt(signum, frame):
+    raise _Terminated
 
 
 def _supervise(running: list[_Task], out, script_tasks: list[_Task]) -> int:
@@ -128,6 +145,8 @@ def _supervise(running: list[_Task], out, script_tasks: list[_Task]) -> int:
                           "stopping the others\n")
                 out.flush()
                 _stop([t for t in running if t is not task])
+                for other in running:  # let the failed task's last lines through
+                    other.pump.join(timeout=5)
                 return _exit_status(code)
         if all(t.process.poll() == 0 for t in script_tasks):
             _stop([t for t in running if t not in script_tasks])  # servers run until told to stop
@@ -204,9 +223,10 @@ def notebook_launcher(fn: Callable[[], Any], workers: int = 2, timeout: float | 
             try:
                 index, ok, value = queue.get(timeout=0.5)
             except Empty:
-                dead = [i for i, p in enumerate(processes) if p.exitcode not in (None, 0) and i not in results]
-                if dead:
-                    raise RuntimeError(f"worker:{dead[0]} died with exit code {processes[dead[0]].exitcode}.")
+                dead = [i for i, p in enumerate(processes) if p.exitcode is not None and i not in results]
+                if dead and queue.empty():
+                    raise RuntimeError(f"worker:{dead[0]} exited (code {processes[dead[0]].exitcode}) "
+                                       "without returning a result.")
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"notebook_launcher: workers still running after {timeout}s.")
                 continue
@@ -222,12 +242,15 @@ def notebook_launcher(fn: Callable[[], Any], workers: int = 2, timeout: float | 
 
 
 def _notebook_task(fn, cluster, index, queue) -> None:
+    import pickle
+    import traceback
+
     os.environ["TF_CONFIG"] = tf_config(cluster, "worker", index)
     try:
-        queue.put((index, True, fn()))
+        result = fn()
+        pickle.dumps(result)  # fail here, with a message, rather than in the queue's thread
+        queue.put((index, True, result))
     except BaseException:  # report any failure to the notebook, with its traceback
-        import traceback
-
         queue.put((index, False, traceback.format_exc()))
 
 

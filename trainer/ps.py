@@ -80,6 +80,7 @@ def run_epochs(
     objective = eval_steps.objective
     model.stop_training = False
     callbacks.on_train_begin()
+    steps.sync_warmup()
     iterations = int(model.optimizer.iterations.numpy())
     logs: dict[str, Any] = {}
     for epoch in range(context.initial_epoch, context.epochs):
@@ -96,6 +97,7 @@ def run_epochs(
             # Concurrent workers lose some of Keras's read-modify-write increments; set the true count.
             iterations += n
             model.optimizer.iterations.assign(iterations)
+            steps.sync_warmup()  # a float LR's warmup moves once per call here
             context.examples_seen += context.examples_in(n, context.step)
             context.step += n
             callbacks.on_train_batch_end(context.step - 1, objective.results())

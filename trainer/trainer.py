@@ -299,11 +299,11 @@ class Trainer:
             steps_per_epoch=steps_per_epoch,
             shard_policy=policy,
             shard_reason=why,
-            lr_rule=lr_plan.rule if lr_plan.factor != 1.0 or lr_plan.rule else None,
+            lr_rule=lr_plan.rule,
             base_lr=base_lr,
             scaled_lr=scaled_lr,
             base_batch_size=self.base_batch_size,
-            warmup_steps=lr_plan.warmup_steps,
+            warmup_steps=lr_plan.warmup_steps if lr_plan.factor != 1.0 else 0,  # nothing to ramp otherwise
             steps_per_execution=self._steps_per_execution(callbacks, steps_per_epoch),
             jit_compile=engine_lib.jit_for(strategy, self.jit_compile),
         )
