@@ -6,6 +6,8 @@ import os
 import time
 from typing import Any
 
+import keras
+
 from callbacks._cluster import ContextAware
 
 
@@ -48,8 +50,6 @@ class EpochRowLogger(ContextAware):
         optimizer = getattr(self.model, "optimizer", None)
         if optimizer is None:
             return None
-        import keras
-
         return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
 
     def keep_rows_before(self, epoch: int) -> None:  # pragma: no cover - abstract
