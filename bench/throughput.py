@@ -1,78 +1,160 @@
-"""Training throughput, side by side in one run: Keras Model.fit vs Trainer, and input pipelines.
+"""Training throughput, side by side in one run: the Trainer against what a user would pick instead.
 
-    .venv/bin/python bench/throughput.py [--examples 8192] [--epochs 3]
+    python bench/throughput.py [--examples 12800] [--repeats 3] [--out bench/throughput.json]
 
-Prints examples/s for each variant (the best epoch after the first, which
-traces and warms up) and the ratios to Keras's Model.fit. Ratios from one run on
-one machine are comparable; absolute figures vary with the machine and its load.
+The model is the Fashion-MNIST example's CNN on generated 28x28x1 images, 64
+examples per replica, Adam. Five ways to train it, each with no strategy and
+with MirroredStrategy over 2 logical CPU devices:
+
+  trainer         Trainer.fit with its defaults (progress bar and plan included)
+  keras_default   keras Model.fit with Keras's defaults (jit_compile="auto")
+  keras_tuned     keras Model.fit, jit_compile=False, steps_per_execution=32
+  bare_step       forward + backward + apply, 32 steps per tf.function call, on
+                  batches already in memory on each replica's device: no input
+                  pipeline, no metrics, no callbacks. The floor.
+  tutorial        the custom loop of the distributed custom-training guide
+                  (from_tensor_slices + shuffle + batch, one step per call)
+
+Every variant first runs one untimed epoch (tracing, warm-up); then the timed
+epochs are interleaved (one epoch of each variant in turn, `--repeats` rounds)
+and the median is reported, so slow drifts of a shared machine hit all
+variants alike. Ratios from one run are comparable; absolute figures vary with
+the machine and its load. A variant that fails (Keras under MirroredStrategy
+with steps_per_execution > 1) is reported with its error.
+
+Also reported: the Trainer's time outside its step calls (callbacks, logging,
+set-up, iterator creation) as a share of each fit, a sweep of
+steps_per_execution, and, from a fresh process (bench/memory.py), the peak RSS
+growth of a fit on NumPy arrays relative to the arrays' size.
 """
 
+from __future__ import annotations
+
 import argparse
+import contextlib
+import io
+import json
 import os
+import platform
+import statistics
+import subprocess
 import sys
 import time
 
-import numpy as np
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
-
-
-def best_rate(fit_epoch, epochs, examples):
-    rates = []
-    for _ in range(epochs):
-        start = time.perf_counter()
-        fit_epoch()
-        rates.append(examples / (time.perf_counter() - start))
-    return max(rates[1:]) if len(rates) > 1 else rates[0]
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "examples"))
+PER_REPLICA = 64
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--examples", type=int, default=8192)
-    parser.add_argument("--epochs", type=int, default=3)
+def _split_cpu(n: int) -> None:
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * n)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--examples", type=int, default=12800)
+    parser.add_argument("--repeats", type=int, default=3, help="timed epochs per variant (median reported)")
+    parser.add_argument("--sweep", type=int, nargs="*", default=[1, 4, 16, 64],
+                        help="fixed steps_per_execution values to compare with 'auto'")
+    parser.add_argument("--memory-examples", type=int, default=60000, help="0 skips the memory probe")
+    parser.add_argument("--out", default=os.path.join(HERE, "throughput.json"))
     args = parser.parse_args()
+    if args.repeats < 3:
+        parser.error(f"--repeats must be >= 3 for a median; got {args.repeats}")
+    _split_cpu(2)
+    import tensorflow as tf
+
+    import variants
+    from fashion_mnist import prepare, synthetic_images
+
+    x, y = prepare(*synthetic_images(args.examples))
+    layouts = {"none": tf.distribute.get_strategy(),
+               "mirrored2": tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])}
+    results = {"machine": _machine(), "examples": args.examples, "per_replica_batch": PER_REPLICA,
+               "repeats": args.repeats, "layouts": {}}
+    for layout, strategy in layouts.items():
+        print(f"\n== {layout}: {strategy.num_replicas_in_sync} replica(s)", flush=True)
+        runners = {name: make(strategy, x, y) for name, make in variants.VARIANTS.items()}
+        for name, spe in [(f"trainer_spe{n}", n) for n in args.sweep]:
+            runners[name] = variants.trainer(strategy, x, y, steps_per_execution=spe)
+        results["layouts"][layout] = _measure(runners, args.repeats)
+        overhead = _quietly(lambda: variants.epoch_overhead(strategy, x, y, epochs=args.repeats + 1))
+        results["layouts"][layout]["epoch_overhead_share"] = statistics.median(overhead)
+        _print_table(layout, results["layouts"][layout])
+    if args.memory_examples:
+        results["memory"] = _memory_probe(args.memory_examples)
+        m = results["memory"]
+        print(f"\nNumPy input, {m['examples']} examples ({m['array_mb']:.0f} MB of arrays): peak RSS growth "
+              f"first fit {m['first_fit_growth_mb']:.0f} MB = {m['first_fit_ratio']:.2f}x, second fit "
+              f"{m['second_fit_growth_mb']:.0f} MB = {m['second_fit_ratio']:.2f}x the arrays")
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=1)
+    print(f"\nwrote {args.out}")
+
+
+def _measure(runners: dict, repeats: int) -> dict:
+    """Warm-up epoch each, then `repeats` interleaved timed rounds; medians per variant."""
+    times: dict[str, list] = {}
+    errors: dict[str, str] = {}
+    overheads: dict[str, list] = {}
+    for name, runner in runners.items():
+        try:
+            _quietly(runner.epoch)
+            times[name] = []
+        except Exception as err:  # reported, not fatal: Keras fails under some layouts
+            errors[name] = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:160]}"
+    for _ in range(repeats):
+        for name in times:
+            start = time.perf_counter()
+            examples = _quietly(runners[name].epoch)
+            seconds = time.perf_counter() - start
+            times[name].append(examples / seconds)
+            if getattr(runners[name], "step_seconds", None) is not None:
+                overheads.setdefault(name, []).append(1 - runners[name].step_seconds / seconds)
+    rates = {name: statistics.median(r) for name, r in times.items()}
+    return {
+        "examples_per_s": rates,
+        "all_examples_per_s": times,
+        "errors": errors,
+        "overhead_share": {name: statistics.median(v) for name, v in overheads.items()},
+        "trainer_ratio": {name: rates["trainer"] / r for name, r in rates.items() if "trainer" in rates},
+        "repeats": repeats,
+    }
+
+
+def _quietly(fn):
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        return fn()
+
+
+def _print_table(layout: str, result: dict) -> None:
+    print(f"{'variant':<16} {'examples/s':>11} {'Trainer / it':>13} {'outside steps (per fit)':>24}")
+    for name, rate in result["examples_per_s"].items():
+        overhead = result["overhead_share"].get(name)
+        print(f"{name:<16} {rate:>11,.0f} {result['trainer_ratio'].get(name, float('nan')):>12.2f}x "
+              f"{'' if overhead is None else f'{overhead:>13.1%}'}")
+    for name, error in result["errors"].items():
+        print(f"{name:<16} {'failed':>11}   {error}")
+    print(f"Trainer, one multi-epoch fit: {result['epoch_overhead_share']:.1%} of each epoch outside step calls")
+
+
+def _memory_probe(examples: int) -> dict:
+    out = subprocess.run([sys.executable, os.path.join(HERE, "memory.py"), "--examples", str(examples)],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _machine() -> dict:
     import keras
     import tensorflow as tf
 
-    from fashion_mnist import build_model, prepare, synthetic_images
-    from trainer import Trainer
-    from trainer import data as data_lib
-
-    x, y = prepare(*synthetic_images(args.examples))
-    results = {}
-
-    model = build_model()
-    model.compile(optimizer=model.optimizer, loss=model.loss, metrics=["accuracy"], jit_compile=False)
-    results["keras Model.fit (jit off)"] = best_rate(
-        lambda: model.fit(x, y, batch_size=64, epochs=1, verbose=0), args.epochs, args.examples)
-
-    for label, spe in (("Trainer (steps_per_execution=auto)", "auto"), ("Trainer (steps_per_execution=1)", 1)):
-        trainer = Trainer(strategy="default", per_replica_batch_size=64, verbose=0, steps_per_execution=spe)
-        fitted = build_model()
-        results[label] = best_rate(lambda: trainer.fit(fitted, (x, y), epochs=1), args.epochs, args.examples)
-
-    strategy = tf.distribute.get_strategy()
-    inp = data_lib.as_input((x, y), arg="data")
-
-    def batch_level():
-        for _ in data_lib.distribute(strategy, inp, global_batch_size=64, num_workers=1,
-                                     order=np.random.permutation(len(x))):
-            pass
-
-    def element_level():
-        for _ in tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x)).batch(64):
-            pass
-
-    results["input only: batch-level gather (ours)"] = best_rate(batch_level, args.epochs, args.examples)
-    results["input only: from_tensor_slices(...).batch"] = best_rate(element_level, args.epochs, args.examples)
-
-    base = results["keras Model.fit (jit off)"]
-    print(f"{'variant':<45} {'examples/s':>12} {'vs Model.fit':>13}")
-    for label, rate in results.items():
-        print(f"{label:<45} {rate:>12,.0f} {rate / base:>12.2f}x")
-    ours, theirs = results["input only: batch-level gather (ours)"], results["input only: from_tensor_slices(...).batch"]
-    print(f"batch-level input pipeline vs element-wise: {ours / theirs:.2f}x")
-    del keras
+    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+                 platform.processor())
+    return {"date": time.strftime("%Y-%m-%d"), "cpu": model, "cores": os.cpu_count(),
+            "tensorflow": tf.__version__, "keras": keras.__version__, "python": platform.python_version()}
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ def test_each_replica_gets_its_slice_of_the_global_batch(replicas):
     inp = data_lib.as_input((x, x), arg="data")
     order = data_lib.epoch_order(37, shuffle=True, seed=0, epoch=0)
     strategy = mirrored(replicas)
-    dataset = data_lib.distribute(strategy, inp, global_batch_size=8, num_workers=1, order=order)
+    dataset = data_lib.distribute(strategy, inp, global_batch_size=8, num_workers=1, order=lambda epoch: order)
     seen = []
     for batch in dataset:
         parts = strategy.experimental_local_results(batch[0])

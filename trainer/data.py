@@ -32,6 +32,7 @@ class ArrayInput:
 
     arrays: Any
     num_examples: int
+    host: Any = dataclasses.field(default=None, compare=False, repr=False)  # see `host_copy`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,38 +163,78 @@ def replica_slices(
     return np.asarray(starts, np.int64), np.asarray(sizes, np.int64)
 
 
+OrderFn = Callable[[int], np.ndarray]  # epoch -> the global order of examples in that epoch
+
+
 def array_dataset_fn(
-    inp: ArrayInput, order: np.ndarray, global_batch_size: int, start_step: int = 0
+    inp: ArrayInput, order: OrderFn, global_batch_size: int, epochs: range, start_step: int = 0
 ) -> DatasetFn:
-    """A per-worker dataset function that yields this worker's replica slices.
+    """A per-worker dataset function that yields this worker's replica slices for `epochs`.
 
     Elements come step-major, one per local replica, which is the order in which
     tf.distribute hands successive elements of a per-worker dataset to its
-    replicas.
+    replicas. Each element is one gather from the arrays' host copy. The first
+    epoch starts at `start_step`. One pass covers every epoch, so one iterator
+    serves a whole fit (creating one per epoch costs ~0.1 s with several replicas).
     """
+    source = host_copy(inp)
+
+    def epoch_order(epoch):
+        return order(int(epoch)).astype(np.int64)
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         local = ctx.num_replicas_in_sync // ctx.num_input_pipelines
         first = ctx.input_pipeline_id * local
-        starts, sizes = replica_slices(
-            inp.num_examples, global_batch_size, ctx.num_replicas_in_sync, start_step
-        )
+        starts, sizes = replica_slices(inp.num_examples, global_batch_size, ctx.num_replicas_in_sync)
         slices = tf.data.Dataset.from_tensor_slices(
             (starts[:, first : first + local].reshape(-1), sizes[:, first : first + local].reshape(-1))
         )
-        source = tf.data.Dataset.from_tensors((order, inp.arrays)).repeat()
 
-        def gather(slice_, source_):
-            (start, size), (order_, arrays) = slice_, source_
-            rows = order_[start : start + size]
-            return tf.nest.map_structure(lambda a: tf.gather(a, rows), arrays)
+        def one_epoch(epoch):
+            rows_in_order = tf.numpy_function(epoch_order, [epoch], tf.int64, stateful=False)
+            rows_in_order.set_shape([inp.num_examples])
 
-        # A serial map measured faster than a parallel one here (bench/throughput.py):
-        # each call is one large gather, already multi-threaded inside TensorFlow.
-        ds = tf.data.Dataset.zip((slices, source)).map(gather)
-        return ds.prefetch(tf.data.AUTOTUNE)
+            def gather(start, size):
+                rows = rows_in_order[start : start + size]
+                return tf.nest.map_structure(lambda v: tf.gather(v, rows), source)
+
+            skip = tf.where(epoch == epochs.start, tf.constant(start_step * local, tf.int64), 0)
+            # A serial map measured faster than a parallel one here (bench/throughput.py):
+            # each call is one large gather, already multi-threaded inside TensorFlow.
+            return slices.skip(skip).map(gather)
+
+        return tf.data.Dataset.range(epochs.start, epochs.stop).flat_map(one_epoch).prefetch(tf.data.AUTOTUNE)
 
     return dataset_fn
+
+
+_CHUNK_BYTES = 8 * 2**20
+
+
+def host_copy(inp: ArrayInput) -> Any:
+    """The arrays as host variables, made once per input and filled chunk by chunk.
+
+    A dataset that reads variables holds their handles only. Arrays captured as
+    tensors would sit in the dataset graph as constants, which tf.data copies
+    whenever it rewrites that graph (three copies in all on the first epoch);
+    this way the arrays are copied once.
+    """
+    if inp.host is None:
+        # Inside a user's strategy scope a variable would be replicated: use tensors there.
+        fill = tf.constant if tf.distribute.has_strategy() else _fill_variable
+        object.__setattr__(inp, "host", tf.nest.map_structure(fill, inp.arrays))
+    return inp.host
+
+
+def _fill_variable(array: np.ndarray) -> tf.Variable:
+    with tf.device("/cpu:0"):
+        variable = tf.Variable(tf.zeros(array.shape, array.dtype), trainable=False)
+    rows = max(1, _CHUNK_BYTES // max(1, array[:1].nbytes))
+    for begin in range(0, len(array), rows):
+        # A scatter writes in place; a slice assign would copy the whole variable first.
+        end = min(begin + rows, len(array))
+        variable.scatter_update(tf.IndexedSlices(array[begin:end], tf.range(begin, end)))
+    return variable
 
 
 def shard_policy(dataset: tf.data.Dataset, num_workers: int) -> tuple[Any, str]:
@@ -213,13 +254,20 @@ def distribute(
     *,
     global_batch_size: int,
     num_workers: int,
-    order: np.ndarray | None = None,
+    order: OrderFn | None = None,
+    epochs: range = range(1),
     start_step: int = 0,
 ):
-    """Returns a distributed dataset for one pass over `inp`."""
+    """Returns a distributed dataset for one pass over `inp`.
+
+    Args:
+      order: for arrays, epoch -> the order of examples (input order by default).
+      epochs: for arrays, the epochs one pass covers.
+      start_step: global steps to skip at the start of the pass.
+    """
     if isinstance(inp, ArrayInput):
-        order = np.arange(inp.num_examples) if order is None else order
-        fn = array_dataset_fn(inp, order, global_batch_size, start_step)
+        order = order or (lambda epoch: np.arange(inp.num_examples))
+        fn = array_dataset_fn(inp, order, global_batch_size, epochs, start_step)
         return strategy.distribute_datasets_from_function(fn)
     if isinstance(inp, FunctionInput):
         return strategy.distribute_datasets_from_function(inp.fn)

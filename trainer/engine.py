@@ -69,6 +69,7 @@ def build(
     jit_compile: bool | str,
     cache: "list[Engine]",
     lr: LRSettings | None = None,
+    mixed_precision: str | None = None,
 ) -> tuple[keras.Model, Engine, scaling.LRPlan | None]:
     """Puts the model (and, when training, its scaled optimizer) in scope; returns it with its engine.
 
@@ -76,9 +77,10 @@ def build(
       lr: the learning-rate settings when training; None for evaluation.
       cache: recent engines (at most `CACHE_SIZE`), reused while model, strategy,
         optimizer and settings match.
+      mixed_precision: a Keras dtype policy name for the model's layers, or None.
     """
     x, y, _ = unpack(data_lib.sample_batch(inp))
-    run_model = models.model_in_scope(model, strategy, x, seed)
+    run_model = models.model_in_scope(model, strategy, x, seed, mixed_precision)
     lr_plan = None
     if lr is not None:
         lr_plan = lr.plan_for(run_model.optimizer)

@@ -9,11 +9,13 @@ callbacks; nothing reads private model fields.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, Callable
 
 import keras
 import tensorflow as tf
 
+from trainer.fusion import StepFusion
 from trainer.plan import Plan
 from trainer.steps import Steps
 from trainer.cluster import ClusterInfo
@@ -21,7 +23,7 @@ from trainer.cluster import ClusterInfo
 _BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
 EVAL_STEPS_PER_EXECUTION = 32
 
-MakeIterator = Callable[..., Any]  # (input, epoch=None, start_step=0) -> distributed iterator
+MakeIterator = Callable[..., Any]  # (input, epoch=None, start_step=0, until=None) -> distributed iterator
 
 
 @dataclasses.dataclass
@@ -38,6 +40,9 @@ class TrainContext:
       initial_epoch, initial_step: where training starts. A callback may move
         them forward in `on_train_begin` to resume (see BackupAndRestore).
       examples_seen: examples trained on in this call to fit.
+      fusion: how many steps each call runs (fixed, or sized from step time).
+      step_seconds: wall seconds spent inside step calls in this call to fit
+        (input included); the rest of fit's time is callbacks, logging and set-up.
     """
 
     strategy: tf.distribute.Strategy
@@ -49,6 +54,8 @@ class TrainContext:
     epoch: int = 0
     step: int = 0
     examples_seen: int = 0
+    fusion: StepFusion = dataclasses.field(default_factory=lambda: StepFusion(1))
+    step_seconds: float = 0.0
 
     @property
     def is_chief(self) -> bool:
@@ -104,7 +111,8 @@ def run_epochs(
         objective.reset()
         callbacks.on_epoch_begin(epoch)
         if iterator is None or restart_each_epoch:
-            iterator = make_iterator(train, epoch=epoch, start_step=first_step)
+            until = epoch + 1 if restart_each_epoch else context.epochs
+            iterator = make_iterator(train, epoch=epoch, start_step=first_step, until=until)
         exhausted = _train_epoch(steps, context, callbacks, iterator, batch_logs)
         iterator = None if exhausted else iterator
         logs = end_epoch(epoch, objective, steps, make_iterator, val, callbacks)
@@ -130,10 +138,11 @@ def _train_epoch(steps: Steps, context: TrainContext, callbacks, iterator, batch
     """Runs one epoch's step calls; returns True when the data ran out."""
     per_epoch, first_step = context.plan.steps_per_epoch, context.step
     while per_epoch is None or context.step < per_epoch:
-        n = context.plan.steps_per_execution
+        n = context.fusion.steps
         if per_epoch is not None:
             n = min(n, per_epoch - context.step)
         callbacks.on_train_batch_begin(context.step)
+        start = time.perf_counter()
         try:
             ran = int(steps.train(iterator, tf.constant(n)))
         except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as err:
@@ -142,6 +151,9 @@ def _train_epoch(steps: Steps, context: TrainContext, callbacks, iterator, batch
                 "probably dead or stuck (see its log). With BackupAndRestore, re-run the job to resume. "
                 "The per-collective timeout is resolve_strategy('multi_worker', timeout_seconds=...)."
             ) from err
+        seconds = time.perf_counter() - start
+        context.step_seconds += seconds
+        context.fusion.observe(ran, seconds)
         context.examples_seen += context.examples_in(ran, context.step)
         context.step += ran
         if ran:

@@ -7,6 +7,7 @@ keeping weights, optimizer settings and state, loss and metrics.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import Any, Callable
 
@@ -45,26 +46,31 @@ def _in_scope(strategy: tf.distribute.Strategy, variables) -> bool:
 
 
 def model_in_scope(
-    model: ModelOrBuilder, strategy: tf.distribute.Strategy, sample_x: Any, seed: int | None
+    model: ModelOrBuilder,
+    strategy: tf.distribute.Strategy,
+    sample_x: Any,
+    seed: int | None,
+    mixed_precision: str | None = None,
 ) -> keras.Model:
     """Returns a compiled, built model whose variables live in `strategy`'s scope.
 
     A builder is called inside the scope (after seeding Keras, so its initial
-    weights are reproducible). A model built elsewhere is re-created from its
-    config; the returned object is then a different one from `model`.
+    weights are reproducible). A model built elsewhere, or with another dtype
+    policy than `mixed_precision` asks for, is re-created from its config; the
+    returned object is then a different one from `model`.
     """
     if not isinstance(model, keras.Model):
-        with strategy.scope():
+        with strategy.scope(), _dtype_policy(mixed_precision):
             if seed is not None:
                 keras.utils.set_random_seed(seed)
             model = model()
         check_compiled(model, arg="model()")
-    elif model.weights and not _in_scope(strategy, model.weights):
+    elif model.weights and not _ready(model, strategy, mixed_precision):
         clone = _CLONES.get(model)
-        if clone is not None and _in_scope(strategy, clone.weights):
+        if clone is not None and _ready(clone, strategy, mixed_precision):
             clone.set_weights(model.get_weights())  # the user's object holds the latest weights
             return clone
-        clone = _recreate(model, strategy, sample_x)
+        clone = _recreate(model, strategy, sample_x, mixed_precision)
         _CLONES[model] = clone
         model = clone
     with strategy.scope():
@@ -72,10 +78,41 @@ def model_in_scope(
     return model
 
 
-def _recreate(model: keras.Model, strategy: tf.distribute.Strategy, sample_x: Any) -> keras.Model:
+def _ready(model: keras.Model, strategy: tf.distribute.Strategy, mixed_precision: str | None) -> bool:
+    return _in_scope(strategy, model.weights) and mixed_precision in (None, model.dtype_policy.name)
+
+
+@contextlib.contextmanager
+def _dtype_policy(policy: str | None):
+    """Keras's global dtype policy set to `policy` (if any) while layers are created."""
+    previous = keras.config.dtype_policy()
+    if policy:
+        keras.config.set_dtype_policy(policy)
     try:
-        config = model.get_config()
-        with strategy.scope():
+        yield
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
+def _with_policy(config: Any, policy: str | None) -> Any:
+    """A model config whose float32 layers compute in `policy` (variables stay float32)."""
+    if policy is None:
+        return config
+    if isinstance(config, dict) and config.get("class_name") == "DTypePolicy":
+        return dict(config, config=dict(config["config"], name=policy))
+    if isinstance(config, dict):
+        return {k: _with_policy(v, policy) for k, v in config.items()}
+    if isinstance(config, list):
+        return [_with_policy(v, policy) for v in config]
+    return config
+
+
+def _recreate(
+    model: keras.Model, strategy: tf.distribute.Strategy, sample_x: Any, mixed_precision: str | None = None
+) -> keras.Model:
+    try:
+        config = _with_policy(model.get_config(), mixed_precision)
+        with strategy.scope(), _dtype_policy(mixed_precision):
             clone = model.__class__.from_config(config)
             clone(sample_x, training=False)
     except (NotImplementedError, TypeError, ValueError) as err:
@@ -118,6 +155,8 @@ def base_learning_rate(optimizer: keras.optimizers.Optimizer) -> Any:
     """The unscaled learning rate: a float, or the user's schedule."""
     if optimizer in _BASE_LR:
         return _BASE_LR[optimizer]
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        optimizer = optimizer.inner_optimizer
     lr = optimizer.get_config()["learning_rate"]
     if not isinstance(lr, dict):
         return float(lr)
@@ -136,23 +175,30 @@ def optimizer_in_scope(
     """Sets `model.optimizer` to one built in scope with its LR scaled by `factor`.
 
     An optimizer already prepared for this strategy and scaling is kept as is,
-    state and any LR changes made by callbacks included.
+    state and any LR changes made by callbacks included. A float16 model gets
+    Keras's dynamic loss scaling (`LossScaleOptimizer`), which float16 gradients
+    need to stay out of the underflow range.
     """
     old = model.optimizer
     scaled_for = _SCALING.get(old)
     if scaled_for and scaled_for[0] is strategy and scaled_for[1:] == (factor, warmup_steps):
         return old
     base = base_learning_rate(old)
+    # A LossScaleOptimizer (ours, or compile's for a float16 model) is re-created around its inner one.
+    inner = old.inner_optimizer if isinstance(old, keras.optimizers.LossScaleOptimizer) else old
     if isinstance(base, keras.optimizers.schedules.LearningRateSchedule):
         lr = scaling.ScaledSchedule(base, factor, warmup_steps)
     else:
         lr = base * factor  # a float keeps `optimizer.learning_rate` settable
-    config = dict(old.get_config(), learning_rate=lr)
+    config = dict(inner.get_config(), learning_rate=lr)
     with strategy.scope():
-        new = old.__class__.from_config(config)
+        new = inner.__class__.from_config(config)
         new.build(model.trainable_variables)
-    if old.built:
-        _copy_state(old, new)
+        if inner.built:
+            _copy_state(inner, new)
+        if model.dtype_policy.name == "mixed_float16":
+            new = keras.optimizers.LossScaleOptimizer(new)
+            new.build(model.trainable_variables)
     _BASE_LR[new], _SCALING[new] = base, (strategy, factor, warmup_steps)
     model.optimizer = new
     return new

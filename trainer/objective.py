@@ -147,6 +147,7 @@ class Objective:
     def per_example_losses(self, y_true: Any, y_pred: Any) -> tuple[tf.Tensor, list[tf.Tensor]]:
         """Total loss per example (loss weights applied) and each output's losses."""
         yt, yp = _as_list(y_true, self.output_names), _as_list(y_pred, self.output_names)
+        yp = [_float32(p) for p in yp]  # mixed precision: losses in float32, as Keras computes them
         per_output = [
             fn(t, p) for fn, t, p in zip(self._losses, yt, yp) if fn is not None
         ]
@@ -182,3 +183,7 @@ def _to_float(value: Any) -> Any:
         return float(value)
     except TypeError:  # a metric with a non-scalar result, e.g. per-class values
         return keras.ops.convert_to_numpy(value).tolist()
+
+
+def _float32(tensor: tf.Tensor) -> tf.Tensor:
+    return tf.cast(tensor, "float32") if tensor.dtype in (tf.float16, tf.bfloat16) else tensor

@@ -6,6 +6,8 @@ import numpy as np
 
 from trainer.scaling import LR_SCALING_RULES
 
+MIXED_PRECISION_POLICIES = (None, "mixed_float16", "mixed_bfloat16")
+
 
 def check_trainer_options(
     *,
@@ -17,6 +19,7 @@ def check_trainer_options(
     warmup_steps,
     steps_per_execution,
     jit_compile,
+    mixed_precision=None,
 ) -> None:
     """Raises ValueError, naming the argument, the value and the fix, for a bad Trainer option."""
     if per_replica_batch_size is not None and batch_size is not None:
@@ -44,6 +47,12 @@ def check_trainer_options(
         raise ValueError(
             "`steps_per_execution` must be a positive integer or 'auto'. "
             f"Received: steps_per_execution={steps_per_execution!r}."
+        )
+    if mixed_precision not in MIXED_PRECISION_POLICIES:
+        raise ValueError(
+            f"`mixed_precision` must be one of {MIXED_PRECISION_POLICIES}. Received: "
+            f"mixed_precision={mixed_precision!r}. Use 'mixed_float16' on GPUs, 'mixed_bfloat16' on TPUs and "
+            "recent GPUs, None for float32."
         )
     if jit_compile not in (True, False, "auto"):
         raise ValueError(f"`jit_compile` must be True, False or 'auto'. Received: jit_compile={jit_compile!r}.")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from trainer.fusion import TARGET_CALL_SECONDS
+
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
@@ -23,8 +25,9 @@ class Plan:
     scaled_lr: str
     base_batch_size: int
     warmup_steps: int
-    steps_per_execution: int
+    steps_per_execution: int  # the first call's, when sized from step time
     jit_compile: bool
+    auto_fusion: bool = False  # steps per call sized from the measured step time
     repeated_data: bool = False  # parameter-server training: workers repeat their shards
 
     def last_batch(self) -> str:
@@ -45,6 +48,12 @@ class Plan:
                 kept += f" ({share} per replica)"
         return kept + "; weighted by its true size"
 
+    def fusion(self) -> str:
+        """Steps per tf.function call, in words."""
+        if self.auto_fusion:
+            return f"steps per call sized from the measured step time (~{TARGET_CALL_SECONDS:g} s per call)"
+        return f"{self.steps_per_execution} step(s) per call"
+
     def describe(self) -> str:
         steps = "unknown (until the data ends)" if self.steps_per_epoch is None else str(self.steps_per_epoch)
         lr = f"{self.base_lr} -> {self.scaled_lr}"
@@ -62,7 +71,7 @@ class Plan:
             ("sharding", f"{self.shard_policy}: {self.shard_reason}"),
             ("learning rate", lr),
             ("last batch", self.last_batch()),
-            ("execution", f"{self.steps_per_execution} step(s) per call, XLA {'on' if self.jit_compile else 'off'}"),
+            ("execution", f"{self.fusion()}, XLA {'on' if self.jit_compile else 'off'}"),
         ]
         width = max(len(k) for k, _ in rows)
         return "Training plan\n" + "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)

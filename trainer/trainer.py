@@ -15,11 +15,12 @@ from trainer import engine as engine_lib
 from trainer import loop, models, options, ps, scaling
 from trainer import strategy as strategy_lib
 from trainer.cluster import strategy_cluster_info
+from trainer.fusion import StepFusion
 from trainer.history import History
 from trainer.plan import Plan
 from trainer.steps import Steps
 
-_AUTO_STEPS_PER_EXECUTION = 32
+_MULTI_WORKER_STEPS_PER_EXECUTION = 32
 # Names TF's classes go by in the distributed-training guide.
 _STRATEGY_LABELS = {
     "CollectiveAllReduceStrategy": "MultiWorkerMirroredStrategy",
@@ -43,6 +44,18 @@ def _quiet_tf_info(method):
             logger.setLevel(level)
 
     return wrapper
+
+
+def _restarts_each_epoch(train: data_lib.Input, steps_per_epoch: int | None) -> bool:
+    """Whether each epoch needs a fresh iterator rather than one iterator for the whole fit.
+
+    Arrays are read in one pass over all epochs unless `steps_per_epoch` cuts
+    epochs short (each epoch then starts a new shuffle); a dataset is read from
+    its start each epoch unless `steps_per_epoch` makes it one stream.
+    """
+    if isinstance(train, data_lib.ArrayInput):
+        return steps_per_epoch is not None
+    return steps_per_epoch is None
 
 
 class Trainer:
@@ -77,10 +90,14 @@ class Trainer:
       warmup_steps: the same in optimizer steps. Not both.
       seed: seeds the per-epoch shuffle of array inputs and builder-made models.
       shuffle: shuffle array inputs each epoch.
-      steps_per_execution: steps fused into one `tf.function` call, or "auto"
-        (32, or 1 when a callback has batch-level hooks).
+      steps_per_execution: steps fused into one `tf.function` call, or "auto":
+        sized from the measured step time to ~0.2 s per call (see `trainer.fusion`);
+        1 when a callback has batch-level hooks, 32 across several workers.
       jit_compile: XLA for the forward and backward pass; "auto" turns it on for
         GPUs and TPUs only (it slows CNNs down on CPU).
+      mixed_precision: None (float32), "mixed_float16" (GPUs; adds Keras's
+        dynamic loss scaling) or "mixed_bfloat16": layers compute in 16 bits,
+        variables and losses stay float32. Opt-in.
       verbose: 0 silent, 1 plan and progress bar, 2 plan and one line per epoch
         (chief only).
       nan_guard: stop training at the first non-finite loss (see `callbacks.NanGuard`).
@@ -100,6 +117,7 @@ class Trainer:
         shuffle: bool = True,
         steps_per_execution: int | str = "auto",
         jit_compile: bool | str = "auto",
+        mixed_precision: str | None = None,
         verbose: int = 1,
         nan_guard: bool = True,
     ):
@@ -107,7 +125,7 @@ class Trainer:
         options.check_trainer_options(
             per_replica_batch_size=per_replica_batch_size, batch_size=batch_size, base_batch_size=base_batch_size,
             lr_scaling=lr_scaling, warmup_epochs=warmup_epochs, warmup_steps=warmup_steps,
-            steps_per_execution=steps_per_execution, jit_compile=jit_compile,
+            steps_per_execution=steps_per_execution, jit_compile=jit_compile, mixed_precision=mixed_precision,
         )
         if batch_size is None and per_replica_batch_size is None:
             per_replica_batch_size = 32
@@ -122,6 +140,7 @@ class Trainer:
         self.shuffle = shuffle
         self.steps_per_execution = steps_per_execution
         self.jit_compile = jit_compile
+        self.mixed_precision = mixed_precision
         self.verbose = verbose
         self.nan_guard = nan_guard
         self._strategies: dict[Any, tf.distribute.Strategy] = {}
@@ -175,15 +194,15 @@ class Trainer:
         run_model, compiled, lr_plan = self._build(model, strategy, train, lr=lr)
         callbacks = list(callbacks or [])
         plan = self._plan(strategy, train, batch, steps_per_epoch, lr_plan, callbacks)
-        context = loop.TrainContext(strategy, strategy_cluster_info(strategy), plan,
-                                    epochs=epochs, initial_epoch=initial_epoch)
+        context = loop.TrainContext(strategy, strategy_cluster_info(strategy), plan, epochs=epochs,
+                                    initial_epoch=initial_epoch, fusion=StepFusion(plan.steps_per_execution, plan.auto_fusion))
         verbose = self.verbose if verbose is None else verbose
         if verbose and context.is_chief:
             print(plan.describe(), flush=True)
         history = History()
         callback_list = self._callback_list(callbacks + [history], context, run_model, verbose)
         self._train(compiled, context, callback_list, train, val, batch,
-                    restart_each_epoch=isinstance(train, data_lib.ArrayInput) or user_steps is None)
+                    restart_each_epoch=_restarts_each_epoch(train, user_steps))
         if run_model is not model and isinstance(model, keras.Model):
             model.set_weights(run_model.get_weights())  # the user's object sees the training
         return history
@@ -222,7 +241,7 @@ class Trainer:
         inp = data_lib.as_input(x, arg="x", with_targets=False)
         batch = self._batch_plan(strategy)
         sample_x = data_lib.sample_batch(inp)
-        run_model = models.model_in_scope(model, strategy, sample_x, self.seed)
+        run_model = models.model_in_scope(model, strategy, sample_x, self.seed, self.mixed_precision)
         if ps.is_parameter_server(strategy):
             strategy = tf.distribute.get_strategy()  # inline on the coordinator
         predict_fn = self._predict_fn(run_model, strategy)
@@ -273,7 +292,7 @@ class Trainer:
 
     def _build(self, model, strategy, inp, lr: engine_lib.LRSettings | None = None):
         return engine_lib.build(model, strategy, inp, seed=self.seed, jit_compile=self.jit_compile,
-                                cache=self._engines, lr=lr)
+                                cache=self._engines, lr=lr, mixed_precision=self.mixed_precision)
 
     def _plan(self, strategy, inp, batch, steps_per_epoch, lr_plan: scaling.LRPlan, callbacks) -> Plan:
         cluster = strategy_cluster_info(strategy)
@@ -287,6 +306,7 @@ class Trainer:
             enum, why = data_lib.shard_policy(inp.dataset, cluster.num_workers)
             policy = enum.name
         base_lr, scaled_lr = lr_plan.describe()
+        fusion = self._step_fusion(callbacks, steps_per_epoch, cluster.num_workers)
         return Plan(
             strategy=_STRATEGY_LABELS.get(type(strategy).__name__, type(strategy).__name__),
             num_replicas=batch.num_replicas,
@@ -304,16 +324,21 @@ class Trainer:
             scaled_lr=scaled_lr,
             base_batch_size=self.base_batch_size,
             warmup_steps=lr_plan.warmup_steps if lr_plan.factor != 1.0 else 0,  # nothing to ramp otherwise
-            steps_per_execution=self._steps_per_execution(callbacks, steps_per_epoch),
+            steps_per_execution=fusion.steps,
+            auto_fusion=fusion.auto,
             jit_compile=engine_lib.jit_for(strategy, self.jit_compile),
         )
 
-    def _steps_per_execution(self, callbacks, steps_per_epoch: int | None) -> int:
+    def _step_fusion(self, callbacks, steps_per_epoch: int | None, num_workers: int) -> StepFusion:
+        """Steps per call. "auto": 1 for callbacks that want every step; a fixed 32 across
+        workers (they must agree on call boundaries); else sized from the measured step time."""
         if self.steps_per_execution != "auto":
-            return self.steps_per_execution
+            return StepFusion(self.steps_per_execution)
         if any(loop.has_batch_hooks(c) for c in callbacks):
-            return 1
-        return min(_AUTO_STEPS_PER_EXECUTION, steps_per_epoch or _AUTO_STEPS_PER_EXECUTION)
+            return StepFusion(1)
+        if num_workers > 1:
+            return StepFusion(min(_MULTI_WORKER_STEPS_PER_EXECUTION, steps_per_epoch or 1 << 30))
+        return StepFusion.sized_from_step_time()
 
     def _callback_list(self, callbacks: list, context: loop.TrainContext, model, verbose: int):
         """The user's callbacks plus the defaults, each given the TrainContext if it asks."""
@@ -352,14 +377,19 @@ class Trainer:
     def _iterator_factory(self, strategy: tf.distribute.Strategy, batch: scaling.BatchPlan) -> loop.MakeIterator:
         num_workers = strategy_cluster_info(strategy).num_workers
 
-        def make_iterator(inp, epoch: int | None = None, start_step: int = 0):
-            order = None
+        def make_iterator(inp, epoch: int | None = None, start_step: int = 0, until: int | None = None):
+            order, epochs = None, range(1)
             if isinstance(inp, data_lib.ArrayInput) and epoch is not None:
-                order = data_lib.epoch_order(inp.num_examples, shuffle=self.shuffle, seed=self.seed, epoch=epoch)
+                order = functools.partial(self._epoch_order, inp.num_examples)
+                epochs = range(epoch, until or epoch + 1)
             return iter(data_lib.distribute(strategy, inp, global_batch_size=batch.global_batch_size,
-                                            num_workers=num_workers, order=order, start_step=start_step))
+                                            num_workers=num_workers, order=order, epochs=epochs,
+                                            start_step=start_step))
 
         return make_iterator
+
+    def _epoch_order(self, num_examples: int, epoch: int) -> np.ndarray:
+        return data_lib.epoch_order(num_examples, shuffle=self.shuffle, seed=self.seed, epoch=epoch)
 
     def _coordinator(self, strategy: tf.distribute.Strategy):
         for known, coordinator in self._coordinators:  # one coordinator per strategy

@@ -1,0 +1,190 @@
+"""The ways to train the example's CNN that bench/throughput.py compares.
+
+Each factory takes (strategy, x, y) and returns a runner whose `epoch()` trains
+one epoch and returns the number of examples it trained on.
+"""
+
+from __future__ import annotations
+
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from fashion_mnist import build_model
+
+PER_REPLICA = 64
+FUSED_STEPS = 32  # steps per call for the hand-tuned Keras fit and the bare step
+
+
+class _Runner:
+    step_seconds = None
+
+    def __init__(self, epoch):
+        self.epoch = epoch
+
+
+class _TrainerRunner:
+    """Trainer.fit(epochs=1) per epoch; `step_seconds` is the last fit's time inside step calls."""
+
+    def __init__(self, strategy, x, y, **options):
+        from trainer import Trainer
+
+        self.trainer = Trainer(strategy=strategy, per_replica_batch_size=PER_REPLICA, **options)
+        self.model, self.data, self.step_seconds = build_model(), (x, y), None
+        self._probe = _StepTime()
+
+    def epoch(self) -> int:
+        self.trainer.fit(self.model, self.data, epochs=1, callbacks=[self._probe])
+        self.step_seconds = self._probe.context.step_seconds
+        return len(self.data[0])
+
+
+class _StepTime(keras.callbacks.Callback):
+    """Keeps the TrainContext, to read how long the step calls took."""
+
+    context = None
+
+    def set_trainer_context(self, context) -> None:
+        self.context = context
+
+
+def trainer(strategy, x, y, **options) -> _TrainerRunner:
+    return _TrainerRunner(strategy, x, y, **options)
+
+
+class _EpochClock(_StepTime):
+    """Per epoch: wall time from one epoch end to the next, and the step calls' share of it."""
+
+    def on_train_begin(self, logs=None):
+        self.marks = [(time.perf_counter(), 0.0)]
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.marks.append((time.perf_counter(), self.context.step_seconds))
+
+
+def epoch_overhead(strategy, x, y, epochs: int) -> list[float]:
+    """Share of each epoch (after the first) spent outside step calls, in one multi-epoch fit."""
+    from trainer import Trainer
+
+    clock = _EpochClock()
+    Trainer(strategy=strategy, per_replica_batch_size=PER_REPLICA).fit(build_model(), (x, y), epochs=epochs,
+                                                                        callbacks=[clock])
+    spans = list(zip(clock.marks, clock.marks[1:]))[1:]
+    return [1 - (s1 - s0) / (t1 - t0) for (t0, s0), (t1, s1) in spans]
+
+
+def _keras_fit(strategy, x, y, **compile_options) -> _Runner:
+    with strategy.scope():
+        model = build_model()
+        model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=model.loss, metrics=["accuracy"],
+                      **compile_options)
+    batch = PER_REPLICA * strategy.num_replicas_in_sync
+
+    def epoch() -> int:
+        model.fit(x, y, batch_size=batch, epochs=1)  # Keras's default verbosity
+        return len(x)
+
+    return _Runner(epoch)
+
+
+def keras_default(strategy, x, y) -> _Runner:
+    return _keras_fit(strategy, x, y)  # jit_compile="auto", steps_per_execution=1
+
+
+def keras_tuned(strategy, x, y) -> _Runner:
+    return _keras_fit(strategy, x, y, jit_compile=False, steps_per_execution=FUSED_STEPS)
+
+
+def _loss_object():
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+
+
+def bare_step(strategy, x, y) -> _Runner:
+    """The floor: each replica's batches already on its device, FUSED_STEPS steps per call."""
+    replicas = strategy.num_replicas_in_sync
+    global_batch = PER_REPLICA * replicas
+    steps = len(x) // global_batch
+    with strategy.scope():
+        model = build_model()
+        optimizer = keras.optimizers.Adam(1e-3)
+        optimizer.build(model.trainable_variables)
+    loss_object = _loss_object()
+
+    def replica_batches(ctx):
+        # Step-major global batches, cut into contiguous per-replica slices.
+        def stacked(a):
+            a = a[: steps * global_batch].reshape(steps, replicas, PER_REPLICA, *a.shape[1:])
+            return tf.constant(np.ascontiguousarray(a[:, ctx.replica_id_in_sync_group]))
+
+        return stacked(x), stacked(y)
+
+    xs, ys = strategy.experimental_distribute_values_from_function(replica_batches)
+
+    def replica_step(xs, ys, i):
+        with tf.GradientTape() as tape:
+            logits = model(xs[i], training=True)
+            loss = tf.nn.compute_average_loss(loss_object(ys[i], logits), global_batch_size=global_batch)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+    @tf.function
+    def run(xs, ys, first, count):
+        for i in tf.range(first, first + count):
+            strategy.run(replica_step, args=(xs, ys, i))
+
+    def epoch() -> int:
+        for first in range(0, steps, FUSED_STEPS):
+            run(xs, ys, tf.constant(first), tf.constant(min(FUSED_STEPS, steps - first)))
+        return steps * global_batch
+
+    return _Runner(epoch)
+
+
+def tutorial(strategy, x, y) -> _Runner:
+    """The distributed custom-training guide's loop, as written there (Keras 3 spellings)."""
+    global_batch = PER_REPLICA * strategy.num_replicas_in_sync
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x)).batch(global_batch)
+    dist_dataset = strategy.experimental_distribute_dataset(dataset)
+    with strategy.scope():
+        model = build_model()
+        optimizer = keras.optimizers.Adam(1e-3)
+        optimizer.build(model.trainable_variables)  # Keras 3 creates slots lazily otherwise
+        train_accuracy = keras.metrics.SparseCategoricalAccuracy()
+    loss_object = _loss_object()
+
+    def train_step(inputs):
+        images, labels = inputs
+        with tf.GradientTape() as tape:
+            predictions = model(images, training=True)
+            loss = tf.nn.compute_average_loss(loss_object(labels, predictions), global_batch_size=global_batch)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        train_accuracy.update_state(labels, predictions)
+        return loss
+
+    @tf.function
+    def distributed_train_step(inputs):
+        per_replica_losses = strategy.run(train_step, args=(inputs,))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_losses, axis=None)
+
+    def epoch() -> int:
+        total_loss, num_batches = 0.0, 0
+        for batch in dist_dataset:
+            total_loss += distributed_train_step(batch)
+            num_batches += 1
+        float(total_loss / num_batches)
+        train_accuracy.reset_state()
+        return len(x)
+
+    return _Runner(epoch)
+
+
+VARIANTS = {
+    "trainer": trainer,
+    "keras_default": keras_default,
+    "keras_tuned": keras_tuned,
+    "bare_step": bare_step,
+    "tutorial": tutorial,
+}

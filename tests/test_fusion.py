@@ -1,0 +1,32 @@
+"""Step fusion: fixed, or sized from the measured time per step."""
+
+from trainer.fusion import FIRST_AUTO_STEPS, MAX_AUTO_STEPS, TARGET_CALL_SECONDS, StepFusion
+
+
+def test_fixed_fusion_never_changes():
+    fusion = StepFusion(7)
+    for seconds in (5.0, 0.001, 0.3):
+        fusion.observe(7, seconds)
+    assert fusion.steps == 7
+
+
+def test_auto_ignores_the_tracing_call_then_sizes_calls_to_the_target():
+    fusion = StepFusion.sized_from_step_time()
+    assert fusion.steps == FIRST_AUTO_STEPS
+    fusion.observe(FIRST_AUTO_STEPS, 30.0)  # tracing: ignored
+    assert fusion.steps == FIRST_AUTO_STEPS
+    fusion.observe(4, 0.04)  # 10 ms per step
+    assert fusion.steps == round(TARGET_CALL_SECONDS / 0.01)
+    fusion.observe(fusion.steps, fusion.steps * 0.05)  # slower steps: fewer per call
+    assert fusion.steps == round(TARGET_CALL_SECONDS / 0.05)
+
+
+def test_auto_is_bounded_and_ignores_empty_calls():
+    fusion = StepFusion.sized_from_step_time()
+    fusion.observe(4, 1.0)
+    fusion.observe(4, 1e-7)
+    assert fusion.steps == MAX_AUTO_STEPS
+    fusion.observe(10, 100.0)
+    assert fusion.steps == 1
+    fusion.observe(0, 0.0)
+    assert fusion.steps == 1

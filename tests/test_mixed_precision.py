@@ -1,0 +1,41 @@
+"""Opt-in mixed precision: 16-bit layers, float32 variables and losses, loss scaling for float16."""
+
+import keras
+import numpy as np
+import pytest
+
+from conftest import mirrored, tiny_data, tiny_model
+from trainer import Trainer
+
+
+def _fit(policy, strategy="default"):
+    x, y, w = tiny_data()
+    trainer = Trainer(strategy=strategy, per_replica_batch_size=32, lr_scaling=None, mixed_precision=policy,
+                      verbose=0)
+    history = trainer.fit(tiny_model(), (x, y, w), epochs=3)
+    return history, trainer.evaluate(history.model, (x, y, w))
+
+
+@pytest.mark.parametrize("policy, compute", [("mixed_bfloat16", "bfloat16"), ("mixed_float16", "float16")])
+def test_layers_compute_in_16_bits_and_train_like_float32(policy, compute):
+    reference, ref_eval = _fit(None)
+    history, evaluation = _fit(policy)
+    model = history.model
+    dense = [layer for layer in model.layers if layer.weights]
+    assert all(layer.compute_dtype == compute for layer in dense)
+    assert all(v.dtype == "float32" for v in model.weights)
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer) == (policy == "mixed_float16")
+    # 16-bit arithmetic: close to the float32 run, not equal to it.
+    np.testing.assert_allclose(history.history["loss"], reference.history["loss"], rtol=0.05)
+    assert abs(evaluation["loss"] - ref_eval["loss"]) < 0.05 * ref_eval["loss"]
+    assert history.history["loss"][-1] < history.history["loss"][0]
+
+
+def test_mixed_precision_under_mirrored_strategy():
+    history, evaluation = _fit("mixed_bfloat16", strategy=mirrored(2))
+    assert np.isfinite(evaluation["loss"]) and history.history["loss"][-1] < history.history["loss"][0]
+
+
+def test_unknown_policy_is_rejected():
+    with pytest.raises(ValueError, match=r"`mixed_precision` must be one of.*mixed_precision='float16'"):
+        Trainer(mixed_precision="float16")
