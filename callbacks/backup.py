@@ -10,6 +10,7 @@ import threading
 import numpy as np
 
 from callbacks._cluster import ContextAware, replace_atomically, writable_dir
+from callbacks._paths import checked_path
 from callbacks.checkpoint import weights_are_finite
 
 BACKUP = "backup.npz"
@@ -46,10 +47,10 @@ class BackupAndRestore(ContextAware):
         super().__init__()
         if save_freq != "epoch" and (not isinstance(save_freq, int) or save_freq < 1):
             raise ValueError(
-                "Invalid value for argument `save_freq`. "
-                f"Received: save_freq={save_freq!r}. Expected 'epoch' or a positive integer of steps."
+                f"`save_freq` must be 'epoch' or a positive integer of steps. Received: save_freq={save_freq!r}. "
+                "Pass save_freq='epoch', or a step count such as save_freq=500."
             )
-        self.backup_dir = os.fspath(backup_dir)
+        self.backup_dir = checked_path(backup_dir, arg="backup_dir", owner="BackupAndRestore", is_dir=True)
         self.save_freq = save_freq
         self.handle_sigterm = handle_sigterm
         self._preempted = False

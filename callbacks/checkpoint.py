@@ -12,6 +12,7 @@ import numpy as np
 
 import trainer.scaling  # noqa: F401  registers ScaledSchedule, which checkpoints may contain
 from callbacks._cluster import ContextAware, replace_atomically, writable_dir
+from callbacks._paths import checked_path
 
 INDEX = "checkpoints.json"
 
@@ -57,11 +58,16 @@ class ModelCheckpoint(ContextAware):
         save_weights_only: bool = False,
     ):
         super().__init__()
+        if not isinstance(monitor, str):
+            raise TypeError(f"`monitor` must be a log key (str). Received: monitor={monitor!r}. "
+                            "Pass e.g. monitor='val_loss'.")
         if mode not in ("auto", "min", "max"):
-            raise ValueError(f"Invalid value for argument `mode`. Received: mode={mode!r}. Expected 'auto', 'min' or 'max'.")
-        if not isinstance(keep, int) or keep < 1:
-            raise ValueError(f"Invalid value for argument `keep`. Received: keep={keep!r}. Expected an integer >= 1.")
-        self.directory = os.fspath(directory)
+            raise ValueError(f"`mode` must be 'auto', 'min' or 'max'. Received: mode={mode!r}. Pass 'min' for "
+                             "losses, 'max' for accuracies, or 'auto' to tell from `monitor`.")
+        if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
+            raise ValueError(f"`keep` must be an integer >= 1. Received: keep={keep!r}. "
+                             "Pass how many checkpoints to keep, e.g. keep=3.")
+        self.directory = checked_path(directory, arg="directory", owner="ModelCheckpoint", is_dir=True)
         self.monitor = monitor
         if mode == "auto":
             mode = "max" if any(s in monitor for s in ("acc", "auc", "precision", "recall")) else "min"

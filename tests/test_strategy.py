@@ -63,7 +63,7 @@ def test_parameter_server_needs_a_ps_task(monkeypatch):
 
 
 def test_bad_names():
-    with pytest.raises(ValueError, match="Unknown `strategy` name"):
+    with pytest.raises(ValueError, match=r"`strategy` must be one of .*'Mirrored'. Did you mean 'mirrored'\?"):
         check_strategy_name("Mirrored")
     with pytest.raises(TypeError, match="must be a tf.distribute.Strategy or a name"):
         check_strategy_name(["mirrored"])
