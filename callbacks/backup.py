@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import threading
@@ -14,6 +15,11 @@ from callbacks._paths import checked_path
 from callbacks.checkpoint import weights_are_finite
 
 BACKUP = "backup.npz"
+
+
+def _finite_loss(logs) -> bool:
+    loss = (logs or {}).get("loss")
+    return loss is None or math.isfinite(loss)
 
 
 class BackupAndRestore(ContextAware):
@@ -80,7 +86,7 @@ class BackupAndRestore(ContextAware):
 
     def on_train_batch_end(self, batch, logs=None):
         epoch, step = self.context.epoch, self.context.step
-        if self.save_freq != "epoch" and step // self.save_freq > self._saved_block:
+        if self.save_freq != "epoch" and step // self.save_freq > self._saved_block and _finite_loss(logs):
             self._saved_block = step // self.save_freq
             self._save(epoch, step)
         if self._preempted:
@@ -90,13 +96,15 @@ class BackupAndRestore(ContextAware):
         self._saved_block = self.context.step // self.save_freq if self.save_freq != "epoch" else 0
 
     def on_epoch_end(self, epoch, logs=None):
+        if not _finite_loss(logs):  # stopped by NanGuard: the weights it restored are from mid-epoch
+            return
         self._save(epoch + 1, 0)
         if self._preempted:
             self._exit_preempted(epoch + 1, 0)
 
     def on_train_end(self, logs=None):
         self._restore_handler()
-        if not weights_are_finite(self.model):  # stopped by NanGuard: keep the last good backup
+        if not weights_are_finite(self.model) or not _finite_loss(logs):  # a NaN stop: keep the last good backup
             return
         if self.context.is_chief and os.path.exists(self.path):
             os.remove(self.path)

@@ -32,6 +32,7 @@ def uninterrupted(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("uninterrupted")
     proc = _run(workdir)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    np.testing.assert_array_equal(np.load(workdir / "out_counts.npy"), np.full(250, 3.0))  # the counter counts
     return workdir
 
 
@@ -45,11 +46,17 @@ def test_interrupted_run_resumes_to_the_same_weights(tmp_path, uninterrupted, ho
     assert first.returncode == expected_status, first.stderr[-2000:]
     assert (tmp_path / "backup" / "backup.npz").exists()
     assert not (tmp_path / "out.npz").exists()
+    if how == "term":
+        assert f"SIGTERM received; backup saved at epoch 1, step {resume_step}." in first.stdout
+    with np.load(tmp_path / "backup" / "backup.npz") as backup:
+        assert json.loads(str(backup["state"]))["step"] == resume_step
 
     second = _run(tmp_path)
     assert second.returncode == 0, second.stderr[-2000:]
     assert f"resuming from epoch 1, step {resume_step}" in second.stdout
     assert "completed [1, 2]" in second.stdout
+    # Every example trained on exactly once per epoch across the two runs: none skipped or repeated.
+    np.testing.assert_array_equal(np.load(tmp_path / "out_counts.npy"), np.full(250, 3.0))
     for resumed, reference in zip(_weights(tmp_path), _weights(uninterrupted)):
         np.testing.assert_allclose(resumed, reference, rtol=1e-6, atol=1e-6)
     assert not (tmp_path / "backup" / "backup.npz").exists()  # removed once training completed
