@@ -10,7 +10,7 @@ import threading
 
 import numpy as np
 
-from callbacks._cluster import ContextAware, replace_atomically, writable_dir
+from callbacks._cluster import ContextAware, replace_or_explain, writable_dir
 from callbacks._paths import checked_path
 from callbacks.checkpoint import weights_are_finite
 
@@ -138,7 +138,22 @@ class BackupAndRestore(ContextAware):
                  "optimizer_vars": len(self.model.optimizer.variables)}
         arrays["state"] = np.asarray(json.dumps(state))
         with writable_dir(self.backup_dir, self.context.is_chief) as directory:
-            replace_atomically(lambda tmp: np.savez(tmp, **arrays), os.path.join(directory, BACKUP), suffix=".npz")
+            path = os.path.join(directory, BACKUP)
+            try:
+                replace_or_explain(lambda tmp: np.savez(tmp, **arrays), path, suffix=".npz",
+                                   owner="BackupAndRestore", intact=lambda: self._intact(path))
+            except OSError:
+                self._restore_handler()  # fit ends here, without on_train_end
+                raise
+
+    @staticmethod
+    def _intact(path: str) -> str:
+        if not os.path.exists(path):
+            return "No earlier backup was written; fix the cause (free disk space, say) and train again."
+        with np.load(path) as backup:
+            state = json.loads(str(backup["state"]))
+        return (f"The previous backup {path} (epoch {state['epoch']}, step {state['step']}) is intact; fix the "
+                "cause (free disk space, say) and re-run the same command to resume from it.")
 
     def _restore(self) -> tuple[int, int]:
         with np.load(self.path) as backup:

@@ -1,5 +1,6 @@
 """BackupAndRestore: a killed or preempted run, re-run, ends with the uninterrupted run's weights."""
 
+import errno
 import json
 import os
 import signal
@@ -90,3 +91,36 @@ def test_backup_for_another_model_is_refused(tmp_path):
 def test_bad_save_freq():
     with pytest.raises(ValueError, match=r"`save_freq`.*save_freq='batch'"):
         BackupAndRestore("x", save_freq="batch")
+
+
+def test_a_full_disk_mid_backup_keeps_the_previous_backup_and_resumes_from_it(tmp_path, monkeypatch, capsys):
+    x, y, w = tiny_data(64)
+    trainer = Trainer(strategy="default", per_replica_batch_size=8, steps_per_execution=2, verbose=0)
+    reference = trainer.fit(tiny_model(optimizer="adam"), (x, y), epochs=2).model.get_weights()
+
+    real_savez, calls = np.savez, []
+
+    def savez(path, **arrays):
+        calls.append(path)
+        if len(calls) == 3:  # the backup due at step 6 of epoch 0
+            with open(path, "wb") as f:
+                f.write(b"half a backup")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_savez(path, **arrays)
+
+    monkeypatch.setattr(np, "savez", savez)
+    with pytest.raises(OSError) as caught:
+        trainer.fit(tiny_model(optimizer="adam"), (x, y), epochs=2,
+                    callbacks=[BackupAndRestore(tmp_path, save_freq=2)])
+    path = tmp_path / "backup.npz"
+    assert caught.value.errno == errno.ENOSPC
+    assert f"BackupAndRestore could not write {path}: No space left on device" in str(caught.value)
+    assert f"The previous backup {path} (epoch 0, step 4) is intact" in str(caught.value)
+    assert os.listdir(tmp_path) == ["backup.npz"]  # no temp files
+    monkeypatch.setattr(np, "savez", real_savez)
+
+    history = trainer.fit(tiny_model(optimizer="adam"), (x, y), epochs=2,
+                          callbacks=[BackupAndRestore(tmp_path, save_freq=2)])
+    assert f"resuming from epoch 0, step 4 ({path})" in capsys.readouterr().out
+    for resumed, expected in zip(history.model.get_weights(), reference):
+        np.testing.assert_allclose(resumed, expected, rtol=1e-6, atol=1e-7)
