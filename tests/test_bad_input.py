@@ -352,7 +352,7 @@ def test_non_finite_arrays_warn_with_the_count_and_the_array(where):
     assert len(messages) == 1, messages
     assert messages[0].startswith(f"{arg} holds {expected} non-finite values (NaN or Inf) in {rows} of 203 rows "
                                   "(the first in row 5)"), messages[0]
-    assert "Drop or fix those rows" in messages[0]
+    assert "Drop or fix those rows (e.g. np.nan_to_num)." in messages[0]
 
 
 def test_finite_arrays_do_not_warn():
@@ -362,3 +362,25 @@ def test_finite_arrays_do_not_warn():
         from trainer import checks, data
 
         checks.check_data(data.as_input((x, y, w), arg="data"), "data", steps_arg=None, steps=None)
+
+
+def test_zero_epochs_is_nothing_to_do_as_in_keras():
+    model = tiny_model()
+    before = [w.copy() for w in model.get_weights()]
+    x, y, w = tiny_data()
+    history = Trainer(strategy="default", verbose=0).fit(model, (x, y), epochs=0)
+    assert history.epoch == [] and history.history == {}
+    assert int(model.optimizer.iterations.numpy()) == 0
+    for b, a in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(b, a)
+
+
+def test_missing_output_directories_are_created(tmp_path):
+    x, y, w = tiny_data(64)
+    deep = tmp_path / "not" / "yet"
+    Trainer(strategy="default", verbose=0).fit(tiny_model(), (x, y), epochs=1, callbacks=[
+        ModelCheckpoint(deep / "ckpt"), CSVLogger(deep / "logs" / "log.csv"), JSONLogger(deep / "log.jsonl"),
+        TensorBoard(deep / "tb"), BackupAndRestore(deep / "backup")])
+    assert (deep / "ckpt" / "last.keras").exists() and (deep / "logs" / "log.csv").exists()
+    assert (deep / "log.jsonl").exists() and any((deep / "tb" / "train").iterdir())
+    assert (deep / "backup").is_dir()  # the backup itself is removed once training completes

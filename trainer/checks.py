@@ -87,7 +87,7 @@ def _check_array(array: np.ndarray, name: str, part: str, arg: str) -> None:
             f"{array.shape}, e.g. rows of different lengths (ragged). Pad the rows to one length "
             "(keras.utils.pad_sequences), or pass a tf.data.Dataset through a dataset function."
         )
-    if part != "x" and array.dtype.kind in "USb" and array.dtype != bool:
+    if part != "x" and array.dtype.kind in "US":
         raise TypeError(
             f"{subject(arg, name)} must hold numbers. Received: {name} with dtype={array.dtype} "
             f"(e.g. {array.flat[0].item()!r}). Encode the labels as integers, e.g. with "
@@ -98,8 +98,8 @@ def _check_array(array: np.ndarray, name: str, part: str, arg: str) -> None:
         rows = bad.reshape(len(array), -1).any(axis=1)
         warnings.warn(
             f"{subject(arg, name)} holds {int(bad.sum())} non-finite values (NaN or Inf) in {int(rows.sum())} of "
-            f"{len(array)} rows (the first in row {int(np.argmax(rows))}). They make the loss NaN. "
-            "Drop or fix those rows (e.g. np.nan_to_num) before training.",
+            f"{len(array)} rows (the first in row {int(np.argmax(rows))}). They make the loss and "
+            "outputs NaN. Drop or fix those rows (e.g. np.nan_to_num).",
             UserWarning, stacklevel=6,  # the user's fit/evaluate/predict call
         )
 

@@ -58,9 +58,9 @@ def _check_features(model: keras.Model, x: Any, arg: str) -> None:
         flat = leaves(x, "x")
         if len(flat) != len(tensors):
             raise ValueError(
-                f"{subject(arg, 'x')} must hold one array per model input ({_count_inputs(tensors)}). Received: x with "
-                f"{len(flat)} arrays of shapes {[tuple(a.shape) for _, a in flat]}. Pass one array per "
-                "input: a list in input order, or a dict keyed by input name."
+                f"{subject(arg, 'x')} must hold one array per model input ({_count_inputs(tensors)}). "
+                f"Received: x with {len(flat)} arrays of shapes {[tuple(a.shape) for _, a in flat]}. Pass one "
+                "array per input: a list in input order, or a dict keyed by input name."
             )
         pairs = [(name, leaf, t) for (name, leaf), t in zip(flat, tensors)]
     for name, leaf, tensor in pairs:
@@ -76,8 +76,8 @@ def _check_feature(leaf: Any, name: str, tensor: Any, arg: str) -> None:
         fix = ("Convert it, e.g. x.astype('float32'), or put a StringLookup or TextVectorization layer "
                "in the model" if got_string else "Pass strings, or change the Input's dtype")
         raise TypeError(
-            f"{subject(arg, name)} must match the model's {tensor.dtype} {_input_label(tensor)}. Received: {name} "
-            f"with dtype={leaf.dtype.name if not is_array else leaf.dtype}. {fix}."
+            f"{subject(arg, name)} must match the model's {tensor.dtype} {_input_label(tensor)}. "
+            f"Received: {name} with dtype={leaf.dtype.name if not is_array else leaf.dtype}. {fix}."
         )
     expected = tuple(tensor.shape[1:])
     if not _compatible(shape, expected):
@@ -123,8 +123,8 @@ def _check_sparse_labels(model: keras.Model, y: Any, arg: str) -> None:
             raise ValueError(
                 f"{subject(arg, name)} must hold class indices in [0, {classes}) for sparse categorical "
                 f"crossentropy: the model's output has {classes} units. Received: {name} with "
-                f"min={valid.min().item()!r}, max={valid.max().item()!r} ({bad} of {labels.size} labels out of range). "
-                f"Use labels 0..{classes - 1}, or give the last layer one unit per class."
+                f"min={valid.min().item()!r}, max={valid.max().item()!r} ({bad} of {labels.size} labels out of "
+                f"range). Use labels 0..{classes - 1}, or give the last layer one unit per class."
             )
 
 
