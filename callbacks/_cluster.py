@@ -6,7 +6,7 @@ import contextlib
 import os
 import shutil
 import tempfile
-from typing import Iterator
+from typing import Callable, Iterator
 
 import keras
 
@@ -55,6 +55,22 @@ def writable_dir(directory: str, is_chief: bool) -> Iterator[str]:
         yield scratch
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def replace_or_explain(write, final_path: str, *, suffix: str, owner: str, intact: Callable[[], str]) -> None:
+    """`replace_atomically`, turning an OSError (a full disk, say) into one that says what is intact.
+
+    Args:
+      owner: who writes, e.g. "ModelCheckpoint".
+      intact: called after a failure, for a sentence on what survives, e.g.
+        "The previous checkpoint ... is intact."
+    """
+    try:
+        replace_atomically(write, final_path, suffix=suffix)
+    except OSError as err:
+        reason = err.strerror or str(err)
+        raise OSError(err.errno, f"{owner} could not write {final_path}: {reason} ({type(err).__name__}: {err}). "
+                                 f"{intact()}") from err
 
 
 def replace_atomically(write, final_path: str, suffix: str = "") -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import keras
 
 from callbacks._cluster import ContextAware
+from callbacks._paths import checked_path
 
 
 class EpochRowLogger(ContextAware):
@@ -20,9 +21,7 @@ class EpochRowLogger(ContextAware):
 
     def __init__(self, path: str | os.PathLike):
         super().__init__()
-        if not str(path):
-            raise ValueError("Invalid value for argument `path`. Received: path=''. Expected a file path.")
-        self.path = os.fspath(path)
+        self.path = checked_path(path, arg="path", owner=type(self).__name__, is_dir=False)
         self._resumed_rows_dropped = False
 
     def on_train_begin(self, logs=None):

@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import threading
 
 import numpy as np
 
-from callbacks._cluster import ContextAware, replace_atomically, writable_dir
+from callbacks._cluster import ContextAware, replace_or_explain, writable_dir
+from callbacks._paths import checked_path
 from callbacks.checkpoint import weights_are_finite
 
 BACKUP = "backup.npz"
+
+
+def _finite_loss(logs) -> bool:
+    loss = (logs or {}).get("loss")
+    return loss is None or math.isfinite(loss)
 
 
 class BackupAndRestore(ContextAware):
@@ -46,10 +53,10 @@ class BackupAndRestore(ContextAware):
         super().__init__()
         if save_freq != "epoch" and (not isinstance(save_freq, int) or save_freq < 1):
             raise ValueError(
-                "Invalid value for argument `save_freq`. "
-                f"Received: save_freq={save_freq!r}. Expected 'epoch' or a positive integer of steps."
+                f"`save_freq` must be 'epoch' or a positive integer of steps. Received: save_freq={save_freq!r}. "
+                "Pass save_freq='epoch', or a step count such as save_freq=500."
             )
-        self.backup_dir = os.fspath(backup_dir)
+        self.backup_dir = checked_path(backup_dir, arg="backup_dir", owner="BackupAndRestore", is_dir=True)
         self.save_freq = save_freq
         self.handle_sigterm = handle_sigterm
         self._preempted = False
@@ -79,7 +86,7 @@ class BackupAndRestore(ContextAware):
 
     def on_train_batch_end(self, batch, logs=None):
         epoch, step = self.context.epoch, self.context.step
-        if self.save_freq != "epoch" and step // self.save_freq > self._saved_block:
+        if self.save_freq != "epoch" and step // self.save_freq > self._saved_block and _finite_loss(logs):
             self._saved_block = step // self.save_freq
             self._save(epoch, step)
         if self._preempted:
@@ -89,13 +96,15 @@ class BackupAndRestore(ContextAware):
         self._saved_block = self.context.step // self.save_freq if self.save_freq != "epoch" else 0
 
     def on_epoch_end(self, epoch, logs=None):
+        if not _finite_loss(logs):  # stopped by NanGuard: the weights it restored are from mid-epoch
+            return
         self._save(epoch + 1, 0)
         if self._preempted:
             self._exit_preempted(epoch + 1, 0)
 
     def on_train_end(self, logs=None):
         self._restore_handler()
-        if not weights_are_finite(self.model):  # stopped by NanGuard: keep the last good backup
+        if not weights_are_finite(self.model) or not _finite_loss(logs):  # a NaN stop: keep the last good backup
             return
         if self.context.is_chief and os.path.exists(self.path):
             os.remove(self.path)
@@ -129,7 +138,22 @@ class BackupAndRestore(ContextAware):
                  "optimizer_vars": len(self.model.optimizer.variables)}
         arrays["state"] = np.asarray(json.dumps(state))
         with writable_dir(self.backup_dir, self.context.is_chief) as directory:
-            replace_atomically(lambda tmp: np.savez(tmp, **arrays), os.path.join(directory, BACKUP), suffix=".npz")
+            path = os.path.join(directory, BACKUP)
+            try:
+                replace_or_explain(lambda tmp: np.savez(tmp, **arrays), path, suffix=".npz",
+                                   owner="BackupAndRestore", intact=lambda: self._intact(path))
+            except OSError:
+                self._restore_handler()  # fit ends here, without on_train_end
+                raise
+
+    @staticmethod
+    def _intact(path: str) -> str:
+        if not os.path.exists(path):
+            return "No earlier backup was written; fix the cause (free disk space, say) and train again."
+        with np.load(path) as backup:
+            state = json.loads(str(backup["state"]))
+        return (f"The previous backup {path} (epoch {state['epoch']}, step {state['step']}) is intact; fix the "
+                "cause (free disk space, say) and re-run the same command to resume from it.")
 
     def _restore(self) -> tuple[int, int]:
         with np.load(self.path) as backup:

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 
 import trainer.scaling  # noqa: F401  registers ScaledSchedule, which checkpoints may contain
-from callbacks._cluster import ContextAware, replace_atomically, writable_dir
+from callbacks._cluster import ContextAware, replace_or_explain, writable_dir
+from callbacks._paths import checked_path
 
 INDEX = "checkpoints.json"
 
@@ -57,11 +58,16 @@ class ModelCheckpoint(ContextAware):
         save_weights_only: bool = False,
     ):
         super().__init__()
+        if not isinstance(monitor, str):
+            raise TypeError(f"`monitor` must be a log key (str). Received: monitor={monitor!r}. "
+                            "Pass e.g. monitor='val_loss'.")
         if mode not in ("auto", "min", "max"):
-            raise ValueError(f"Invalid value for argument `mode`. Received: mode={mode!r}. Expected 'auto', 'min' or 'max'.")
-        if not isinstance(keep, int) or keep < 1:
-            raise ValueError(f"Invalid value for argument `keep`. Received: keep={keep!r}. Expected an integer >= 1.")
-        self.directory = os.fspath(directory)
+            raise ValueError(f"`mode` must be 'auto', 'min' or 'max'. Received: mode={mode!r}. Pass 'min' for "
+                             "losses, 'max' for accuracies, or 'auto' to tell from `monitor`.")
+        if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
+            raise ValueError(f"`keep` must be an integer >= 1. Received: keep={keep!r}. "
+                             "Pass how many checkpoints to keep, e.g. keep=3.")
+        self.directory = checked_path(directory, arg="directory", owner="ModelCheckpoint", is_dir=True)
         self.monitor = monitor
         if mode == "auto":
             mode = "max" if any(s in monitor for s in ("acc", "auc", "precision", "recall")) else "min"
@@ -152,10 +158,19 @@ class ModelCheckpoint(ContextAware):
         return evicted
 
     def _save(self, path: str) -> None:
-        if self.save_weights_only:
-            replace_atomically(lambda tmp: self.model.save_weights(tmp), path, suffix=self.suffix)
-        else:
-            replace_atomically(lambda tmp: self.model.save(tmp), path, suffix=self.suffix)
+        save = self.model.save_weights if self.save_weights_only else self.model.save
+        replace_or_explain(lambda tmp: save(tmp), path, suffix=self.suffix, owner="ModelCheckpoint",
+                           intact=lambda: self._intact(path))
+
+    def _intact(self, path: str) -> str:
+        """What a failed write of `path` leaves: the file it would replace, else the newest checkpoint."""
+        directory = os.path.dirname(path)
+        candidates = [path, os.path.join(directory, f"last{self.suffix}")]
+        candidates += [os.path.join(directory, k["file"]) for k in reversed(self.kept)]
+        intact = next((c for c in candidates if os.path.exists(c)), None)
+        if intact is None:
+            return "No earlier checkpoint was written; fix the cause (free disk space, say) and train again."
+        return f"The previous checkpoint {intact} is intact; fix the cause (free disk space, say) and resume."
 
     def _write_index(self, directory: str, epoch: int) -> None:
         ranked = [k for k in self.kept if k["value"] is not None]
@@ -170,7 +185,10 @@ class ModelCheckpoint(ContextAware):
             with open(tmp, "w") as f:
                 json.dump(index, f, indent=1)
 
-        replace_atomically(write, os.path.join(directory, INDEX), suffix=".json")
+        index_path = os.path.join(directory, INDEX)
+        replace_or_explain(write, index_path, suffix=".json", owner="ModelCheckpoint",
+                           intact=lambda: f"The previous index {index_path} is intact." if os.path.exists(index_path)
+                           else "No index was written before.")
 
 
 def _remove(path: str) -> None:

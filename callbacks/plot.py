@@ -7,6 +7,7 @@ import os
 from typing import Any, Mapping
 
 from callbacks._cluster import ContextAware, replace_atomically
+from callbacks._paths import checked_path
 
 _NOT_CURVES = ("learning_rate", "epoch_time", "examples_per_second")
 
@@ -63,7 +64,7 @@ class PlotHistory(ContextAware):
 
     def __init__(self, path: str | os.PathLike):
         super().__init__()
-        self.path = os.fspath(path)
+        self.path = checked_path(path, arg="path", owner="PlotHistory", is_dir=False)
         self._logs: dict[str, list] = {}
 
     def on_train_begin(self, logs=None):

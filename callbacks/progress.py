@@ -43,8 +43,12 @@ class ProgressBar(ContextAware):
         super().__init__()
         if mode not in ("auto", "bar", "plain", "epoch"):
             raise ValueError(
-                f"Invalid value for argument `mode`. Received: mode={mode!r}. Expected 'auto', 'bar', 'plain' or 'epoch'."
+                f"`mode` must be 'auto', 'bar', 'plain' or 'epoch'. Received: mode={mode!r}. "
+                "Pass 'auto' to pick a bar in terminals and notebooks and plain lines elsewhere."
             )
+        if file is not None and not callable(getattr(file, "write", None)):
+            raise TypeError(f"`file` must be a text stream with a write() method. Received: file={file!r}. "
+                            "Pass e.g. file=sys.stderr, or None for stdout.")
         self.mode = mode
         self.file = file
         self._bar = None

@@ -7,6 +7,7 @@ import os
 import tensorflow as tf
 
 from callbacks._cluster import ContextAware
+from callbacks._paths import checked_path
 
 
 def _scalar_metadata() -> tf.compat.v1.SummaryMetadata:
@@ -39,10 +40,10 @@ class TensorBoard(ContextAware):
         super().__init__()
         if update_freq != "epoch" and (not isinstance(update_freq, int) or update_freq < 1):
             raise ValueError(
-                "Invalid value for argument `update_freq`. "
-                f"Received: update_freq={update_freq!r}. Expected 'epoch' or a positive integer."
+                f"`update_freq` must be 'epoch' or a positive integer of steps. Received: update_freq={update_freq!r}. "
+                "Pass update_freq='epoch', or a step count such as update_freq=100."
             )
-        self.log_dir = os.fspath(log_dir)
+        self.log_dir = checked_path(log_dir, arg="log_dir", owner="TensorBoard", is_dir=True)
         self.update_freq = update_freq
         self._writers: dict[str, tf.summary.SummaryWriter] = {}
         self._global_step = 0

@@ -130,10 +130,31 @@ def parse_args(argv=None) -> argparse.Namespace:
     source.add_argument("--synthetic", type=int, metavar="N", help="train on N generated images (offline)")
     args = parser.parse_args(argv)
     for name in ("epochs", "batch", "steps", "synthetic", "cpu_replicas"):
-        value = getattr(args, name)
+        value, flag = getattr(args, name), f"--{name.replace('_', '-')}"
         if value is not None and value < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+            parser.error(f"{flag} must be an integer >= 1. Received: {flag} {value}. Pass e.g. {flag} 2.")
+    if not args.lr > 0:
+        parser.error(f"--lr must be a positive number. Received: --lr {args.lr}. Pass e.g. --lr 0.001.")
+    if args.data_dir is not None and not os.path.isdir(args.data_dir):
+        parser.error(f"--data-dir must be an existing directory with the four Fashion-MNIST IDX .gz files. "
+                     f"Received: --data-dir {args.data_dir!r}. Check the path, or pass --synthetic N to run offline.")
+    _check_strategy_and_out(parser, args)
     return args
+
+
+def _check_strategy_and_out(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    from trainer.strategy import STRATEGY_NAMES, closest_name
+
+    if args.strategy not in STRATEGY_NAMES:
+        guess = closest_name(args.strategy)
+        parser.error(f"--strategy must be one of {', '.join(STRATEGY_NAMES)}. Received: --strategy "
+                     f"{args.strategy!r}. " + (f"Did you mean --strategy {guess}?" if guess else "Pass one of those."))
+    from callbacks._paths import checked_path
+
+    try:
+        checked_path(args.out, arg="--out", owner="the example's outputs", is_dir=True)
+    except (TypeError, ValueError) as err:
+        parser.error(str(err))
 
 
 def main(argv=None) -> dict:

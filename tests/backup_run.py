@@ -1,5 +1,7 @@
 """Trains with BackupAndRestore; optionally kills itself mid-epoch. Used by test_backup.py.
 
+The data are shuffled each epoch and the model counts how often it trained on each example.
+
 Usage: python backup_run.py BACKUP_DIR OUT_NPZ [kill|term EPOCH STEP]
 Exit status: 0 when training completed; killed runs die by SIGKILL, SIGTERM runs exit 143.
 """
@@ -41,9 +43,32 @@ class KillAt(keras.callbacks.Callback):
             os.kill(os.getpid(), self.signal)
 
 
+class CountExamples(keras.layers.Layer):
+    """Strips the example-id column and counts, per id, how often training saw the example.
+
+    The counts are a model variable, so backups save and restore them: after a resumed
+    run every count equals the epochs only if no example was skipped or repeated.
+    """
+
+    def __init__(self, num_examples, **kwargs):
+        super().__init__(**kwargs)
+        self.num_examples = num_examples
+        self.counts = self.add_weight(shape=(num_examples,), initializer="zeros", trainable=False,
+                                      aggregation="sum", name="counts")  # replicas' counts add up
+
+    def call(self, inputs, training=False):
+        if training:
+            ids = tf.cast(inputs[:, -1], "int32")
+            # tf.Variable.assign_add: Keras's assign_add is assign(self + delta), which SUM aggregation would
+            # add up over the replicas along with the deltas.
+            self.counts.value.assign_add(tf.math.bincount(ids, minlength=self.num_examples,
+                                                    maxlength=self.num_examples, dtype="float32"))
+        return inputs[:, :-1]
+
+
 def build():
-    inputs = keras.Input((8,))
-    hidden = keras.layers.Dense(32, activation="relu")(inputs)
+    inputs = keras.Input((9,))
+    hidden = keras.layers.Dense(32, activation="relu")(CountExamples(len(x))(inputs))
     hidden = keras.layers.Dropout(0.3, seed=1)(hidden)  # random state must survive the restart
     model = keras.Model(inputs, keras.layers.Dense(3)(hidden))
     model.compile(keras.optimizers.Adam(0.01), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
@@ -53,10 +78,13 @@ def build():
 rng = np.random.default_rng(0)
 x = rng.normal(size=(250, 8)).astype("float32")
 y = (x[:, 0] > 0).astype("int64") + (x[:, 1] > 1).astype("int64")
+x = np.concatenate([x, np.arange(len(x), dtype="float32")[:, None]], axis=1)  # the last column: example id
 callbacks = [BackupAndRestore(backup_dir, save_freq=5), JSONLogger(os.path.join(backup_dir, "..", "log.jsonl"))]
 if len(sys.argv) > 3:
     callbacks.insert(0, KillAt(sys.argv[3], int(sys.argv[4]), int(sys.argv[5])))
 trainer = Trainer(strategy="mirrored", per_replica_batch_size=8, steps_per_execution=4, seed=3, verbose=0)
 history = trainer.fit(build, (x, y), epochs=3, callbacks=callbacks)
 np.savez(out, *history.model.get_weights())
+counts = next(layer for layer in history.model.layers if isinstance(layer, CountExamples)).counts
+np.save(out.replace(".npz", "_counts.npy"), np.asarray(counts.numpy()))
 print("completed", history.epoch)

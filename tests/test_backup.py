@@ -1,5 +1,6 @@
 """BackupAndRestore: a killed or preempted run, re-run, ends with the uninterrupted run's weights."""
 
+import errno
 import json
 import os
 import signal
@@ -32,6 +33,7 @@ def uninterrupted(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("uninterrupted")
     proc = _run(workdir)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    np.testing.assert_array_equal(np.load(workdir / "out_counts.npy"), np.full(250, 3.0))  # the counter counts
     return workdir
 
 
@@ -45,11 +47,17 @@ def test_interrupted_run_resumes_to_the_same_weights(tmp_path, uninterrupted, ho
     assert first.returncode == expected_status, first.stderr[-2000:]
     assert (tmp_path / "backup" / "backup.npz").exists()
     assert not (tmp_path / "out.npz").exists()
+    if how == "term":
+        assert f"SIGTERM received; backup saved at epoch 1, step {resume_step}." in first.stdout
+    with np.load(tmp_path / "backup" / "backup.npz") as backup:
+        assert json.loads(str(backup["state"]))["step"] == resume_step
 
     second = _run(tmp_path)
     assert second.returncode == 0, second.stderr[-2000:]
     assert f"resuming from epoch 1, step {resume_step}" in second.stdout
     assert "completed [1, 2]" in second.stdout
+    # Every example trained on exactly once per epoch across the two runs: none skipped or repeated.
+    np.testing.assert_array_equal(np.load(tmp_path / "out_counts.npy"), np.full(250, 3.0))
     for resumed, reference in zip(_weights(tmp_path), _weights(uninterrupted)):
         np.testing.assert_allclose(resumed, reference, rtol=1e-6, atol=1e-6)
     assert not (tmp_path / "backup" / "backup.npz").exists()  # removed once training completed
@@ -83,3 +91,36 @@ def test_backup_for_another_model_is_refused(tmp_path):
 def test_bad_save_freq():
     with pytest.raises(ValueError, match=r"`save_freq`.*save_freq='batch'"):
         BackupAndRestore("x", save_freq="batch")
+
+
+def test_a_full_disk_mid_backup_keeps_the_previous_backup_and_resumes_from_it(tmp_path, monkeypatch, capsys):
+    x, y, w = tiny_data(64)
+    trainer = Trainer(strategy="default", per_replica_batch_size=8, steps_per_execution=2, verbose=0)
+    reference = trainer.fit(tiny_model(optimizer="adam"), (x, y), epochs=2).model.get_weights()
+
+    real_savez, calls = np.savez, []
+
+    def savez(path, **arrays):
+        calls.append(path)
+        if len(calls) == 3:  # the backup due at step 6 of epoch 0
+            with open(path, "wb") as f:
+                f.write(b"half a backup")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_savez(path, **arrays)
+
+    monkeypatch.setattr(np, "savez", savez)
+    with pytest.raises(OSError) as caught:
+        trainer.fit(tiny_model(optimizer="adam"), (x, y), epochs=2,
+                    callbacks=[BackupAndRestore(tmp_path, save_freq=2)])
+    path = tmp_path / "backup.npz"
+    assert caught.value.errno == errno.ENOSPC
+    assert f"BackupAndRestore could not write {path}: No space left on device" in str(caught.value)
+    assert f"The previous backup {path} (epoch 0, step 4) is intact" in str(caught.value)
+    assert os.listdir(tmp_path) == ["backup.npz"]  # no temp files
+    monkeypatch.setattr(np, "savez", real_savez)
+
+    history = trainer.fit(tiny_model(optimizer="adam"), (x, y), epochs=2,
+                          callbacks=[BackupAndRestore(tmp_path, save_freq=2)])
+    assert f"resuming from epoch 0, step 4 ({path})" in capsys.readouterr().out
+    for resumed, expected in zip(history.model.get_weights(), reference):
+        np.testing.assert_allclose(resumed, expected, rtol=1e-6, atol=1e-7)

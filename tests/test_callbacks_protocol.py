@@ -2,6 +2,7 @@
 
 import keras
 import numpy as np
+import pytest
 
 from conftest import mirrored, tiny_data, tiny_model
 from trainer import Trainer
@@ -58,7 +59,8 @@ def test_terminate_on_nan_stops_training():
     x, y, w = tiny_data(256)
     x[200:] = np.nan  # non-finite inputs make the loss NaN from step 12 on
     trainer = Trainer(strategy="default", per_replica_batch_size=16, verbose=0, shuffle=False)
-    history = trainer.fit(tiny_model(), (x, y), epochs=5, callbacks=[keras.callbacks.TerminateOnNaN()])
+    with pytest.warns(UserWarning, match="non-finite"):
+        history = trainer.fit(tiny_model(), (x, y), epochs=5, callbacks=[keras.callbacks.TerminateOnNaN()])
     assert len(history.epoch) == 1
     assert np.isnan(history.history["loss"][0])
 

@@ -1,5 +1,6 @@
 """ModelCheckpoint: best k and last, atomic writes, loads without a strategy."""
 
+import errno
 import os
 
 import keras
@@ -56,24 +57,33 @@ def test_recent_k_when_not_ranking(tmp_path):
     assert set(os.listdir(tmp_path)) == {"epoch003.keras", "epoch004.keras", INDEX}
 
 
-def test_crash_during_a_write_keeps_the_last_good_checkpoint(tmp_path):
-    class CrashOnSecondSave(keras.callbacks.Callback):
+def test_a_full_disk_mid_write_keeps_the_last_checkpoint_and_says_so(tmp_path):
+    first_epoch = []
+
+    class FullDiskInSecondEpoch(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 0:
+                first_epoch.extend(self.model.get_weights())
+
         def on_epoch_begin(self, epoch, logs=None):
             if epoch == 1:
-                def broken_save(path, *args, **kwargs):
+                def full_disk(path, *args, **kwargs):
                     with open(path, "wb") as f:
                         f.write(b"half a checkpoint")
-                    raise OSError("disk went away mid-write")
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-                self.model.save = broken_save
+                self.model.save = full_disk
 
-    model = tiny_model()
-    with pytest.raises(OSError, match="mid-write"):
-        _fit([CrashOnSecondSave(), ModelCheckpoint(tmp_path)], epochs=3, model=model)
+    with pytest.raises(OSError) as caught:
+        _fit([FullDiskInSecondEpoch(), ModelCheckpoint(tmp_path)], epochs=3)
+    message = str(caught.value)
+    assert caught.value.errno == errno.ENOSPC
+    assert f"ModelCheckpoint could not write {tmp_path / 'epoch002.keras'}: No space left on device (OSError:" in message
+    assert f"The previous checkpoint {tmp_path / 'last.keras'} is intact" in message
     assert sorted(os.listdir(tmp_path)) == ["checkpoints.json", "epoch001.keras", "last.keras"]  # no temp files
-    restored = keras.models.load_model(tmp_path / "last.keras")
     assert ModelCheckpoint.read_index(tmp_path)["last"]["epoch"] == 0
-    assert all(np.all(np.isfinite(w)) for w in restored.get_weights())
+    for saved, expected in zip(keras.models.load_model(tmp_path / "last.keras").get_weights(), first_epoch):
+        np.testing.assert_array_equal(saved, expected)
 
 
 def test_non_finite_weights_are_never_saved(tmp_path):

@@ -179,3 +179,26 @@ def test_engine_cache_is_bounded(data):
     for _ in range(CACHE_SIZE + 2):
         trainer.evaluate(tiny_model(), (x, y))
     assert len(trainer._engines) == CACHE_SIZE
+
+
+def test_a_model_built_under_another_strategy_continues_under_the_requested_one(data):
+    x, y, w = data
+    two, four = mirrored(2), mirrored(4)
+    options = dict(batch_size=32, lr_scaling=None, verbose=0)
+    first = Trainer(strategy=two, **options).fit(tiny_model, (x, y), epochs=1).model
+    assert two.extended.variable_created_in_scope(first.weights[0].value)
+
+    history = Trainer(strategy=four, **options).fit(first, (x, y), epochs=2, initial_epoch=1)
+    moved = history.model
+    assert moved is not first and all(four.extended.variable_created_in_scope(v.value) for v in moved.weights)
+    assert int(moved.optimizer.iterations.numpy()) == 2 * 7  # the optimizer's step and momentum came along
+    # Independently: both epochs in one fit without any strategy.
+    reference = Trainer(strategy="default", **options).fit(tiny_model(), (x, y), epochs=2).model
+    for got, user, want in zip(moved.get_weights(), first.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(user, got)  # the user's object (still under `two`) sees the training
+    evaluation = Trainer(strategy=four, **options).evaluate(first, (x, y))
+    for key, value in Trainer(strategy="default", **options).evaluate(reference, (x, y)).items():
+        assert evaluation[key] == pytest.approx(value, rel=1e-5), key
+    np.testing.assert_allclose(Trainer(strategy=four, **options).predict(first, x), reference.predict(x, verbose=0),
+                               rtol=1e-5, atol=1e-6)

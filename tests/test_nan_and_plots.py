@@ -1,36 +1,82 @@
 """NanGuard stops at the first non-finite loss; curves are drawn to PNG files."""
 
+import json
+
 import keras
 import matplotlib.image
 import numpy as np
 import pytest
 
-from callbacks import ModelCheckpoint, PlotHistory, plot_history
+from callbacks import BackupAndRestore, ModelCheckpoint, NanGuard, PlotHistory, plot_history
 from conftest import tiny_data, tiny_model
 from trainer import Trainer
 
 
-def test_nan_guard_is_on_by_default_and_names_epoch_and_step(tmp_path, capfd):
+def test_nan_guard_stops_names_the_step_and_keeps_the_last_finite_weights(tmp_path, capfd):
     x, y, w = tiny_data(256)
     # NaN inputs in step 13 (rows 192-207): ReLU maps NaN to 0, so that step's loss stays finite,
-    # but its gradient is NaN and the loss of step 14 is not.
+    # but its gradient is NaN (the weights after step 13 are NaN) and the loss of step 14 is not.
     x[200:] = np.nan
     trainer = Trainer(strategy="default", per_replica_batch_size=16, steps_per_execution=1, shuffle=False, verbose=0)
-    clean = trainer.fit(tiny_model(), (x[:192], y[:192]), epochs=1, callbacks=[ModelCheckpoint(tmp_path)])
-    good = clean.model.get_weights()
-    history = trainer.fit(clean.model, (x, y), epochs=5, callbacks=[ModelCheckpoint(tmp_path)])
+    clean = trainer.fit(tiny_model(), (x[:192], y[:192]), epochs=1)
+    backup = BackupAndRestore(tmp_path / "backup", save_freq=4)
+    callbacks = [NanGuard(keep_every=1), ModelCheckpoint(tmp_path / "ckpt"), backup]
+    with pytest.warns(UserWarning, match=r"`data` x holds 448 non-finite values"):
+        history = trainer.fit(clean.model, (x, y), epochs=5, callbacks=callbacks)
     assert history.epoch == [0]
-    assert "NanGuard: the loss became nan by epoch 0, step 14; training stopped" in capfd.readouterr().err
-    # The last checkpoint still holds the clean fit's weights: the NaN weights were not written.
-    for saved, expected in zip(keras.models.load_model(tmp_path / "last.keras").get_weights(), good):
-        np.testing.assert_array_equal(saved, expected)
+    err = capfd.readouterr().err
+    assert "NanGuard: the loss became nan by epoch 0, step 14; training stopped. The model and optimizer hold " \
+           "the last finite weights again (after epoch 0, step 12)." in err
+
+    # Independently: the same two fits on the clean rows only; 12 steps of the second are the last finite ones.
+    reference = trainer.fit(trainer.fit(tiny_model(), (x[:192], y[:192]), epochs=1).model,
+                            (x[:192], y[:192]), epochs=1).model
+    expected = reference.get_weights()
+    model = history.model
+    assert int(model.optimizer.iterations.numpy()) == 24
+    for got, want in zip(model.get_weights(), expected):
+        assert np.all(np.isfinite(got))
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    # On disk: the checkpoint saved after the stop holds them, and the backup (step 12) is kept.
+    for saved, want in zip(keras.models.load_model(tmp_path / "ckpt" / "last.keras").get_weights(), expected):
+        np.testing.assert_allclose(saved, want, rtol=1e-6, atol=1e-7)
+    with np.load(tmp_path / "backup" / "backup.npz") as saved:
+        state = json.loads(str(saved["state"]))
+        assert (state["epoch"], state["step"]) == (0, 12)
+        for i, want in enumerate(expected):
+            np.testing.assert_allclose(saved[f"model_{i}"], want, rtol=1e-6, atol=1e-7)
+
+
+def _train_rows(trainer, rows_per_fit, x, y):
+    model = tiny_model()
+    for rows in rows_per_fit:
+        if rows:
+            model = trainer.fit(model, (x[:rows], y[:rows]), epochs=1).model
+    return model
+
+
+def test_default_nan_guard_restores_finite_weights_from_the_step_it_names(capfd):
+    x, y, w = tiny_data(256)
+    x[200:] = np.nan
+    trainer = Trainer(strategy="default", per_replica_batch_size=16, steps_per_execution=1, shuffle=False, verbose=0)
+    guard = NanGuard()  # keep_every="auto": copies within a 2% time budget, so possibly a few steps old
+    with pytest.warns(UserWarning, match="non-finite"):
+        history = trainer.fit(tiny_model(), (x, y), epochs=2, callbacks=[guard])
+    assert guard.stopped_at == (0, 14)
+    epoch, step = guard.restored_from
+    assert epoch == 0 and 0 <= step <= 13
+    assert f"hold the last finite weights again (after epoch 0, step {step})" in capfd.readouterr().err
+    expected = _train_rows(trainer, [16 * step], x, y).get_weights()  # `step` clean steps, independently
+    for got, want in zip(history.model.get_weights(), expected):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
 
 def test_nan_guard_can_be_turned_off():
     x, y, w = tiny_data(64)
     x[:] = np.inf
-    history = Trainer(strategy="default", per_replica_batch_size=16, nan_guard=False, verbose=0).fit(
-        tiny_model(), (x, y), epochs=2)
+    with pytest.warns(UserWarning, match=r"`data` x holds 512 non-finite values"):
+        history = Trainer(strategy="default", per_replica_batch_size=16, nan_guard=False, verbose=0).fit(
+            tiny_model(), (x, y), epochs=2)
     assert history.epoch == [0, 1] and np.isnan(history.history["loss"]).all()
 
 

@@ -55,5 +55,5 @@ def test_verbose_fit_prints_plan_and_one_progress_display(capsys):
 
 
 def test_bad_mode():
-    with pytest.raises(ValueError, match=r"Invalid value for argument `mode`.*'fancy'"):
+    with pytest.raises(ValueError, match=r"`mode` must be .*mode='fancy'"):
         ProgressBar(mode="fancy")

@@ -2,9 +2,11 @@
 
 import json
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
+from conftest import TESTS, run_python
 from trainer import STRATEGY_NAMES, parse_tf_config, resolve_strategy
 from trainer.strategy import auto_strategy_name, check_strategy_name
 
@@ -63,7 +65,7 @@ def test_parameter_server_needs_a_ps_task(monkeypatch):
 
 
 def test_bad_names():
-    with pytest.raises(ValueError, match="Unknown `strategy` name"):
+    with pytest.raises(ValueError, match=r"`strategy` must be one of .*'Mirrored'. Did you mean 'mirrored'\?"):
         check_strategy_name("Mirrored")
     with pytest.raises(TypeError, match="must be a tf.distribute.Strategy or a name"):
         check_strategy_name(["mirrored"])
@@ -84,3 +86,15 @@ def test_bad_strategy_options():
         resolve_strategy("mirrored", timeout=3)
     with pytest.raises(ValueError, match=r"Unknown `cross_device_ops`.*'allreduce'"):
         resolve_strategy("mirrored", cross_device_ops="allreduce")
+
+
+def test_repeated_fits_under_mirrored_strategies_of_different_sizes():
+    result = run_python(TESTS / "repeated_fit_run.py")
+    losses = result["losses"]
+    assert set(losses) == {"1", "2", "4", "4 again, by name in fit", "2 again", "user 2", "user 2 after the refusal"}
+    for name, values in losses.items():  # every run finished, with the single-device numbers
+        np.testing.assert_allclose(values, losses["1"], rtol=1e-5, err_msg=name)
+    assert result["error"].startswith("`strategy` must not reuse the collective group keys of another "
+                                      "MirroredStrategy of this process. Received: strategy=MirroredStrategy over 4 "
+                                      "device(s), group key 1, which a strategy over 2 device(s) already used")
+    assert "trainer.resolve_strategy('mirrored', devices=[...])" in result["error"]

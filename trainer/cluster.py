@@ -32,20 +32,61 @@ class ClusterInfo:
 
 
 def parse_tf_config(raw: str | Mapping[str, Any] | None) -> ClusterInfo:
-    """Parses a TF_CONFIG value (JSON text or dict) into a `ClusterInfo`."""
+    """Parses a TF_CONFIG value (JSON text or dict) into a `ClusterInfo`.
+
+    Raises:
+      ValueError: for text that is not JSON, or a cluster and task that don't fit
+        together, naming TF_CONFIG, its value and the fix.
+    """
     if not raw:
         return ClusterInfo()
-    config = json.loads(raw) if isinstance(raw, str) else dict(raw)
-    cluster = config.get("cluster", {}) or {}
-    task = config.get("task", {}) or {}
+    config = _load(raw)
+    cluster = config.get("cluster") or {}
+    task = config.get("task") or {}
+    if not isinstance(cluster, dict) or not all(isinstance(v, (list, dict)) for v in cluster.values()):
+        _bad(raw, "its 'cluster' must map task types to address lists, e.g. {\"worker\": [\"host:port\", ...]}")
+    if task and not cluster:
+        _bad(raw, "it has a 'task' and no 'cluster'. Add the cluster: every task's address, by type")
+    if cluster and not isinstance(task, dict):
+        _bad(raw, "its 'task' must be {\"type\": ..., \"index\": ...}")
+    task_type, index = task.get("type"), task.get("index", 0)
+    if task_type is not None and task_type not in cluster:
+        _bad(raw, f"its task type {task_type!r} is not in the cluster, which has {sorted(cluster)}. "
+                  "Set task.type to one of those")
+    if task_type is not None and (not isinstance(index, int) or not 0 <= index < len(cluster[task_type])):
+        _bad(raw, f"its task index {index!r} is out of range: the cluster has {len(cluster[task_type])} "
+                  f"{task_type!r} task(s), indices 0..{len(cluster[task_type]) - 1}. Set task.index within it")
+    if len(cluster.get("chief", [])) > 1:
+        _bad(raw, "it has more than one 'chief'. Keep one chief and make the others workers")
     n_chief = len(cluster.get("chief", []))
     n_workers = len(cluster.get("worker", []))
     return ClusterInfo(
-        task_type=task.get("type"),
-        task_id=int(task.get("index", 0)),
+        task_type=task_type,
+        task_id=int(index or 0),
         num_workers=max(1, n_chief + n_workers),
         num_ps=len(cluster.get("ps", [])),
         has_chief_task=n_chief > 0,
+    )
+
+
+def _load(raw: str | Mapping[str, Any]) -> dict:
+    if not isinstance(raw, str):
+        return dict(raw)
+    try:
+        config = json.loads(raw)
+    except json.JSONDecodeError as err:
+        _bad(raw, f"it is not JSON ({err})")
+    if not isinstance(config, dict):
+        _bad(raw, "it must be a JSON object")
+    return config
+
+
+def _bad(raw: Any, why: str):
+    text = raw if isinstance(raw, str) else json.dumps(raw)
+    raise ValueError(
+        f"`TF_CONFIG` must describe this task's place in a cluster, but {why}. Received: TF_CONFIG={text!r}. "
+        'Set it like {"cluster": {"worker": ["host1:port", "host2:port"]}, "task": {"type": "worker", '
+        '"index": 0}} (trainer-launch does this), or unset it to train on one machine.'
     )
 
 

@@ -18,6 +18,8 @@ Three kinds of input are accepted:
 from __future__ import annotations
 
 import dataclasses
+import numbers
+import reprlib
 from typing import Any, Callable
 
 import numpy as np
@@ -73,8 +75,32 @@ def as_input(data: Any, *, arg: str, with_targets: bool = True) -> Input:
                 f"{type(data).__name__}. Pass a tuple of NumPy arrays, e.g. {arg}=(x, y)."
             )
         data = tuple(data[:2]) if len(data) == 3 and data[2] is None else tuple(data)
+        for name, part in zip(("x", "y", "sample_weight"), data):
+            _reject_nested_lists(part, arg, name)
+    else:
+        _reject_nested_lists(data, arg, arg)
     arrays = tf.nest.map_structure(_as_array, data)
     return ArrayInput(arrays, _common_length(arrays, arg))
+
+
+def subject(arg: str, name: str) -> str:
+    """How an error names part of an argument: "`data` x['a']", or "`x`['a']" for predict's x."""
+    return f"`{arg}`{name[len(arg):]}" if name.startswith(arg) else f"`{arg}` {name}"
+
+
+def _reject_nested_lists(part: Any, arg: str, name: str) -> None:
+    """A list of numbers (or of lists of numbers) is data, not one input per element as Keras reads lists."""
+    if isinstance(part, dict):
+        for key, value in part.items():
+            _reject_nested_lists(value, arg, f"{name}[{key!r}]")
+    elif isinstance(part, (list, tuple)) and part and any(
+            isinstance(leaf, (numbers.Number, str)) for leaf in tf.nest.flatten(part)):
+        raise TypeError(
+            f"{subject(arg, name)} must be a NumPy array (or a list or dict of arrays, one per model input). Received: "
+            f"{name} as a Python {type(part).__name__} of {len(part)} rows, starting {reprlib.repr(part[0])}. "
+            "Convert it with np.asarray(...); rows of different lengths need padding first "
+            "(keras.utils.pad_sequences)."
+        )
 
 
 def _as_array(value: Any) -> np.ndarray:
@@ -88,29 +114,31 @@ def _common_length(arrays: Any, arg: str) -> int:
     lengths = [len(a) if a.ndim else -1 for a in leaves]
     if any(n < 0 for n in lengths):
         raise ValueError(
-            f"Every array in `{arg}` needs a leading example dimension. Received "
-            f"shapes {[a.shape for a in leaves]}. Pass arrays with one row per example."
+            f"Every array in `{arg}` needs a leading example dimension. Received: {arg} with "
+            f"shapes {[a.shape for a in leaves][:8]}. Pass arrays with one row per example."
         )
     if len(set(lengths)) > 1:
         raise ValueError(
             f"All arrays in `{arg}` must have the same number of examples (rows). "
-            f"Received lengths {lengths} (x, y, then sample_weight). "
+            f"Received: lengths {lengths} (x, y, then sample_weight). "
             "Make x, y and sample_weight the same length."
         )
     if lengths[0] == 0:
-        raise ValueError(f"`{arg}` is empty (0 examples). Pass at least one example.")
+        raise ValueError(f"`{arg}` must hold at least one example. Received: {arg} with 0 examples. "
+                         "Pass arrays with at least one row.")
     return lengths[0]
 
 
 def _checked_dataset(dataset: tf.data.Dataset, arg: str) -> DatasetInput:
     if dataset.cardinality() == 0:
-        raise ValueError(f"`{arg}` is an empty tf.data.Dataset (0 elements). Pass a dataset with examples.")
+        raise ValueError(f"`{arg}` must hold at least one example. Received: {arg}, an empty tf.data.Dataset "
+                         "(cardinality 0). Pass a dataset with examples (check any .take/.filter/.skip).")
     shapes = [s.shape for s in tf.nest.flatten(dataset.element_spec)]
     if shapes and all(s.rank and s[0] is None for s in shapes):
         raise ValueError(
-            f"`{arg}` looks batched: every component has an unknown leading dimension "
-            f"{[str(s) for s in shapes]}. The trainer batches datasets itself with the "
-            f"global batch size, so pass one example per element: {arg}.unbatch(), or drop .batch()."
+            f"`{arg}` looks batched; it must yield one example per element. Received: {arg} with element "
+            f"shapes {[str(s) for s in shapes]} (every leading dimension unknown). The trainer batches "
+            f"datasets itself with the global batch size: pass {arg}.unbatch(), or drop .batch()."
         )
     return DatasetInput(dataset)
 

@@ -90,13 +90,15 @@ def build(
     key = (run_model, strategy, run_model.optimizer, jit, warmup)
     engine = next((e for e in cache if _same(e.key, key)), None)
     if engine is None:
+        # Read outside the scope: the optimizer given to compile may belong to another strategy.
+        config = run_model.get_compile_config() or {}
         with strategy.scope():
-            objective = Objective(run_model, y, run_model(x, training=False))
+            objective = Objective(run_model, y, run_model(x, training=False), config)
         steps = Steps(strategy, run_model, objective, jit_compile=jit, warmup=warmup)
         eval_strategy, eval_steps = strategy, steps
         if ps.is_parameter_server(strategy):
             eval_strategy = tf.distribute.get_strategy()  # inline on the coordinator
-            eval_objective = Objective(run_model, y, run_model(x, training=False))
+            eval_objective = Objective(run_model, y, run_model(x, training=False), config)
             eval_steps = Steps(eval_strategy, run_model, eval_objective, jit_compile=jit)
         engine = Engine(key, strategy, objective, steps, eval_strategy, eval_steps)
         cache[:] = [engine] + cache[: CACHE_SIZE - 1]  # bounded: engines hold their models

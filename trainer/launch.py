@@ -183,10 +183,26 @@ def serve() -> None:
     server.join()
 
 
+def _count(flag: str, minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= `minimum`, with an error that names `flag`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"{flag} must be an integer >= {minimum}. Received: {flag} {text!r}. "
+                                             f"Pass e.g. {flag} {max(minimum, 2)}.")
+        return value
+
+    return parse
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="trainer-launch", description=__doc__.split("\n")[0])
-    parser.add_argument("--workers", type=int, default=2, help="worker tasks (default 2)")
-    parser.add_argument("--ps", type=int, default=0, help="parameter-server tasks (default 0)")
+    parser.add_argument("--workers", type=_count("--workers", 1), default=2, help="worker tasks (default 2)")
+    parser.add_argument("--ps", type=_count("--ps", 0), default=0, help="parameter-server tasks (default 0)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("script", nargs="?", help="the Python script to run")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
@@ -195,9 +211,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         serve()
         return 0
     if args.script is None:
-        parser.error("the script to run is missing: trainer-launch --workers 2 train.py [args]")
-    if args.workers < 1 or args.ps < 0:
-        parser.error(f"--workers must be >= 1 and --ps >= 0; got --workers {args.workers} --ps {args.ps}")
+        parser.error("the script to run is missing. Received: no script argument. "
+                     "Pass it after the options: trainer-launch --workers 2 train.py [args]")
+    if not os.path.isfile(args.script):
+        found = "a directory" if os.path.isdir(args.script) else "no such file"
+        parser.error(f"the script must be an existing Python file. Received: {args.script!r} ({found}, looked "
+                     f"for from {os.getcwd()}). Check the path: trainer-launch --workers 2 train.py [args]")
     return run([sys.executable, args.script, *args.args], workers=args.workers, ps=args.ps)
 
 

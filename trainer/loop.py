@@ -151,6 +151,15 @@ def _train_epoch(steps: Steps, context: TrainContext, callbacks, iterator, batch
                 "probably dead or stuck (see its log). With BackupAndRestore, re-run the job to resume. "
                 "The per-collective timeout is resolve_strategy('multi_worker', timeout_seconds=...)."
             ) from err
+        except tf.errors.InternalError as err:
+            if "joining a group" not in str(err):
+                raise
+            raise RuntimeError(
+                "Two MirroredStrategies over different devices used the same collective group key in this "
+                "process (one ran outside the Trainer), and TensorFlow has aborted its collectives. Restart "
+                "the process; then build strategies with trainer.resolve_strategy('mirrored', devices=[...]), "
+                "or use one device layout per process."
+            ) from err
         seconds = time.perf_counter() - start
         context.step_seconds += seconds
         context.fusion.observe(ran, seconds)

@@ -105,10 +105,12 @@ class Objective:
       model: a compiled, built Keras model.
       y_true: a sample of targets, to resolve "accuracy" and output order.
       y_pred: the model's output on the matching inputs.
+      compile_config: `model.get_compile_config()`, read outside any strategy scope
+        (the optimizer given to compile may belong to another strategy).
     """
 
-    def __init__(self, model: keras.Model, y_true: Any, y_pred: Any):
-        config = model.get_compile_config() or {}
+    def __init__(self, model: keras.Model, y_true: Any, y_pred: Any, compile_config: dict | None = None):
+        config = compile_config if compile_config is not None else model.get_compile_config() or {}
         names = list(getattr(model, "output_names", None) or ["output"])
         if len(_as_list(y_pred, names)) != len(names):
             names = [f"output_{i}" for i in range(len(_as_list(y_pred, names)))]

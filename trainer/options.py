@@ -1,12 +1,33 @@
-"""Checks on the Trainer's options and fit's loop arguments: pure Python, raised before any work."""
+"""Checks on the Trainer's options and fit's loop arguments: pure Python, raised before any work.
+
+Every error follows one template: "`arg` must be X. Received: arg=... . <fix>".
+A value of the wrong type raises TypeError; a value out of range, ValueError.
+"""
 
 from __future__ import annotations
+
+import numbers
 
 import numpy as np
 
 from trainer.scaling import LR_SCALING_RULES
 
 MIXED_PRECISION_POLICIES = (None, "mixed_float16", "mixed_bfloat16")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def check_int(name: str, value, *, minimum: int, fix: str, allow_none: bool = False) -> None:
+    """Raises TypeError unless `value` is an int (bool excluded), ValueError when below `minimum`."""
+    if value is None and allow_none:
+        return
+    what = f"an integer >= {minimum}" + (" or None" if allow_none else "")
+    if not _is_int(value):
+        raise TypeError(f"`{name}` must be {what}. Received: {name}={value!r} of type {type(value).__name__}. {fix}")
+    if value < minimum:
+        raise ValueError(f"`{name}` must be {what}. Received: {name}={value!r}. {fix}")
 
 
 def check_trainer_options(
@@ -21,7 +42,7 @@ def check_trainer_options(
     jit_compile,
     mixed_precision=None,
 ) -> None:
-    """Raises ValueError, naming the argument, the value and the fix, for a bad Trainer option."""
+    """Raises ValueError or TypeError, naming the argument, the value and the fix, for a bad Trainer option."""
     if per_replica_batch_size is not None and batch_size is not None:
         raise ValueError(
             "Pass `per_replica_batch_size` or `batch_size`, not both. Received: "
@@ -30,23 +51,22 @@ def check_trainer_options(
         )
     for name, value in (("per_replica_batch_size", per_replica_batch_size), ("batch_size", batch_size),
                         ("base_batch_size", base_batch_size)):
-        if value is not None and (not isinstance(value, (int, np.integer)) or value < 1):
-            raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}.")
+        check_int(name, value, minimum=1, allow_none=True, fix=f"Pass a positive number of examples, e.g. {name}=32.")
     if lr_scaling not in LR_SCALING_RULES:
         raise ValueError(
-            f"`lr_scaling` must be one of {LR_SCALING_RULES}. Received: lr_scaling={lr_scaling!r}."
+            f"`lr_scaling` must be one of {LR_SCALING_RULES}. Received: lr_scaling={lr_scaling!r}. "
+            "Pass 'auto' (linear for SGD, sqrt for adaptive optimizers), or None to keep the model's rate."
         )
+    for name, value in (("warmup_epochs", warmup_epochs), ("warmup_steps", warmup_steps)):
+        if not isinstance(value, numbers.Real) or isinstance(value, bool):
+            raise TypeError(f"`{name}` must be a number >= 0. Received: {name}={value!r}. Pass e.g. {name}=2.")
+        if value < 0:
+            raise ValueError(f"`{name}` must be >= 0. Received: {name}={value!r}. Pass 0 for no warmup.")
+    check_int("warmup_steps", warmup_steps, minimum=0, fix="Pass a whole number of optimizer steps.")
     if warmup_epochs and warmup_steps:
         raise ValueError(
             f"Pass `warmup_epochs` or `warmup_steps`, not both. Received: warmup_epochs={warmup_epochs}, "
-            f"warmup_steps={warmup_steps}."
-        )
-    if warmup_epochs < 0 or warmup_steps < 0:
-        raise ValueError(f"Warmup must be >= 0. Received: warmup_epochs={warmup_epochs}, warmup_steps={warmup_steps}.")
-    if steps_per_execution != "auto" and (not isinstance(steps_per_execution, int) or steps_per_execution < 1):
-        raise ValueError(
-            "`steps_per_execution` must be a positive integer or 'auto'. "
-            f"Received: steps_per_execution={steps_per_execution!r}."
+            f"warmup_steps={warmup_steps}. Set the other one to 0."
         )
     if mixed_precision not in MIXED_PRECISION_POLICIES:
         raise ValueError(
@@ -54,19 +74,25 @@ def check_trainer_options(
             f"mixed_precision={mixed_precision!r}. Use 'mixed_float16' on GPUs, 'mixed_bfloat16' on TPUs and "
             "recent GPUs, None for float32."
         )
+    if steps_per_execution != "auto":
+        check_int("steps_per_execution", steps_per_execution, minimum=1,
+                  fix="Pass a positive integer, or 'auto' (sized from the measured step time).")
     if jit_compile not in (True, False, "auto"):
-        raise ValueError(f"`jit_compile` must be True, False or 'auto'. Received: jit_compile={jit_compile!r}.")
+        raise ValueError(
+            f"`jit_compile` must be True, False or 'auto'. Received: jit_compile={jit_compile!r}. "
+            "Pass 'auto' to use XLA on GPUs and TPUs only."
+        )
 
 
 def check_loop_args(*, epochs: int, initial_epoch: int, steps_per_epoch: int | None) -> None:
-    if not isinstance(epochs, (int, np.integer)) or epochs < 0:
-        raise ValueError(f"`epochs` must be a non-negative integer. Received: epochs={epochs!r}.")
-    if not isinstance(initial_epoch, (int, np.integer)) or not 0 <= initial_epoch <= epochs:
+    """fit's epochs (0 trains nothing, as in Keras), initial_epoch and steps_per_epoch."""
+    check_int("epochs", epochs, minimum=0, fix="Pass the epoch to stop after, e.g. epochs=10.")
+    check_int("initial_epoch", initial_epoch, minimum=0, fix="Pass the epoch to start from, e.g. initial_epoch=0.")
+    if initial_epoch > epochs:
         raise ValueError(
             f"`initial_epoch` must be an integer in [0, epochs]. Received: initial_epoch={initial_epoch!r}, "
-            f"epochs={epochs}."
+            f"epochs={epochs}. `epochs` is the epoch to stop after, counted from 0 as in Keras: pass "
+            f"epochs >= {initial_epoch}."
         )
-    if steps_per_epoch is not None and (not isinstance(steps_per_epoch, (int, np.integer)) or steps_per_epoch < 1):
-        raise ValueError(
-            f"`steps_per_epoch` must be a positive integer or None. Received: steps_per_epoch={steps_per_epoch!r}."
-        )
+    check_int("steps_per_epoch", steps_per_epoch, minimum=1, allow_none=True,
+              fix="Pass a positive number of steps, or None for one pass over the data.")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 from typing import Any
 
 import tensorflow as tf
 
 from trainer.cluster import ClusterInfo, cluster_info
+from trainer.collectives import mirrored_strategy
 
 STRATEGY_NAMES = (
     "auto",
@@ -76,6 +78,7 @@ def resolve_strategy(strategy: str | tf.distribute.Strategy | None, **options: A
     if strategy is None:
         return tf.distribute.get_strategy()
     check_strategy_name(strategy)
+    cluster_info()  # a malformed TF_CONFIG gets our error before TensorFlow reads it
     name = strategy
     if name == "auto":
         tpu_hinted = any(os.environ.get(k) for k in _TPU_HINTS)
@@ -106,10 +109,17 @@ def check_strategy_name(strategy: Any) -> None:
             f"Pass one of {', '.join(STRATEGY_NAMES)}."
         )
     if strategy not in STRATEGY_NAMES:
+        guess = closest_name(strategy)
         raise ValueError(
-            f"Unknown `strategy` name. Received: strategy={strategy!r}. "
-            f"Pass one of {', '.join(STRATEGY_NAMES)}, or a tf.distribute.Strategy instance."
+            f"`strategy` must be one of {', '.join(STRATEGY_NAMES)} or a tf.distribute.Strategy. Received: "
+            f"strategy={strategy!r}. " + (f"Did you mean {guess!r}?" if guess else "Pass one of those names.")
         )
+
+
+def closest_name(name: str) -> str | None:
+    """The strategy name nearest to a misspelt one, or None."""
+    matches = difflib.get_close_matches(name.lower(), STRATEGY_NAMES, n=1, cutoff=0.7)
+    return matches[0] if matches else None
 
 
 def _compute_devices() -> list[str]:
@@ -130,7 +140,7 @@ def _mirrored(devices: list[str] | None = None, cross_device_ops: Any = None) ->
                 f"Pass one of {sorted(_CROSS_DEVICE_OPS)} or a tf.distribute.CrossDeviceOps instance."
             )
         cross_device_ops = _CROSS_DEVICE_OPS[cross_device_ops]()
-    return tf.distribute.MirroredStrategy(devices=devices or _compute_devices(), cross_device_ops=cross_device_ops)
+    return mirrored_strategy(devices or _compute_devices(), cross_device_ops)
 
 
 def _central_storage(devices: list[str] | None = None) -> tf.distribute.Strategy:

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from trainer import data as data_lib
 from trainer import engine as engine_lib
-from trainer import loop, models, options, ps, scaling
+from trainer import checks, collectives, loop, models, options, ps, scaling
 from trainer import strategy as strategy_lib
 from trainer.cluster import strategy_cluster_info
 from trainer.fusion import StepFusion
@@ -190,6 +190,8 @@ class Trainer:
         user_steps = steps_per_epoch
         steps_per_epoch = steps_per_epoch or data_lib.num_steps(train, batch.global_batch_size)
         warmup_steps = self._warmup_steps(steps_per_epoch)
+        model = checks.check_fit(model, train, val, steps_per_epoch=user_steps, epoch_steps=steps_per_epoch,
+                                 epochs=epochs, initial_epoch=initial_epoch, warmup=(self.warmup_epochs, warmup_steps))
         lr = engine_lib.LRSettings(self.lr_scaling, self.base_batch_size, batch, warmup_steps)
         run_model, compiled, lr_plan = self._build(model, strategy, train, lr=lr)
         callbacks = list(callbacks or [])
@@ -222,6 +224,7 @@ class Trainer:
         inp = data_lib.as_input(data, arg="data")
         if isinstance(model, keras.Model):
             models.check_compiled(model)
+        model = checks.check_evaluate(model, inp, steps=steps)
         batch = self._batch_plan(strategy)
         run_model, compiled, _ = self._build(model, strategy, inp)
         callback_list = keras.callbacks.CallbackList(list(callbacks or []), model=run_model)
@@ -239,6 +242,7 @@ class Trainer:
         """Returns the model's outputs as NumPy, one row per input row, in input order."""
         strategy = self._resolve_strategy(strategy)
         inp = data_lib.as_input(x, arg="x", with_targets=False)
+        model = checks.check_predict(model, inp)
         batch = self._batch_plan(strategy)
         sample_x = data_lib.sample_batch(inp)
         run_model = models.model_in_scope(model, strategy, sample_x, self.seed, self.mixed_precision)
@@ -254,11 +258,11 @@ class Trainer:
     def _resolve_strategy(self, strategy) -> tf.distribute.Strategy:
         strategy_lib.check_strategy_name(strategy)
         key = strategy if strategy is not None else self.strategy
-        if isinstance(key, tf.distribute.Strategy):
-            return key
-        if key not in self._strategies:  # one instance per name: TF can't rebuild collectives
-            self._strategies[key] = strategy_lib.resolve_strategy(key)
-        return self._strategies[key]
+        if not isinstance(key, tf.distribute.Strategy) and key not in self._strategies:
+            self._strategies[key] = strategy_lib.resolve_strategy(key)  # one instance per name
+        resolved = key if isinstance(key, tf.distribute.Strategy) else self._strategies[key]
+        collectives.check_group_keys(resolved)
+        return resolved
 
     def _validation_input(self, validation_data: Any, train: data_lib.Input) -> data_lib.Input | None:
         if validation_data is None:

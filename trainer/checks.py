@@ -1,0 +1,154 @@
+"""Cheap checks of fit/evaluate/predict inputs, run before any variable changes or file is written.
+
+Array inputs are checked in full with O(n) NumPy passes: object dtypes,
+NaN/Inf, and sparse labels against the model's class count (model_checks.py,
+with shapes and dtypes against the model's Inputs). Datasets are never
+scanned, since that would cost an extra pass over the data (and a repeated one
+never ends): only their element structure, static shapes and cardinality are
+checked. Dataset functions are not checked at all; they run on the workers.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from trainer import data as data_lib
+from trainer import models
+from trainer.data import subject
+from trainer.model_checks import check_model_inputs, leaves, parts
+from trainer.options import check_int
+
+
+def check_fit(model, train, val, *, steps_per_epoch, epoch_steps, epochs, initial_epoch, warmup) -> Any:
+    """Checks fit's inputs and warmup; returns `model`, or for a builder, one that checks what it builds.
+
+    Args:
+      steps_per_epoch: the user's value (None: one pass over the data).
+      epoch_steps: the steps an epoch will run, when known.
+      warmup: (warmup_epochs, warmup_steps): the Trainer's setting and the steps it comes to.
+    """
+    check_data(train, "data", steps_arg="steps_per_epoch", steps=steps_per_epoch)
+    if val is not None:
+        check_data(val, "validation_data", steps_arg=None, steps=None)
+    if epoch_steps is not None:
+        check_warmup(*warmup, planned_steps=epoch_steps * (epochs - initial_epoch), done=_iterations(model))
+    return _against_model(model, [(train, "data", True), (val, "validation_data", True)])
+
+
+def check_evaluate(model, inp, *, steps) -> Any:
+    """Checks evaluate's inputs; returns `model` as `check_fit` does."""
+    check_int("steps", steps, minimum=1, allow_none=True, fix="Pass a positive number of steps, or None for all.")
+    check_data(inp, "data", steps_arg="steps", steps=steps)
+    return _against_model(model, [(inp, "data", True)])
+
+
+def check_predict(model, inp) -> Any:
+    """Checks predict's input; returns `model` as `check_fit` does."""
+    check_data(inp, "x", steps_arg=None, steps=None, with_targets=False)
+    return _against_model(model, [(inp, "x", False)])
+
+
+# Model-free checks ---------------------------------------------------------------
+
+
+def check_data(inp, arg: str, *, steps_arg: str | None, steps: int | None, with_targets: bool = True) -> None:
+    """Object arrays, label dtypes and NaN/Inf for arrays; structure and cardinality for datasets."""
+    if isinstance(inp, data_lib.ArrayInput):
+        for part, struct in parts(inp.arrays, with_targets).items():
+            for name, array in leaves(struct, part):
+                _check_array(array, name, part, arg)
+    elif isinstance(inp, data_lib.DatasetInput):
+        spec = inp.dataset.element_spec
+        if with_targets and not (isinstance(spec, (tuple, list)) and len(spec) in (2, 3)):
+            raise ValueError(
+                f"`{arg}` must yield (x, y) or (x, y, sample_weight) elements. Received: {arg} with elements "
+                f"{_describe_spec(spec)}. Map each element to a tuple, e.g. "
+                f"{arg}.map(lambda e: (e['image'], e['label']))."
+            )
+        if steps is None and inp.dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
+            fix = (f"Pass {steps_arg}=<steps>, or drop .repeat()" if steps_arg
+                   else f"Pass a finite dataset, e.g. {arg}.take(<examples>)")
+            raise ValueError(
+                f"`{arg}` must end, or the trainer must be told when to stop: it is an infinite "
+                f"tf.data.Dataset (.repeat() without a count). Received: {arg} with cardinality INFINITE"
+                f"{f', {steps_arg}=None' if steps_arg else ''}. {fix}."
+            )
+
+
+def _check_array(array: np.ndarray, name: str, part: str, arg: str) -> None:
+    if array.dtype == object:
+        raise TypeError(
+            f"{subject(arg, name)} must be a numeric array. Received: {name} with dtype=object and shape "
+            f"{array.shape}, e.g. rows of different lengths (ragged). Pad the rows to one length "
+            "(keras.utils.pad_sequences), or pass a tf.data.Dataset through a dataset function."
+        )
+    if part != "x" and array.dtype.kind in "US":
+        raise TypeError(
+            f"{subject(arg, name)} must hold numbers. Received: {name} with dtype={array.dtype} "
+            f"(e.g. {array.flat[0].item()!r}). Encode the labels as integers, e.g. with "
+            "keras.layers.StringLookup or np.unique(y, return_inverse=True)."
+        )
+    if array.dtype.kind in "fc" and not _all_finite(array):
+        bad = ~np.isfinite(array)
+        rows = bad.reshape(len(array), -1).any(axis=1)
+        warnings.warn(
+            f"{subject(arg, name)} holds {int(bad.sum())} non-finite values (NaN or Inf) in {int(rows.sum())} of "
+            f"{len(array)} rows (the first in row {int(np.argmax(rows))}). They make the loss and "
+            "outputs NaN. Drop or fix those rows (e.g. np.nan_to_num).",
+            UserWarning, stacklevel=6,  # the user's fit/evaluate/predict call
+        )
+
+
+def _all_finite(array: np.ndarray) -> bool:
+    # One pass without a temporary array: the sum is finite only when every value is,
+    # unless it overflows, which the full check then settles.
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(array.sum()):
+            return True
+    return bool(np.isfinite(array).all())
+
+
+def check_warmup(warmup_epochs: float, warmup_steps: int, *, planned_steps: int, done: int) -> None:
+    """Raises when the warmup outlasts the training this fit will do."""
+    if planned_steps <= 0 or warmup_steps <= done + planned_steps:
+        return
+    arg, value = ("warmup_epochs", warmup_epochs) if warmup_epochs else ("warmup_steps", warmup_steps)
+    raise ValueError(
+        f"`{arg}` must end within training: the warmup lasts {warmup_steps} steps but this fit trains "
+        f"{planned_steps} (optimizer at step {done}). Received: {arg}={value!r}. Lower it to at most "
+        f"{done + planned_steps} steps, or train for more epochs."
+    )
+
+
+def _iterations(model) -> int:
+    optimizer = getattr(model, "optimizer", None) if isinstance(model, keras.Model) else None
+    return int(optimizer.iterations.numpy()) if optimizer is not None else 0
+
+
+# Checks against the model -----------------------------------------------------------
+
+
+def _against_model(model, inputs) -> Any:
+    inputs = [i for i in inputs if i[0] is not None]
+    if isinstance(model, keras.Model):
+        check_model_inputs(model, inputs)
+        return model
+    if not callable(model):
+        models.check_compiled(model)  # raises: neither a model nor a builder
+
+    def build_and_check():
+        built = model()
+        if isinstance(built, keras.Model):
+            check_model_inputs(built, inputs)
+        return built
+
+    return build_and_check
+
+
+def _describe_spec(spec: Any) -> str:
+    return str(tf.nest.map_structure(lambda s: f"{s.dtype.name}{list(s.shape)}", spec)).replace('"', "")

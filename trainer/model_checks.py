@@ -1,0 +1,169 @@
+"""Checks of the data against the model's Inputs and output: structure, shapes, dtypes, labels.
+
+Only models built on `keras.Input` (Sequential or functional) declare their
+inputs; subclassed models are checked when they first run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from trainer import data as data_lib
+from trainer.data import subject
+
+PARTS = ("x", "y", "sample_weight")
+
+
+def check_model_inputs(model: keras.Model, inputs) -> None:
+    """Feature structure, shapes and dtypes against the model's Inputs; sparse label range."""
+    for inp, arg, with_targets in inputs:
+        if isinstance(inp, data_lib.FunctionInput):
+            continue
+        split = parts(structure(inp), with_targets)
+        _check_features(model, split["x"], arg)
+        if isinstance(inp, data_lib.ArrayInput) and with_targets:  # datasets can't be scanned cheaply
+            _check_sparse_labels(model, split["y"], arg)
+
+
+def _model_inputs(model: keras.Model) -> tuple[list[str], list[Any]] | None:
+    """(names, symbolic inputs) of a model built on keras.Input, else None (e.g. subclassed)."""
+    try:
+        tensors = list(model.inputs or [])
+    except AttributeError:
+        return None
+    struct = getattr(model, "input", None) if not isinstance(model, keras.Sequential) else None
+    names = list(struct) if isinstance(struct, dict) else [t.name for t in tensors]
+    return (names, tensors) if tensors else None
+
+
+def _check_features(model: keras.Model, x: Any, arg: str) -> None:
+    spec = _model_inputs(model)
+    if spec is None:
+        return
+    names, tensors = spec
+    if isinstance(x, dict):
+        unknown, missing = sorted(set(x) - set(names)), [n for n in names if n not in x]
+        if unknown or missing:
+            raise ValueError(
+                f"{subject(arg, 'x')} must have one key per model input. Received: x with keys {sorted(x)} "
+                f"(unknown: {unknown}, missing: {missing}). The model's inputs are {names}: "
+                "rename the keys to match."
+            )
+        pairs = [(f"x[{n!r}]", x[n], t) for n, t in zip(names, tensors)]
+    else:
+        flat = leaves(x, "x")
+        if len(flat) != len(tensors):
+            raise ValueError(
+                f"{subject(arg, 'x')} must hold one array per model input ({_count_inputs(tensors)}). "
+                f"Received: x with {len(flat)} arrays of shapes {[tuple(a.shape) for _, a in flat]}. Pass one "
+                "array per input: a list in input order, or a dict keyed by input name."
+            )
+        pairs = [(name, leaf, t) for (name, leaf), t in zip(flat, tensors)]
+    for name, leaf, tensor in pairs:
+        _check_feature(leaf, name, tensor, arg)
+
+
+def _check_feature(leaf: Any, name: str, tensor: Any, arg: str) -> None:
+    is_array = isinstance(leaf, np.ndarray)
+    shape = tuple(leaf.shape[1:]) if is_array else tuple(leaf.shape)
+    got_string = leaf.dtype.kind in "US" if is_array else leaf.dtype == tf.string
+    wants_string = tensor.dtype == "string"
+    if got_string != wants_string:
+        fix = ("Convert it, e.g. x.astype('float32'), or put a StringLookup or TextVectorization layer "
+               "in the model" if got_string else "Pass strings, or change the Input's dtype")
+        raise TypeError(
+            f"{subject(arg, name)} must match the model's {tensor.dtype} {_input_label(tensor)}. "
+            f"Received: {name} with dtype={leaf.dtype.name if not is_array else leaf.dtype}. {fix}."
+        )
+    expected = tuple(tensor.shape[1:])
+    if not _compatible(shape, expected):
+        got = f"of shape {tuple(leaf.shape)}" if is_array else f"with per-element shape {shape}"
+        raise ValueError(
+            f"{subject(arg, name)} must have per-example shape {expected} to match the model's "
+            f"{_input_label(tensor)}. Received: {name} {got}. Reshape the data, or build the model "
+            f"with keras.Input({shape})."
+        )
+
+
+def _compatible(shape: tuple, expected: tuple) -> bool:
+    # Keras squeezes a trailing 1 or adds a missing one (Functional._adjust_input_rank).
+    if len(shape) == len(expected) + 1 and shape[-1:] == (1,):
+        shape = shape[:-1]
+    elif len(shape) == len(expected) - 1 and expected[-1:] == (1,):
+        expected = expected[:-1]
+    return len(shape) == len(expected) and all(a is None or b is None or a == b for a, b in zip(shape, expected))
+
+
+def _check_sparse_labels(model: keras.Model, y: Any, arg: str) -> None:
+    try:
+        outputs = list(model.outputs)
+    except AttributeError:  # no Inputs: the class count is unknown until the model runs
+        return
+    loss = model.loss
+    if isinstance(y, dict) and isinstance(loss, dict):
+        names = getattr(model, "output_names", [])
+        by_name = dict(zip(names, outputs))
+        checks = [(f"y[{k!r}]", y[k], loss.get(k), by_name.get(k)) for k in y]
+    elif isinstance(y, np.ndarray) and len(outputs) == 1:
+        checks = [("y", y, loss, outputs[0])]
+    else:
+        return
+    for name, labels, loss_k, output in checks:
+        ignore = _sparse_ignore_class(loss_k)
+        if ignore is False or output is None or output.shape[-1] is None or labels.dtype.kind not in "iuf":
+            continue
+        classes = int(output.shape[-1])
+        valid = labels if ignore is None else labels[labels != ignore]
+        if valid.size and (valid.min() < 0 or valid.max() >= classes):
+            bad = int(np.count_nonzero((valid < 0) | (valid >= classes)))
+            raise ValueError(
+                f"{subject(arg, name)} must hold class indices in [0, {classes}) for sparse categorical "
+                f"crossentropy: the model's output has {classes} units. Received: {name} with "
+                f"min={valid.min().item()!r}, max={valid.max().item()!r} ({bad} of {labels.size} labels out of "
+                f"range). Use labels 0..{classes - 1}, or give the last layer one unit per class."
+            )
+
+
+def _sparse_ignore_class(loss: Any) -> Any:
+    """False unless `loss` is sparse categorical crossentropy; else its ignore_class (None or a label)."""
+    if isinstance(loss, str):
+        loss = keras.losses.get(loss)
+    if isinstance(loss, keras.losses.SparseCategoricalCrossentropy):
+        return loss.get_config().get("ignore_class")
+    return None if loss is keras.losses.sparse_categorical_crossentropy else False
+
+
+def _auto_named(tensor: Any) -> bool:
+    return tensor.name.startswith(("keras_tensor", "input_layer"))  # names Keras made up
+
+
+def _input_label(tensor: Any) -> str:
+    return "input" if _auto_named(tensor) else f"input '{tensor.name}'"
+
+
+def _count_inputs(tensors: list) -> str:
+    names = [t.name for t in tensors if not _auto_named(t)]
+    return f"{len(tensors)}: {names}" if len(names) == len(tensors) else str(len(tensors))
+
+
+def structure(inp) -> Any:
+    return inp.arrays if isinstance(inp, data_lib.ArrayInput) else inp.dataset.element_spec
+
+
+def parts(struct: Any, with_targets: bool) -> dict[str, Any]:
+    if not with_targets:
+        return {"x": struct}
+    return dict(zip(PARTS, struct))
+
+
+def leaves(struct: Any, name: str) -> list[tuple[str, Any]]:
+    """(name, leaf) pairs, e.g. ("x['a']", array)."""
+    if isinstance(struct, dict):
+        return [pair for key in struct for pair in leaves(struct[key], f"{name}[{key!r}]")]
+    if isinstance(struct, (list, tuple)):
+        return [pair for i, item in enumerate(struct) for pair in leaves(item, f"{name}[{i}]")]
+    return [(name, struct)]
