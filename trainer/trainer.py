@@ -91,7 +91,7 @@ class Trainer:
       seed: seeds the per-epoch shuffle of array inputs and builder-made models.
       shuffle: shuffle array inputs each epoch.
       steps_per_execution: steps fused into one `tf.function` call, or "auto":
-        sized from the measured step time to ~0.2 s per call (see `trainer.fusion`);
+        sized from the measured step time to ~1 s per call (see `trainer.fusion`);
         1 when a callback has batch-level hooks, 32 across several workers.
       jit_compile: XLA for the forward and backward pass; "auto" turns it on for
         GPUs and TPUs only (it slows CNNs down on CPU).
