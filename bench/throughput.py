@@ -17,8 +17,9 @@ with MirroredStrategy over 2 logical CPU devices:
 
 Every variant first runs one untimed epoch (tracing, warm-up); then the timed
 epochs are interleaved (one epoch of each variant in turn, `--repeats` rounds)
-and the median is reported, so slow drifts of a shared machine hit all
-variants alike. Ratios from one run are comparable; absolute figures vary with
+and the median is reported, with the Trainer's ratio to each variant taken
+round by round (median over rounds), so slow drifts of a shared machine hit
+all variants alike. Ratios from one run are comparable; absolute figures vary with
 the machine and its load. A variant that fails (Keras under MirroredStrategy
 with steps_per_execution > 1) is reported with its error.
 
@@ -120,7 +121,10 @@ def _measure(runners: dict, repeats: int) -> dict:
         "all_examples_per_s": times,
         "errors": errors,
         "overhead_share": {name: statistics.median(v) for name, v in overheads.items()},
-        "trainer_ratio": {name: rates["trainer"] / r for name, r in rates.items() if "trainer" in rates},
+        # Each round's epochs ran back to back, so a round's ratio is less exposed to a shared
+        # machine's drifts than the ratio of medians; the median over rounds is reported.
+        "trainer_ratio": {name: statistics.median(t / v for t, v in zip(times["trainer"], r))
+                          for name, r in times.items() if "trainer" in times},
         "repeats": repeats,
     }
 
@@ -132,6 +136,7 @@ def _quietly(fn):
 
 def _print_table(layout: str, result: dict) -> None:
     print(f"{'variant':<16} {'examples/s':>11} {'Trainer / it':>13} {'outside steps (per fit)':>24}")
+    print(f"{'':<16} {'(median)':>11} {'(per round)':>13}")
     for name, rate in result["examples_per_s"].items():
         overhead = result["overhead_share"].get(name)
         print(f"{name:<16} {rate:>11,.0f} {result['trainer_ratio'].get(name, float('nan')):>12.2f}x "

@@ -6,8 +6,8 @@ call delay what happens between calls: progress updates, NaN checks, backups
 on SIGTERM. "auto" measures the time per step and sizes calls to last about
 `TARGET_CALL_SECONDS`. Measured with bench/throughput.py (CNN, ~10 ms steps on
 2 CPU cores): a call costs ~5 ms outside the steps (callbacks, metric reads)
-plus a pause of the step pipeline at its end, so 16 steps per call ran 4-7%
-slower than 64; calls of about a second keep that under 1% while callbacks
+plus a pause of the step pipeline at its end; in two of three runs 16 steps per
+call ran 4-7% slower than 64; calls of about a second keep that under 1% while callbacks
 still hear from the loop every second.
 """
 
