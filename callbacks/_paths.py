@@ -49,3 +49,13 @@ def _can_create_files_in(directory: str) -> bool:
             return True
     except OSError:
         return False
+
+
+def checked_frequency(value, *, arg: str, example: int) -> int | str:
+    """Returns `value` if it is "epoch" or a positive number of steps; raises ValueError otherwise."""
+    if value != "epoch" and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ValueError(
+            f"`{arg}` must be 'epoch' or a positive integer of steps. Received: {arg}={value!r}. "
+            f"Pass {arg}='epoch', or a step count such as {arg}={example}."
+        )
+    return value

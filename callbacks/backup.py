@@ -11,7 +11,7 @@ import threading
 import numpy as np
 
 from callbacks._cluster import ContextAware, replace_or_explain, writable_dir
-from callbacks._paths import checked_path
+from callbacks._paths import checked_frequency, checked_path
 from callbacks.checkpoint import weights_are_finite
 
 BACKUP = "backup.npz"
@@ -51,13 +51,8 @@ class BackupAndRestore(ContextAware):
 
     def __init__(self, backup_dir: str | os.PathLike, save_freq: int | str = "epoch", handle_sigterm: bool = True):
         super().__init__()
-        if save_freq != "epoch" and (not isinstance(save_freq, int) or save_freq < 1):
-            raise ValueError(
-                f"`save_freq` must be 'epoch' or a positive integer of steps. Received: save_freq={save_freq!r}. "
-                "Pass save_freq='epoch', or a step count such as save_freq=500."
-            )
+        self.save_freq = checked_frequency(save_freq, arg="save_freq", example=500)
         self.backup_dir = checked_path(backup_dir, arg="backup_dir", owner="BackupAndRestore", is_dir=True)
-        self.save_freq = save_freq
         self.handle_sigterm = handle_sigterm
         self._preempted = False
         self._previous_handler = None

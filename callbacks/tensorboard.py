@@ -7,7 +7,7 @@ import os
 import tensorflow as tf
 
 from callbacks._cluster import ContextAware
-from callbacks._paths import checked_path
+from callbacks._paths import checked_frequency, checked_path
 
 
 def _scalar_metadata() -> tf.compat.v1.SummaryMetadata:
@@ -38,13 +38,8 @@ class TensorBoard(ContextAware):
 
     def __init__(self, log_dir: str | os.PathLike, update_freq: int | str = "epoch"):
         super().__init__()
-        if update_freq != "epoch" and (not isinstance(update_freq, int) or update_freq < 1):
-            raise ValueError(
-                f"`update_freq` must be 'epoch' or a positive integer of steps. Received: update_freq={update_freq!r}. "
-                "Pass update_freq='epoch', or a step count such as update_freq=100."
-            )
+        self.update_freq = checked_frequency(update_freq, arg="update_freq", example=100)
         self.log_dir = checked_path(log_dir, arg="log_dir", owner="TensorBoard", is_dir=True)
-        self.update_freq = update_freq
         self._writers: dict[str, tf.summary.SummaryWriter] = {}
         self._global_step = 0
         self._last_logged = 0
