@@ -212,7 +212,7 @@ ROWS = [
      "/backup'", r"Pass a writable location"),
     ("backup-dir-type", lambda c: BackupAndRestore(42), TypeError, "`backup_dir`", "backup_dir=42",
      r"Pass e.g. backup_dir="),
-    ("csv-is-a-directory", lambda c: CSVLogger(c.tmp), ValueError, "`path`", f"which is a directory",
+    ("csv-is-a-directory", lambda c: CSVLogger(c.tmp), ValueError, "`path`", "which is a directory",
      r"Pass a file path that is not taken"),
     ("csv-under-a-file", lambda c: CSVLogger(c.a_file / "log.csv"), ValueError, "`path`", "a_file/log.csv'",
      r"Pass a path whose parents are directories"),
@@ -342,10 +342,10 @@ def test_non_finite_arrays_warn_with_the_count_and_the_array(where):
     trainer = Trainer(strategy="default", verbose=0, nan_guard=False)
     if where == "validation_data":
         call = lambda: trainer.fit(model, (x, y), validation_data=(arrays["x"], y))  # noqa: E731
-        arg, name = "`validation_data` x", "validation_data"
+        arg = "`validation_data` x"
     else:
         call = lambda: trainer.fit(model, (arrays["x"], arrays["y"], arrays["sample_weight"]))  # noqa: E731
-        arg, name = f"`data` {where}", where
+        arg = f"`data` {where}"
     with pytest.warns(UserWarning) as record:
         call()
     messages = [str(r.message) for r in record if "non-finite" in str(r.message)]

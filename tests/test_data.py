@@ -5,20 +5,21 @@ import pytest
 import tensorflow as tf
 
 from conftest import mirrored
+from trainer import arrays
 from trainer import data as data_lib
 
 
 def test_epoch_order_depends_on_seed_and_epoch_only():
-    a = data_lib.epoch_order(100, shuffle=True, seed=3, epoch=1)
-    np.testing.assert_array_equal(a, data_lib.epoch_order(100, shuffle=True, seed=3, epoch=1))
-    assert not np.array_equal(a, data_lib.epoch_order(100, shuffle=True, seed=3, epoch=2))
+    a = arrays.epoch_order(100, shuffle=True, seed=3, epoch=1)
+    np.testing.assert_array_equal(a, arrays.epoch_order(100, shuffle=True, seed=3, epoch=1))
+    assert not np.array_equal(a, arrays.epoch_order(100, shuffle=True, seed=3, epoch=2))
     assert sorted(a) == list(range(100))
-    np.testing.assert_array_equal(data_lib.epoch_order(5, shuffle=False, seed=3, epoch=1), np.arange(5))
+    np.testing.assert_array_equal(arrays.epoch_order(5, shuffle=False, seed=3, epoch=1), np.arange(5))
 
 
 @pytest.mark.parametrize("replicas", [1, 2, 3, 4])
 def test_replica_slices_cover_each_batch_contiguously(replicas):
-    starts, sizes = data_lib.replica_slices(1003, 64, replicas)
+    starts, sizes = arrays.replica_slices(1003, 64, replicas)
     assert starts.shape == (16, replicas)
     # Concatenating the slices in replica order gives back 0..1002.
     rows = np.concatenate([np.arange(s, s + n) for s, n in zip(starts.ravel(), sizes.ravel())])
@@ -27,7 +28,7 @@ def test_replica_slices_cover_each_batch_contiguously(replicas):
 
 
 def test_replica_slices_resume_mid_epoch():
-    starts, sizes = data_lib.replica_slices(100, 16, 2, start_step=5)
+    starts, sizes = arrays.replica_slices(100, 16, 2, start_step=5)
     assert starts[0, 0] == 80 and sizes.sum() == 20
 
 
@@ -35,7 +36,7 @@ def test_replica_slices_resume_mid_epoch():
 def test_each_replica_gets_its_slice_of_the_global_batch(replicas):
     x = np.arange(37, dtype=np.float32)[:, None]
     inp = data_lib.as_input((x, x), arg="data")
-    order = data_lib.epoch_order(37, shuffle=True, seed=0, epoch=0)
+    order = arrays.epoch_order(37, shuffle=True, seed=0, epoch=0)
     strategy = mirrored(replicas)
     dataset = data_lib.distribute(strategy, inp, global_batch_size=8, num_workers=1, order=lambda epoch: order)
     seen = []

@@ -10,9 +10,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from trainer import arrays, checks, collectives, loop, models, options, ps, scaling
 from trainer import data as data_lib
 from trainer import engine as engine_lib
-from trainer import checks, collectives, loop, models, options, ps, scaling
 from trainer import strategy as strategy_lib
 from trainer.cluster import strategy_cluster_info
 from trainer.fusion import StepFusion
@@ -393,7 +393,7 @@ class Trainer:
         return make_iterator
 
     def _epoch_order(self, num_examples: int, epoch: int) -> np.ndarray:
-        return data_lib.epoch_order(num_examples, shuffle=self.shuffle, seed=self.seed, epoch=epoch)
+        return arrays.epoch_order(num_examples, shuffle=self.shuffle, seed=self.seed, epoch=epoch)
 
     def _coordinator(self, strategy: tf.distribute.Strategy):
         for known, coordinator in self._coordinators:  # one coordinator per strategy
