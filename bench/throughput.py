@@ -12,6 +12,8 @@ with MirroredStrategy over 2 logical CPU devices:
   bare_step       forward + backward + apply, 32 steps per tf.function call, on
                   batches already in memory on each replica's device: no input
                   pipeline, no metrics, no callbacks. The floor.
+  bare_step_pipeline  the same step fed by the Trainer's input pipeline
+                  (what the pipeline costs, and what the Trainer adds to it)
   tutorial        the custom loop of the distributed custom-training guide
                   (from_tensor_slices + shuffle + batch, one step per call)
 
@@ -135,14 +137,14 @@ def _quietly(fn):
 
 
 def _print_table(layout: str, result: dict) -> None:
-    print(f"{'variant':<16} {'examples/s':>11} {'Trainer / it':>13} {'outside steps (per fit)':>24}")
-    print(f"{'':<16} {'(median)':>11} {'(per round)':>13}")
+    print(f"{'variant':<19} {'examples/s':>11} {'Trainer / it':>13} {'outside steps (per fit)':>24}")
+    print(f"{'':<19} {'(median)':>11} {'(per round)':>13}")
     for name, rate in result["examples_per_s"].items():
         overhead = result["overhead_share"].get(name)
-        print(f"{name:<16} {rate:>11,.0f} {result['trainer_ratio'].get(name, float('nan')):>12.2f}x "
+        print(f"{name:<19} {rate:>11,.0f} {result['trainer_ratio'].get(name, float('nan')):>12.2f}x "
               f"{'' if overhead is None else f'{overhead:>13.1%}'}")
     for name, error in result["errors"].items():
-        print(f"{name:<16} {'failed':>11}   {error}")
+        print(f"{name:<19} {'failed':>11}   {error}")
     print(f"Trainer, one multi-epoch fit: {result['epoch_overhead_share']:.1%} of each epoch outside step calls")
 
 

@@ -142,6 +142,46 @@ def bare_step(strategy, x, y) -> _Runner:
     return _Runner(epoch)
 
 
+def bare_step_pipeline(strategy, x, y) -> _Runner:
+    """The bare step fed by the Trainer's own input pipeline instead of batches already in memory.
+
+    Trainer / this isolates what the Trainer adds beyond its input pipeline
+    (metrics, the exact global count, callbacks, set-up); this / bare_step is
+    the pipeline's own cost.
+    """
+    from trainer import data as data_lib
+
+    global_batch = PER_REPLICA * strategy.num_replicas_in_sync
+    with strategy.scope():
+        model = build_model()
+        optimizer = keras.optimizers.Adam(1e-3)
+        optimizer.build(model.trainable_variables)
+    loss_object = _loss_object()
+    inp = data_lib.as_input((x, y), arg="data")
+    steps = -(-len(x) // global_batch)
+
+    def replica_step(batch):
+        images, labels = batch
+        with tf.GradientTape() as tape:
+            logits = model(images, training=True)
+            loss = tf.nn.compute_average_loss(loss_object(labels, logits), global_batch_size=global_batch)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+    @tf.function
+    def run(iterator, count):
+        for _ in tf.range(count):
+            strategy.run(replica_step, args=(next(iterator),))
+
+    def epoch() -> int:
+        iterator = iter(data_lib.distribute(strategy, inp, global_batch_size=global_batch, num_workers=1))
+        for first in range(0, steps, FUSED_STEPS):
+            run(iterator, tf.constant(min(FUSED_STEPS, steps - first)))
+        return len(x)
+
+    return _Runner(epoch)
+
+
 def tutorial(strategy, x, y) -> _Runner:
     """The distributed custom-training guide's loop, as written there (Keras 3 spellings)."""
     global_batch = PER_REPLICA * strategy.num_replicas_in_sync
@@ -186,5 +226,6 @@ VARIANTS = {
     "keras_default": keras_default,
     "keras_tuned": keras_tuned,
     "bare_step": bare_step,
+    "bare_step_pipeline": bare_step_pipeline,
     "tutorial": tutorial,
 }
