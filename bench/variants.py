@@ -101,16 +101,30 @@ def _loss_object():
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
 
 
-def bare_step(strategy, x, y) -> _Runner:
-    """The floor: each replica's batches already on its device, FUSED_STEPS steps per call."""
-    replicas = strategy.num_replicas_in_sync
-    global_batch = PER_REPLICA * replicas
-    steps = len(x) // global_batch
+def _bare_train_step(strategy, global_batch: int):
+    """A replica function (images, labels) -> None: forward, backward, apply; nothing else."""
     with strategy.scope():
         model = build_model()
         optimizer = keras.optimizers.Adam(1e-3)
         optimizer.build(model.trainable_variables)
     loss_object = _loss_object()
+
+    def train_on(images, labels):
+        with tf.GradientTape() as tape:
+            logits = model(images, training=True)
+            loss = tf.nn.compute_average_loss(loss_object(labels, logits), global_batch_size=global_batch)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+    return train_on
+
+
+def bare_step(strategy, x, y) -> _Runner:
+    """The floor: each replica's batches already on its device, FUSED_STEPS steps per call."""
+    replicas = strategy.num_replicas_in_sync
+    global_batch = PER_REPLICA * replicas
+    steps = len(x) // global_batch
+    train_on = _bare_train_step(strategy, global_batch)
 
     def replica_batches(ctx):
         # Step-major global batches, cut into contiguous per-replica slices.
@@ -123,11 +137,7 @@ def bare_step(strategy, x, y) -> _Runner:
     xs, ys = strategy.experimental_distribute_values_from_function(replica_batches)
 
     def replica_step(xs, ys, i):
-        with tf.GradientTape() as tape:
-            logits = model(xs[i], training=True)
-            loss = tf.nn.compute_average_loss(loss_object(ys[i], logits), global_batch_size=global_batch)
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        train_on(xs[i], ys[i])
 
     @tf.function
     def run(xs, ys, first, count):
@@ -152,21 +162,12 @@ def bare_step_pipeline(strategy, x, y) -> _Runner:
     from trainer import data as data_lib
 
     global_batch = PER_REPLICA * strategy.num_replicas_in_sync
-    with strategy.scope():
-        model = build_model()
-        optimizer = keras.optimizers.Adam(1e-3)
-        optimizer.build(model.trainable_variables)
-    loss_object = _loss_object()
+    train_on = _bare_train_step(strategy, global_batch)
     inp = data_lib.as_input((x, y), arg="data")
     steps = -(-len(x) // global_batch)
 
     def replica_step(batch):
-        images, labels = batch
-        with tf.GradientTape() as tape:
-            logits = model(images, training=True)
-            loss = tf.nn.compute_average_loss(loss_object(labels, logits), global_batch_size=global_batch)
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        train_on(*batch)
 
     @tf.function
     def run(iterator, count):
