@@ -15,6 +15,7 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
@@ -47,6 +48,17 @@ def as_worker(callback):
 
     callback.set_trainer_context = set_context
     return callback
+
+
+def assert_same_run(result: dict, arrays: dict, reference: tuple) -> None:
+    """A layout's run (JSON result, saved arrays) equals the reference run: history, evaluate, weights, predictions."""
+    ref_result, ref_arrays = reference
+    for key, values in ref_result["history"].items():
+        np.testing.assert_allclose(result["history"][key], values, rtol=1e-5, err_msg=key)
+    for key, value in ref_result["evaluate"].items():
+        np.testing.assert_allclose(result["evaluate"][key], value, rtol=1e-5, err_msg=key)
+    np.testing.assert_allclose(arrays["weights"], ref_arrays["weights"], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(arrays["predictions"], ref_arrays["predictions"], rtol=1e-5, atol=1e-6)
 
 
 def run_python(script: str, *args: str, env: dict | None = None, timeout: int = 300) -> dict:

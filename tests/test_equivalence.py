@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from conftest import TESTS, run_python, tiny_data
+from conftest import TESTS, assert_same_run, run_python, tiny_data
 
 LAYOUTS = [("none", 1), ("mirrored", 1), ("mirrored", 2), ("mirrored", 4)]
 
@@ -27,15 +27,10 @@ def _softmax_ce(logits, labels):
 
 @pytest.mark.parametrize("layout", LAYOUTS[1:], ids=lambda l: f"{l[0]}{l[1]}")
 def test_uneven_last_batch_matches_single_device(runs, layout):
-    reference, ref_arrays = runs[("none", 1)]
+    reference = runs[("none", 1)]
     result, arrays = runs[layout]
-    assert result["history"].keys() == reference["history"].keys()
-    for key, values in reference["history"].items():
-        np.testing.assert_allclose(result["history"][key], values, rtol=1e-5, err_msg=key)
-    for key, value in reference["evaluate"].items():
-        np.testing.assert_allclose(result["evaluate"][key], value, rtol=1e-5, err_msg=key)
-    np.testing.assert_allclose(arrays["weights"], ref_arrays["weights"], rtol=1e-5, atol=1e-7)
-    np.testing.assert_allclose(arrays["predictions"], ref_arrays["predictions"], rtol=1e-5, atol=1e-6)
+    assert result["history"].keys() == reference[0]["history"].keys()
+    assert_same_run(result, arrays, reference)
     assert arrays["predictions"].shape == (1003, 3)
 
 

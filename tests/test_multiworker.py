@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import TESTS
+from conftest import TESTS, assert_same_run
 
 SCRIPT = str(TESTS / "multiworker_run.py")
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
@@ -36,16 +36,6 @@ def reference(tmp_path_factory):
     return _load(out, "single0")
 
 
-def _assert_matches(result, arrays, reference):
-    ref_result, ref_arrays = reference
-    for key, values in ref_result["history"].items():
-        np.testing.assert_allclose(result["history"][key], values, rtol=1e-5, err_msg=key)
-    for key, value in ref_result["evaluate"].items():
-        np.testing.assert_allclose(result["evaluate"][key], value, rtol=1e-5, err_msg=key)
-    np.testing.assert_allclose(arrays["weights"], ref_arrays["weights"], rtol=1e-5, atol=1e-7)
-    np.testing.assert_allclose(arrays["predictions"], ref_arrays["predictions"], rtol=1e-5, atol=1e-6)
-
-
 def test_two_workers_match_the_single_process_run(tmp_path, reference):
     proc = _launch(tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -55,7 +45,7 @@ def test_two_workers_match_the_single_process_run(tmp_path, reference):
     worker0, worker1 = _load(tmp_path, "worker0"), _load(tmp_path, "worker1")
     assert worker0[0] == worker1[0]  # identical history and evaluate() on both workers
     np.testing.assert_array_equal(worker0[1]["weights"], worker1[1]["weights"])
-    _assert_matches(*worker0, reference)  # 1003 examples: an uneven last batch of 43
+    assert_same_run(*worker0, reference)  # 1003 examples: an uneven last batch of 43
     files = tmp_path / "files"
     assert sorted(os.listdir(files)) == ["ckpt", "log.jsonl"]  # only the chief's files
     with open(files / "log.jsonl") as f:
