@@ -153,32 +153,37 @@ def bare_step(strategy, x, y) -> _Runner:
 
 
 def bare_step_pipeline(strategy, x, y) -> _Runner:
-    """The bare step fed by the Trainer's own input pipeline instead of batches already in memory.
+    """The bare step fed by the Trainer's own input path for arrays instead of batches already in memory.
 
-    Trainer / this isolates what the Trainer adds beyond its input pipeline
-    (metrics, the exact global count, callbacks, set-up); this / bare_step is
-    the pipeline's own cost.
+    Trainer / this isolates what the Trainer adds beyond its input (metrics,
+    callbacks, set-up); this / bare_step is the input's own cost.
     """
     from trainer import data as data_lib
+    from trainer import feed as feed_lib
 
     global_batch = PER_REPLICA * strategy.num_replicas_in_sync
     train_on = _bare_train_step(strategy, global_batch)
     inp = data_lib.as_input((x, y), arg="data")
-    steps = -(-len(x) // global_batch)
+    current = {}
 
-    def replica_step(batch):
-        train_on(*batch)
+    def replica_step(step, signature):
+        (images, labels), _ = feed_lib.replica_batch(lambda: current["feed"], step, signature)
+        train_on(images, labels)
 
     @tf.function
-    def run(iterator, count):
-        for _ in tf.range(count):
-            strategy.run(replica_step, args=(next(iterator),))
+    def run(signature, first, count):
+        for step in tf.range(first, first + count):
+            strategy.run(replica_step, args=(step, signature))
 
     def epoch() -> int:
-        iterator = iter(data_lib.distribute(strategy, inp, global_batch_size=global_batch, num_workers=1))
-        for first in range(0, steps, FUSED_STEPS):
-            run(iterator, tf.constant(min(FUSED_STEPS, steps - first)))
-        return len(x)
+        feed = current["feed"] = feed_lib.ArrayFeed(inp, lambda _: np.random.permutation(len(x)),
+                                                    global_batch_size=global_batch,
+                                                    num_replicas=strategy.num_replicas_in_sync)
+        while True:
+            first, count = feed.claim(FUSED_STEPS)
+            if not count:
+                return len(x)
+            run(feed.signature, tf.constant(first, tf.int64), tf.constant(count, tf.int64))
 
     return _Runner(epoch)
 

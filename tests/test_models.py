@@ -18,7 +18,7 @@ def test_model_built_outside_scope_is_recreated_and_trained_weights_copied_back(
     for trained, user in zip(history.model.get_weights(), model.get_weights()):
         np.testing.assert_array_equal(trained, user)
     assert any(not np.array_equal(b, a) for b, a in zip(before, model.get_weights()))
-    np.testing.assert_allclose(model.predict(x, verbose=0), history.model.predict(x, verbose=0), rtol=1e-6)
+    np.testing.assert_allclose(model.predict(x, verbose=0), history.model.predict(x, verbose=0), rtol=1e-6, atol=1e-6)  # batch splits change the summation order
     assert history.model.get_compile_config()["weighted_metrics"]  # compile settings survived
 
 

@@ -14,8 +14,8 @@ from trainer import Trainer
 
 def test_nan_guard_stops_names_the_step_and_keeps_the_last_finite_weights(tmp_path, capfd):
     x, y, w = tiny_data(256)
-    # NaN inputs in step 13 (rows 192-207): ReLU maps NaN to 0, so that step's loss stays finite,
-    # but its gradient is NaN (the weights after step 13 are NaN) and the loss of step 14 is not.
+    # NaN inputs from step 13 on (rows 192-207): that step's loss is NaN, and the weights after
+    # step 12 are the last finite ones.
     x[200:] = np.nan
     trainer = Trainer(strategy="default", per_replica_batch_size=16, steps_per_execution=1, shuffle=False, verbose=0)
     clean = trainer.fit(tiny_model(), (x[:192], y[:192]), epochs=1)
@@ -25,7 +25,7 @@ def test_nan_guard_stops_names_the_step_and_keeps_the_last_finite_weights(tmp_pa
         history = trainer.fit(clean.model, (x, y), epochs=5, callbacks=callbacks)
     assert history.epoch == [0]
     err = capfd.readouterr().err
-    assert "NanGuard: the loss became nan by epoch 0, step 14; training stopped. The model and optimizer hold " \
+    assert "NanGuard: the loss became nan by epoch 0, step 13; training stopped. The model and optimizer hold " \
            "the last finite weights again (after epoch 0, step 12)." in err
 
     # Independently: the same two fits on the clean rows only; 12 steps of the second are the last finite ones.
@@ -62,9 +62,9 @@ def test_default_nan_guard_restores_finite_weights_from_the_step_it_names(capfd)
     guard = NanGuard()  # keep_every="auto": copies within a 2% time budget, so possibly a few steps old
     with pytest.warns(UserWarning, match="non-finite"):
         history = trainer.fit(tiny_model(), (x, y), epochs=2, callbacks=[guard])
-    assert guard.stopped_at == (0, 14)
+    assert guard.stopped_at == (0, 13)  # the first step with NaN inputs
     epoch, step = guard.restored_from
-    assert epoch == 0 and 0 <= step <= 13
+    assert epoch == 0 and 0 <= step <= 12
     assert f"hold the last finite weights again (after epoch 0, step {step})" in capfd.readouterr().err
     expected = _train_rows(trainer, [16 * step], x, y).get_weights()  # `step` clean steps, independently
     for got, want in zip(history.model.get_weights(), expected):

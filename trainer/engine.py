@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from trainer import data as data_lib
 from trainer import models, ps, scaling
+from trainer import strategy as strategy_lib
 from trainer.objective import Objective
 from trainer.steps import Steps, unpack
 
@@ -51,13 +52,7 @@ def jit_for(strategy: tf.distribute.Strategy, setting: bool | str) -> bool:
     """XLA on TPUs and GPUs for "auto" (it slows CNNs down on CPU); else the setting."""
     if setting != "auto":
         return bool(setting)
-    if isinstance(strategy, tf.distribute.TPUStrategy):
-        return True
-    try:
-        devices = strategy.extended.worker_devices
-    except RuntimeError:  # the default strategy: whatever TF places on
-        devices = [d.name for d in tf.config.list_logical_devices("GPU")]
-    return any("GPU" in d.upper() for d in devices)
+    return strategy_lib.runs_on_accelerators(strategy)
 
 
 def build(

@@ -162,7 +162,7 @@ def _train_epoch(steps: Steps, context: TrainContext, callbacks, iterator, batch
         callbacks.on_train_batch_begin(context.step)
         start = time.perf_counter()
         try:
-            ran = int(steps.train(iterator, tf.constant(n)))
+            ran = steps.train(iterator, n)
         except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as err:
             raise RuntimeError(
                 f"A collective failed in epoch {context.epoch} near step {context.step}: a peer worker is "
@@ -204,7 +204,7 @@ def run_eval(steps: Steps, iterator, callbacks, num_steps: int | None = None) ->
     done = 0
     while num_steps is None or done < num_steps:
         n = EVAL_STEPS_PER_EXECUTION if num_steps is None else min(EVAL_STEPS_PER_EXECUTION, num_steps - done)
-        ran = int(steps.evaluate(iterator, tf.constant(n)))
+        ran = steps.evaluate(iterator, n)
         done += ran
         if ran < n:
             break

@@ -14,6 +14,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from trainer import feed as feed_lib
 from trainer.objective import Objective
 
 
@@ -67,9 +68,43 @@ class Steps:
         self.replica_metrics = not isinstance(
             strategy, (tf.distribute.experimental.CentralStorageStrategy, tf.distribute.ParameterServerStrategy))
         self._grads = tf.function(self._loss_and_grads, jit_compile=True) if jit_compile else self._loss_and_grads
-        self.train = tf.function(self._train_loop)
-        self.evaluate = tf.function(self._eval_loop)
-        self.predict = tf.function(self._predict_step, reduce_retracing=True)
+        self._train_from_iterator = tf.function(self._train_loop)
+        self._eval_from_iterator = tf.function(self._eval_loop)
+        # Traced once per feed signature; the feed a call reads is `self._feed` when it runs.
+        self._train_from_feed = tf.function(self._train_feed_loop)
+        self._eval_from_feed = tf.function(self._eval_feed_loop)
+        self._feed: feed_lib.ArrayFeed | None = None
+        self._predict_batch = tf.function(self._predict_step, reduce_retracing=True)
+        self._predict_from_feed = tf.function(self._predict_feed_step)
+
+    def train(self, source: Any, num_steps: int) -> int:
+        """Runs up to `num_steps` train steps from a distributed iterator or an `ArrayFeed`; returns how many ran."""
+        if isinstance(source, feed_lib.ArrayFeed):
+            return self._run_feed(self._train_from_feed, source, num_steps)
+        return int(self._train_from_iterator(source, tf.constant(num_steps)))
+
+    def evaluate(self, source: Any, num_steps: int) -> int:
+        """Runs up to `num_steps` evaluation steps; returns how many ran."""
+        if isinstance(source, feed_lib.ArrayFeed):
+            return self._run_feed(self._eval_from_feed, source, num_steps)
+        return int(self._eval_from_iterator(source, tf.constant(num_steps)))
+
+    def predict(self, source: Any) -> list[Any]:
+        """The model's outputs (NumPy), one entry per global batch of `source`, in order."""
+        if isinstance(source, feed_lib.ArrayFeed):
+            self._feed = source
+            batches = iter(lambda: source.claim(1), (0, 0))
+            outputs = (self._predict_from_feed(source.signature, tf.constant(step, tf.int64)) for step, _ in batches)
+        else:
+            outputs = (self._predict_batch(batch) for batch in source)
+        return [tf.nest.map_structure(lambda t: t.numpy(), out) for out in outputs]
+
+    def _run_feed(self, loop_fn, feed: feed_lib.ArrayFeed, num_steps: int) -> int:
+        first, count = feed.claim(num_steps)
+        if count:
+            self._feed = feed
+            loop_fn(feed.signature, tf.constant(first, tf.int64), tf.constant(count, tf.int64))
+        return count
 
     # Replica context -------------------------------------------------------
 
@@ -86,17 +121,23 @@ class Steps:
         grads = tape.gradient(scaled, model.trainable_variables)
         return y_pred, losses, per_output, regularization, grads
 
-    def train_replica(self, batch):
-        """One train step on this replica's share of a batch (replica context)."""
+    def train_replica(self, batch, global_count: tf.Tensor | None = None):
+        """One train step on this replica's share of a batch (replica context).
+
+        `global_count`, the examples in the whole global batch, is summed over
+        the replicas unless the caller knows it.
+        """
         x, y, sample_weight = unpack(batch)
         count, weights = _count_and_weights(x, sample_weight)
-        global_count = tf.distribute.get_replica_context().all_reduce("SUM", count)
+        if global_count is None:
+            global_count = tf.distribute.get_replica_context().all_reduce("SUM", count)
         y_pred, losses, per_output, regularization, grads = self._grads(x, y, weights, global_count)
         self.model.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
         return self._track(y, y_pred, weights, losses, per_output, regularization)
 
-    def eval_replica(self, batch):
+    def eval_replica(self, batch, global_count: tf.Tensor | None = None):
         """One evaluation step on this replica's share of a batch (replica context)."""
+        del global_count  # evaluation tracks sums; it needs no global count
         x, y, sample_weight = unpack(batch)
         _, weights = _count_and_weights(x, sample_weight)
         y_pred = self.model(x, training=False)
@@ -112,8 +153,8 @@ class Steps:
 
     # Cross-replica context ---------------------------------------------------
 
-    def _run(self, replica_fn, batch):
-        outputs = self.strategy.run(replica_fn, args=(batch,))
+    def _run(self, replica_fn, *args):
+        outputs = self.strategy.run(replica_fn, args=args)
         if not self.replica_metrics:
             self.objective.update(*tf.nest.map_structure(self._concat_replicas, outputs))
 
@@ -156,6 +197,31 @@ class Steps:
             executed += 1
         return executed
 
+    def _train_feed_loop(self, signature, first, count):
+        """Runs steps first..first+count-1 of the current feed's epoch."""
+        self._fused_feed(self.train_replica, signature, first, count, warmup=self.warmup is not None)
+
+    def _eval_feed_loop(self, signature, first, count):
+        self._fused_feed(self.eval_replica, signature, first, count, warmup=False)
+
+    def _fused_feed(self, replica_fn, signature, first, count, warmup: bool):
+        def from_feed(step):
+            return replica_fn(*feed_lib.replica_batch(lambda: self._feed, step, signature))
+
+        for step in tf.range(first, first + count):
+            self._run(from_feed, step)
+            if warmup:
+                self._apply_warmup()
+
     def _predict_step(self, batch):
-        outputs = self.strategy.run(lambda x: self.model(x, training=False), args=(batch,))
-        return tf.nest.map_structure(lambda t: self.strategy.gather(t, axis=0), outputs)
+        return self._gathered(self.strategy.run(lambda x: self.model(x, training=False), args=(batch,)))
+
+    def _predict_feed_step(self, signature, step):
+        def predict(step):
+            x, _ = feed_lib.replica_batch(lambda: self._feed, step, signature)
+            return self.model(x, training=False)
+
+        return self._gathered(self.strategy.run(predict, args=(step,)))
+
+    def _gathered(self, per_replica):
+        return tf.nest.map_structure(lambda t: self.strategy.gather(t, axis=0), per_replica)

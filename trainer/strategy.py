@@ -98,6 +98,17 @@ def resolve_strategy(strategy: str | tf.distribute.Strategy | None, **options: A
     return builder(**options)
 
 
+def runs_on_accelerators(strategy: tf.distribute.Strategy) -> bool:
+    """Whether the strategy's replicas run on GPUs or TPUs (for the default strategy: whether TF sees a GPU)."""
+    if isinstance(strategy, tf.distribute.TPUStrategy):
+        return True
+    try:
+        devices = strategy.extended.worker_devices
+    except RuntimeError:  # the default strategy: whatever TF places on
+        devices = [d.name for d in tf.config.list_logical_devices("GPU")]
+    return any("GPU" in d.upper() for d in devices)
+
+
 def check_strategy_name(strategy: Any) -> None:
     """Raises a clear error unless `strategy` is a known name or an instance."""
     if isinstance(strategy, tf.distribute.Strategy) or strategy is None:

@@ -10,7 +10,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from trainer import arrays, checks, collectives, loop, models, options, ps, scaling
+from trainer import arrays, checks, collectives, feed, loop, models, options, ps, scaling
 from trainer import data as data_lib
 from trainer import engine as engine_lib
 from trainer import strategy as strategy_lib
@@ -248,9 +248,7 @@ class Trainer:
         run_model = models.model_in_scope(model, strategy, sample_x, self.seed, self.mixed_precision)
         if ps.is_parameter_server(strategy):
             strategy = tf.distribute.get_strategy()  # inline on the coordinator
-        predict_fn = self._predict_fn(run_model, strategy)
-        iterator = self._iterator_factory(strategy, batch)(inp)
-        outputs = [tf.nest.map_structure(lambda t: t.numpy(), predict_fn(b)) for b in iterator]
+        outputs = self._predict_steps(run_model, strategy).predict(self._iterator_factory(strategy, batch)(inp))
         return tf.nest.map_structure(lambda *parts: np.concatenate(parts, axis=0), *outputs)
 
     # Stages ------------------------------------------------------------------
@@ -386,6 +384,10 @@ class Trainer:
             if isinstance(inp, data_lib.ArrayInput) and epoch is not None:
                 order = functools.partial(self._epoch_order, inp.num_examples)
                 epochs = range(epoch, until or epoch + 1)
+            if isinstance(inp, data_lib.ArrayInput) and feed.supports(strategy):
+                return feed.ArrayFeed(inp, order or (lambda _: np.arange(inp.num_examples)),
+                                      global_batch_size=batch.global_batch_size,
+                                      num_replicas=strategy.num_replicas_in_sync, epochs=epochs, start_step=start_step)
             return iter(data_lib.distribute(strategy, inp, global_batch_size=batch.global_batch_size,
                                             num_workers=num_workers, order=order, epochs=epochs,
                                             start_step=start_step))
@@ -403,8 +405,8 @@ class Trainer:
         self._coordinators.append((strategy, coordinator))
         return coordinator
 
-    def _predict_fn(self, model: keras.Model, strategy: tf.distribute.Strategy):
+    def _predict_steps(self, model: keras.Model, strategy: tf.distribute.Strategy) -> Steps:
         for engine in self._engines:
             if engine.steps.model is model and engine.eval_strategy is strategy:
-                return engine.eval_steps.predict
-        return Steps(strategy, model, objective=None).predict
+                return engine.eval_steps
+        return Steps(strategy, model, objective=None)
