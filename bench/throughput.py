@@ -12,8 +12,9 @@ with MirroredStrategy over 2 logical CPU devices:
   bare_step       forward + backward + apply, 32 steps per tf.function call, on
                   batches already in memory on each replica's device: no input
                   pipeline, no metrics, no callbacks. The floor.
-  bare_step_pipeline  the same step fed by the Trainer's input pipeline
-                  (what the pipeline costs, and what the Trainer adds to it)
+  bare_step_pipeline  the same step fed by the Trainer's input path for
+                  arrays, its ArrayFeed (what feeding costs, and what the
+                  Trainer adds to it)
   tutorial        the custom loop of the distributed custom-training guide
                   (from_tensor_slices + shuffle + batch, one step per call)
 

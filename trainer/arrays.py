@@ -2,7 +2,9 @@
 
 The global order of examples in an epoch depends on the seed and the epoch
 only. Each global batch is cut into contiguous per-replica slices, and a worker
-reads only its own replicas' slices, gathered from one host copy of the arrays.
+reads only its own replicas' slices. On CPU replicas the step function gathers
+them itself (`trainer/feed.py`); on GPUs and TPUs this tf.data pipeline gathers
+them from one host copy of the arrays and prefetches them to the devices.
 """
 
 from __future__ import annotations

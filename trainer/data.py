@@ -6,7 +6,7 @@ Three kinds of input are accepted:
   list of arrays with one row per example. The trainer shuffles them each epoch
   from `seed`, cuts global batches, splits each global batch into contiguous
   per-replica slices and gives every worker only its own slices (see
-  `trainer/arrays.py`). The global
+  `trainer/feed.py` for CPUs, `trainer/arrays.py` for accelerators). The global
   order of examples therefore depends on the seed alone, never on the number of
   replicas or workers, and the last partial batch is kept, not padded.
 * A `tf.data.Dataset` of single examples (unbatched). The trainer batches it

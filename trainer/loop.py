@@ -24,7 +24,7 @@ from trainer.cluster import ClusterInfo
 _BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
 EVAL_STEPS_PER_EXECUTION = 32
 
-MakeIterator = Callable[..., Any]  # (input, epoch=None, start_step=0, until=None) -> distributed iterator
+MakeIterator = Callable[..., Any]  # (input, epoch=None, start_step=0, until=None) -> distributed iterator or ArrayFeed
 
 
 @dataclasses.dataclass

@@ -377,6 +377,7 @@ class Trainer:
         return extra + callbacks
 
     def _iterator_factory(self, strategy: tf.distribute.Strategy, batch: scaling.BatchPlan) -> loop.MakeIterator:
+        """Input -> what step calls read: an ArrayFeed for arrays on CPU replicas, else a distributed iterator."""
         num_workers = strategy_cluster_info(strategy).num_workers
 
         def make_iterator(inp, epoch: int | None = None, start_step: int = 0, until: int | None = None):
