@@ -5,8 +5,7 @@ inside the fused step loop: one `tf.numpy_function` per replica per step
 gathers the rows. There is no iterator to create or destroy, no copy of the
 arrays into TensorFlow, and the global example count of every step is known
 without a cross-replica sum. The slices are exactly those of
-`arrays.array_dataset_fn` (which parameter-server training and TPUs still
-use): the global order depends on the seed and the epoch only, and each
+`arrays.array_dataset_fn` (which GPUs and TPUs still use): the global order depends on the seed and the epoch only, and each
 replica, on any worker, gathers its own contiguous share of each batch.
 """
 
@@ -50,7 +49,6 @@ class ArrayFeed:
     def __init__(self, inp: ArrayInput, order: OrderFn, *, global_batch_size: int, num_replicas: int,
                  epochs: range = range(1), start_step: int = 0):
         self.leaves = tf.nest.flatten(inp.arrays)
-        self.structure = inp.arrays
         self.num_examples = inp.num_examples
         self.global_batch_size = global_batch_size
         self.num_replicas = num_replicas
@@ -58,12 +56,9 @@ class ArrayFeed:
         self._order_fn, self._epochs = order, iter(epochs)
         self._rows: np.ndarray | None = None
         self.step = start_step  # the next step of the current epoch
-
-    @property
-    def signature(self) -> tuple:
-        """What the traced step loop depends on: structure, dtypes and per-example shapes."""
-        leaves = tuple((a.dtype.str, a.shape[1:]) for a in self.leaves)
-        return tf.nest.map_structure(lambda _: 0, self.structure), leaves
+        # What the traced step loop depends on: structure, dtypes and per-example shapes.
+        self.signature = (tf.nest.map_structure(lambda _: 0, inp.arrays),
+                          tuple((a.dtype.str, a.shape[1:]) for a in self.leaves))
 
     def claim(self, num_steps: int) -> tuple[int, int]:
         """(first step, steps) for the next call: up to `num_steps` steps of the current epoch.
