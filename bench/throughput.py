@@ -50,7 +50,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "examples"))
 PER_REPLICA = 64
 
 
-def _split_cpu(n: int) -> None:
+def split_cpu(n: int) -> None:
     import tensorflow as tf
 
     cpu = tf.config.list_physical_devices("CPU")[0]
@@ -68,7 +68,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.repeats < 3:
         parser.error(f"--repeats must be >= 3 for a median; got {args.repeats}")
-    _split_cpu(2)
+    split_cpu(2)
     import tensorflow as tf
 
     import variants
@@ -77,7 +77,7 @@ def main() -> None:
     x, y = prepare(*synthetic_images(args.examples))
     layouts = {"none": tf.distribute.get_strategy(),
                "mirrored2": tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])}
-    results = {"machine": _machine(), "examples": args.examples, "per_replica_batch": PER_REPLICA,
+    results = {"machine": machine(), "examples": args.examples, "per_replica_batch": PER_REPLICA,
                "repeats": args.repeats, "layouts": {}}
     for layout, strategy in layouts.items():
         print(f"\n== {layout}: {strategy.num_replicas_in_sync} replica(s)", flush=True)
@@ -85,7 +85,7 @@ def main() -> None:
         for name, spe in [(f"trainer_spe{n}", n) for n in args.sweep]:
             runners[name] = variants.trainer(strategy, x, y, steps_per_execution=spe)
         results["layouts"][layout] = _measure(runners, args.repeats)
-        overhead = _quietly(lambda: variants.epoch_overhead(strategy, x, y, epochs=args.repeats + 1))
+        overhead = quietly(lambda: variants.epoch_overhead(strategy, x, y, epochs=args.repeats + 1))
         results["layouts"][layout]["epoch_overhead_share"] = statistics.median(overhead)
         _print_table(layout, results["layouts"][layout])
     if args.memory_examples:
@@ -106,14 +106,14 @@ def _measure(runners: dict, repeats: int) -> dict:
     overheads: dict[str, list] = {}
     for name, runner in runners.items():
         try:
-            _quietly(runner.epoch)
+            quietly(runner.epoch)
             times[name] = []
         except Exception as err:  # reported, not fatal: Keras fails under some layouts
             errors[name] = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:160]}"
     for _ in range(repeats):
         for name in times:
             start = time.perf_counter()
-            examples = _quietly(runners[name].epoch)
+            examples = quietly(runners[name].epoch)
             seconds = time.perf_counter() - start
             times[name].append(examples / seconds)
             if getattr(runners[name], "step_seconds", None) is not None:
@@ -132,7 +132,7 @@ def _measure(runners: dict, repeats: int) -> dict:
     }
 
 
-def _quietly(fn):
+def quietly(fn):
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         return fn()
 
@@ -155,7 +155,7 @@ def _memory_probe(examples: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _machine() -> dict:
+def machine() -> dict:
     import keras
     import tensorflow as tf
 

@@ -1,0 +1,194 @@
+"""How much of each variant's step time the model's own kernels take, from the TensorFlow profiler.
+
+    python bench/kernel_profile.py [--examples 6400] [--rounds 5] [--out bench/kernel_profile.json]
+
+The variants are bench/throughput.py's (bench/variants.py), with no strategy
+and with MirroredStrategy over 2 logical CPU devices. Each round profiles one
+epoch of every variant in turn with `tf.profiler` (host tracer; no Python
+tracer, which would slow the Python-heavy variants most), then runs one
+unprofiled epoch to show what the profiler itself cost.
+
+From each trace it takes the **kernel time**: the wall time during which at
+least one of the model's ops was running (convolutions, pooling, matmuls,
+optimizer updates; every op except control flow, function calls, input and
+cross-device ops). Its share of the profiled wall time says how much of a
+variant's step is the model's arithmetic. The bare step (the floor) should be
+nearly all kernel time; if it is, no trainer can beat it, because every variant
+runs the same kernels.
+
+The **ceiling** of a variant is its unprofiled wall time per step over the bare
+step's kernel time in the same round: how far a trainer with no cost at all
+besides the kernels could lead it on this machine. (The unprofiled time is
+used because the profiler slows per-element tf.data pipelines most.) Where the
+ceiling is below a throughput target, the target is out of reach for reasons
+outside the trainer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import json
+import os
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "examples"))
+
+from throughput import PER_REPLICA, machine, quietly, split_cpu  # noqa: E402
+
+# A TensorFlow op's trace event is named "<op name>:<op type>"; op names hold no colons or spaces
+# (runtime events such as "ExecutorState::Process" or "EagerLocalExecute: f" do).
+_OP_EVENT = re.compile(r"^[^ :]+:([A-Za-z0-9_]+)$")
+# Ops whose events span other ops or wait on something other than the model's arithmetic.
+NOT_KERNELS = frozenset({
+    "While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase",
+    "PartitionedCall", "StatefulPartitionedCall",
+    "IteratorGetNext", "IteratorGetNextAsOptional", "MultiDeviceIteratorGetNextFromShard",
+    "EagerPyFunc", "PyFunc", "PyFuncStateless",
+    "CollectiveReduceV2", "CollectiveReduceV3", "CollectiveGatherV2", "CollectiveAllToAllV2",
+    "NcclAllReduce", "_Send", "_Recv", "_HostSend", "_HostRecv",
+})
+
+
+def kernel_events(xspace) -> tuple[list[tuple[int, int]], collections.Counter]:
+    """(start_ps, end_ps) of every model kernel on the host plane, and the summed time per op type."""
+    intervals, per_type = [], collections.Counter()
+    for plane in xspace.planes:
+        if plane.name != "/host:CPU":
+            continue
+        for line in plane.lines:
+            if line.name.startswith("tf_data"):  # input pipeline threads
+                continue
+            for event in line.events:
+                match = _OP_EVENT.match(plane.event_metadata[event.metadata_id].name)
+                if match is None or match.group(1) in NOT_KERNELS:
+                    continue
+                start = line.timestamp_ns * 1000 + event.offset_ps
+                intervals.append((start, start + event.duration_ps))
+                per_type[match.group(1)] += event.duration_ps
+    return intervals, per_type
+
+
+def covered_ps(intervals: list[tuple[int, int]]) -> int:
+    """Length of the union of the intervals: time during which at least one ran."""
+    total, end = 0, None
+    for start, stop in sorted(intervals):
+        if end is None or start > end:
+            total, end = total + stop - start, stop
+        elif stop > end:
+            total, end = total + stop - end, stop
+    return total
+
+
+def _read_trace(logdir: str):
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    (path,) = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
+    xspace = xplane_pb2.XSpace()
+    with open(path, "rb") as f:
+        xspace.ParseFromString(f.read())
+    return xspace
+
+
+def profile_epoch(runner, global_batch: int) -> dict:
+    """One profiled epoch, then one plain epoch; per-step milliseconds."""
+    import tensorflow as tf
+
+    options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=2, python_tracer_level=0,
+                                                       device_tracer_level=0)
+    logdir = tempfile.mkdtemp(prefix="kernel_profile_")
+    try:
+        tf.profiler.experimental.start(logdir, options=options)
+        start = time.perf_counter()
+        examples = quietly(runner.epoch)
+        wall = time.perf_counter() - start
+        tf.profiler.experimental.stop()
+        intervals, per_type = kernel_events(_read_trace(logdir))
+    finally:
+        shutil.rmtree(logdir, ignore_errors=True)
+    start = time.perf_counter()
+    quietly(runner.epoch)
+    plain = time.perf_counter() - start
+    per_step = 1e3 * global_batch / examples  # seconds per epoch -> ms per step
+    return {"wall_ms": wall * per_step, "kernel_ms": covered_ps(intervals) / 1e12 * per_step,
+            "plain_wall_ms": plain * per_step,
+            "op_type_ms": {t: ps / 1e12 * per_step for t, ps in per_type.most_common(8)}}
+
+
+def _profile_layout(strategy, x, y, rounds: int) -> dict:
+    import variants
+
+    global_batch = PER_REPLICA * strategy.num_replicas_in_sync
+    runners, errors = {}, {}
+    for name, make in variants.VARIANTS.items():
+        runner = make(strategy, x, y)
+        try:
+            quietly(runner.epoch)  # tracing and warm-up
+            runners[name] = runner
+        except Exception as err:  # Keras fails under some layouts; reported, not fatal
+            errors[name] = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:160]}"
+    profile_epoch(next(iter(runners.values())), global_batch)  # the first profiler session is slow
+    samples = collections.defaultdict(list)
+    for _ in range(rounds):
+        this_round = {name: profile_epoch(runner, global_batch) for name, runner in runners.items()}
+        floor = this_round["bare_step"]["kernel_ms"]
+        for name, r in this_round.items():
+            samples[name].append({**r, "kernel_share": r["kernel_ms"] / r["wall_ms"],
+                                  "ceiling": r["plain_wall_ms"] / floor})
+    median = {name: {key: statistics.median(s[key] for s in runs) for key in
+                     ("wall_ms", "kernel_ms", "kernel_share", "plain_wall_ms", "ceiling")}
+              for name, runs in samples.items()}
+    for name, runs in samples.items():
+        median[name]["op_type_ms"] = runs[-1]["op_type_ms"]
+    return {"variants": median, "errors": errors, "rounds": rounds}
+
+
+def _print_table(layout: str, result: dict) -> None:
+    print(f"\n== {layout}")
+    print(f"{'variant':<19} {'profiled':>9} {'kernels':>8} {'share':>6} {'unprofiled':>11} {'ceiling':>8}")
+    print(f"{'':<19} {'ms/step':>9} {'ms/step':>8} {'':>6} {'ms/step':>11}")
+    for name, r in result["variants"].items():
+        print(f"{name:<19} {r['wall_ms']:>9.2f} {r['kernel_ms']:>8.2f} {r['kernel_share']:>6.0%} "
+              f"{r['plain_wall_ms']:>11.2f} {r['ceiling']:>7.2f}x")
+    for name, error in result["errors"].items():
+        print(f"{name:<19} failed: {error}")
+    if "bare_step" in result["variants"]:
+        top = result["variants"]["bare_step"]["op_type_ms"]
+        print("bare step, summed op time per step (ops overlap on the two cores): "
+              + ", ".join(f"{t} {ms:.1f} ms" for t, ms in top.items()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--examples", type=int, default=6400)
+    parser.add_argument("--rounds", type=int, default=5, help="profiled epochs per variant (median reported)")
+    parser.add_argument("--out", default=os.path.join(HERE, "kernel_profile.json"))
+    args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1; got {args.rounds}")
+    split_cpu(2)
+    import tensorflow as tf
+
+    from fashion_mnist import prepare, synthetic_images
+
+    x, y = prepare(*synthetic_images(args.examples))
+    layouts = {"none": tf.distribute.get_strategy(),
+               "mirrored2": tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])}
+    results = {"machine": machine(), "examples": args.examples, "per_replica_batch": PER_REPLICA, "layouts": {}}
+    for layout, strategy in layouts.items():
+        results["layouts"][layout] = _profile_layout(strategy, x, y, args.rounds)
+        _print_table(layout, results["layouts"][layout])
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=1)
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
