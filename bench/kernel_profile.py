@@ -12,12 +12,14 @@ From each trace it takes the **kernel time**: the wall time during which at
 least one of the model's ops was running (convolutions, pooling, matmuls,
 optimizer updates; every op except control flow, function calls, input and
 cross-device ops). Its share of the profiled wall time says how much of a
-variant's step is the model's arithmetic. The bare step (the floor) should be
-nearly all kernel time; if it is, no trainer can beat it, because every variant
-runs the same kernels.
+variant's step the kernels fill. The bare step (the floor) should be nearly all
+kernel time; if it is, no trainer that runs the same kernels, scheduled the
+same way, can beat it. (tf.data functions that run on the op threads rather
+than tf.data's own count as kernels: a variant's kernel time can include some
+of its input work.)
 
 The **ceiling** of a variant is its unprofiled wall time per step over the bare
-step's kernel time in the same round: how far a trainer with no cost at all
+step's kernel time in the same round (the median over rounds is reported): how far a trainer with no cost at all
 besides the kernels could lead it on this machine. (The unprofiled time is
 used because the profiler slows per-element tf.data pipelines most.) Where the
 ceiling is below a throughput target, the target is out of reach for reasons
@@ -38,10 +40,9 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "examples"))
+from throughput import machine, quietly, split_cpu
 
-from throughput import PER_REPLICA, machine, quietly, split_cpu  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 # A TensorFlow op's trace event is named "<op name>:<op type>"; op names hold no colons or spaces
 # (runtime events such as "ExecutorState::Process" or "EagerLocalExecute: f" do).
@@ -49,7 +50,7 @@ _OP_EVENT = re.compile(r"^[^ :]+:([A-Za-z0-9_]+)$")
 # Ops whose events span other ops or wait on something other than the model's arithmetic.
 NOT_KERNELS = frozenset({
     "While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase",
-    "PartitionedCall", "StatefulPartitionedCall",
+    "PartitionedCall", "StatefulPartitionedCall", "RemoteCall",
     "IteratorGetNext", "IteratorGetNextAsOptional", "MultiDeviceIteratorGetNextFromShard",
     "EagerPyFunc", "PyFunc", "PyFuncStateless",
     "CollectiveReduceV2", "CollectiveReduceV3", "CollectiveGatherV2", "CollectiveAllToAllV2",
@@ -104,12 +105,14 @@ def profile_epoch(runner, global_batch: int) -> dict:
     options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=2, python_tracer_level=0,
                                                        device_tracer_level=0)
     logdir = tempfile.mkdtemp(prefix="kernel_profile_")
+    tf.profiler.experimental.start(logdir, options=options)
     try:
-        tf.profiler.experimental.start(logdir, options=options)
         start = time.perf_counter()
         examples = quietly(runner.epoch)
         wall = time.perf_counter() - start
+    finally:
         tf.profiler.experimental.stop()
+    try:
         intervals, per_type = kernel_events(_read_trace(logdir))
     finally:
         shutil.rmtree(logdir, ignore_errors=True)
@@ -119,13 +122,13 @@ def profile_epoch(runner, global_batch: int) -> dict:
     per_step = 1e3 * global_batch / examples  # seconds per epoch -> ms per step
     return {"wall_ms": wall * per_step, "kernel_ms": covered_ps(intervals) / 1e12 * per_step,
             "plain_wall_ms": plain * per_step,
-            "op_type_ms": {t: ps / 1e12 * per_step for t, ps in per_type.most_common(8)}}
+            "op_type_ms": {t: ps / 1e12 * per_step for t, ps in per_type.items()}}
 
 
 def _profile_layout(strategy, x, y, rounds: int) -> dict:
     import variants
 
-    global_batch = PER_REPLICA * strategy.num_replicas_in_sync
+    global_batch = variants.PER_REPLICA * strategy.num_replicas_in_sync
     runners, errors = {}, {}
     for name, make in variants.VARIANTS.items():
         runner = make(strategy, x, y)
@@ -134,20 +137,28 @@ def _profile_layout(strategy, x, y, rounds: int) -> dict:
             runners[name] = runner
         except Exception as err:  # Keras fails under some layouts; reported, not fatal
             errors[name] = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:160]}"
-    profile_epoch(next(iter(runners.values())), global_batch)  # the first profiler session is slow
+    if "bare_step" not in runners:
+        raise RuntimeError(f"the bare step, which the ceilings are measured against, failed: {errors['bare_step']}")
+    profile_epoch(runners["bare_step"], global_batch)  # the first profiler session is slow
+    names = list(runners)
     samples = collections.defaultdict(list)
-    for _ in range(rounds):
-        this_round = {name: profile_epoch(runner, global_batch) for name, runner in runners.items()}
+    for i in range(rounds):
+        # Each round starts one variant later, so no variant always follows the same one.
+        this_round = {name: profile_epoch(runners[name], global_batch) for name in names[i:] + names[:i]}
         floor = this_round["bare_step"]["kernel_ms"]
         for name, r in this_round.items():
             samples[name].append({**r, "kernel_share": r["kernel_ms"] / r["wall_ms"],
                                   "ceiling": r["plain_wall_ms"] / floor})
-    median = {name: {key: statistics.median(s[key] for s in runs) for key in
-                     ("wall_ms", "kernel_ms", "kernel_share", "plain_wall_ms", "ceiling")}
-              for name, runs in samples.items()}
-    for name, runs in samples.items():
-        median[name]["op_type_ms"] = runs[-1]["op_type_ms"]
-    return {"variants": median, "errors": errors, "rounds": rounds}
+    result = {}
+    for name in names:
+        runs = samples[name]
+        result[name] = {key: statistics.median(r[key] for r in runs)
+                        for key in ("wall_ms", "kernel_ms", "kernel_share", "plain_wall_ms", "ceiling")}
+        op_types = sorted({t for r in runs for t in r["op_type_ms"]},
+                          key=lambda t: -statistics.median(r["op_type_ms"].get(t, 0.0) for r in runs))
+        result[name]["op_type_ms"] = {t: statistics.median(r["op_type_ms"].get(t, 0.0) for r in runs)
+                                      for t in op_types[:8]}
+    return {"variants": result, "errors": errors, "rounds": rounds}
 
 
 def _print_table(layout: str, result: dict) -> None:
@@ -174,6 +185,7 @@ def main() -> None:
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1; got {args.rounds}")
     split_cpu(2)
+    sys.path.insert(0, os.path.join(HERE, "..", "examples"))
     import tensorflow as tf
 
     from fashion_mnist import prepare, synthetic_images
@@ -181,7 +193,7 @@ def main() -> None:
     x, y = prepare(*synthetic_images(args.examples))
     layouts = {"none": tf.distribute.get_strategy(),
                "mirrored2": tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])}
-    results = {"machine": machine(), "examples": args.examples, "per_replica_batch": PER_REPLICA, "layouts": {}}
+    results = {"machine": machine(), "examples": args.examples, "layouts": {}}
     for layout, strategy in layouts.items():
         results["layouts"][layout] = _profile_layout(strategy, x, y, args.rounds)
         _print_table(layout, results["layouts"][layout])

@@ -44,13 +44,15 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "examples"))
-PER_REPLICA = 64
 
 
 def split_cpu(n: int) -> None:
+    """Makes the CPU `n` logical devices; call before TensorFlow initialises its devices."""
     import tensorflow as tf
 
     cpu = tf.config.list_physical_devices("CPU")[0]
@@ -69,6 +71,7 @@ def main() -> None:
     if args.repeats < 3:
         parser.error(f"--repeats must be >= 3 for a median; got {args.repeats}")
     split_cpu(2)
+    sys.path.insert(0, os.path.join(HERE, "..", "examples"))
     import tensorflow as tf
 
     import variants
@@ -77,7 +80,7 @@ def main() -> None:
     x, y = prepare(*synthetic_images(args.examples))
     layouts = {"none": tf.distribute.get_strategy(),
                "mirrored2": tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])}
-    results = {"machine": machine(), "examples": args.examples, "per_replica_batch": PER_REPLICA,
+    results = {"machine": machine(), "examples": args.examples, "per_replica_batch": variants.PER_REPLICA,
                "repeats": args.repeats, "layouts": {}}
     for layout, strategy in layouts.items():
         print(f"\n== {layout}: {strategy.num_replicas_in_sync} replica(s)", flush=True)
@@ -132,7 +135,8 @@ def _measure(runners: dict, repeats: int) -> dict:
     }
 
 
-def quietly(fn):
+def quietly(fn: Callable[[], T]) -> T:
+    """Calls `fn` with stdout and stderr swallowed (Keras's progress bars, TF's logs)."""
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         return fn()
 
@@ -156,6 +160,7 @@ def _memory_probe(examples: int) -> dict:
 
 
 def machine() -> dict:
+    """What the figures were measured on."""
     import keras
     import tensorflow as tf
 

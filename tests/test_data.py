@@ -69,6 +69,17 @@ def test_shard_policy_is_explicit_and_respects_the_user():
     assert data_lib.shard_policy(ds.with_options(options), 2) == (policy.FILE, "set on the dataset by the user")
 
 
+def test_sharding_says_who_splits_each_kind_of_input():
+    arrays_in = data_lib.as_input((np.zeros(8), np.zeros(8)), arg="d")
+    dataset_in = data_lib.as_input(tf.data.Dataset.range(8).map(lambda i: (i, i)), arg="d")
+    function_in = data_lib.as_input(lambda ctx: tf.data.Dataset.range(8).map(lambda i: (i, i)), arg="d")
+    assert data_lib.sharding(arrays_in, 2)[0] == "OFF"
+    assert data_lib.sharding(dataset_in, 1)[0] == "OFF"
+    assert data_lib.sharding(dataset_in, 2)[0] == "DATA"
+    assert data_lib.sharding(function_in, 2)[0] == "per worker"
+    assert data_lib.sharding(dataset_in, 2, parameter_server=True)[0] == "per worker"
+
+
 def test_num_steps():
     assert data_lib.num_steps(data_lib.as_input((np.zeros(65), np.zeros(65)), arg="d"), 32) == 3
     assert data_lib.num_steps(data_lib.as_input(tf.data.Dataset.range(64).map(lambda i: (i, i)), arg="d"), 32) == 2

@@ -1,6 +1,6 @@
 """Step fusion: fixed, or sized from the measured time per step."""
 
-from trainer.fusion import FIRST_AUTO_STEPS, MAX_AUTO_STEPS, TARGET_CALL_SECONDS, StepFusion
+from trainer.fusion import FIRST_AUTO_STEPS, MAX_AUTO_STEPS, MULTI_WORKER_STEPS, TARGET_CALL_SECONDS, StepFusion
 
 
 def test_fixed_fusion_never_changes():
@@ -30,3 +30,15 @@ def test_auto_is_bounded_and_ignores_empty_calls():
     assert fusion.steps == 1
     fusion.observe(0, 0.0)
     assert fusion.steps == 1
+
+
+def test_fit_fusion_follows_the_setting_callbacks_and_workers():
+    assert StepFusion.for_fit(8, batch_hooks=True, steps_per_epoch=100, num_workers=2) == StepFusion(8)
+    assert StepFusion.for_fit("auto", batch_hooks=True, steps_per_epoch=100, num_workers=1) == StepFusion(1)
+    assert StepFusion.for_fit("auto", batch_hooks=False, steps_per_epoch=100, num_workers=2) == StepFusion(
+        MULTI_WORKER_STEPS)
+    # Across workers, an epoch shorter than the fixed count caps it; an unknown one does not.
+    assert StepFusion.for_fit("auto", batch_hooks=False, steps_per_epoch=10, num_workers=2).steps == 10
+    assert StepFusion.for_fit("auto", batch_hooks=False, steps_per_epoch=None, num_workers=3).steps == MULTI_WORKER_STEPS
+    single = StepFusion.for_fit("auto", batch_hooks=False, steps_per_epoch=100, num_workers=1)
+    assert (single.steps, single.auto) == (FIRST_AUTO_STEPS, True)

@@ -1,6 +1,9 @@
 """The plan printed at the start of fit."""
 
+import tensorflow as tf
+
 from trainer import Plan
+from trainer.plan import strategy_label
 
 BASE = dict(
     strategy="MirroredStrategy", num_replicas=4, num_workers=1, global_batch_size=64, per_replica_batch_size=16,
@@ -27,3 +30,8 @@ def test_last_batch_wording():
 def test_no_scaling_and_warmup_wording():
     assert "0.1 -> 0.1 (no scaling)" in Plan(**{**BASE, "lr_rule": None, "scaled_lr": "0.1"}).describe()
     assert "linear warmup over 80 steps" in Plan(**{**BASE, "warmup_steps": 80}).describe()
+
+
+def test_strategy_label_uses_the_guide_names():
+    assert strategy_label(tf.distribute.get_strategy()) == "default (no distribution)"
+    assert strategy_label(tf.distribute.OneDeviceStrategy("/cpu:0")) == "OneDeviceStrategy"

@@ -14,11 +14,15 @@ Three kinds of input are accepted:
   policy. It is used in the order it yields: shuffle it yourself.
 * A function `input_context -> tf.data.Dataset` (per-worker pipelines). It must
   shard and batch itself, with `input_context.get_per_replica_batch_size`.
+
+`iterator_factory` turns an input into what the step functions read, and
+`sharding` says in words how it is split, for the plan.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import numbers
 import reprlib
 from typing import Any, Callable
@@ -27,6 +31,8 @@ import numpy as np
 import tensorflow as tf
 
 from trainer import arrays
+from trainer import feed as feed_lib
+from trainer.cluster import strategy_cluster_info
 
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
 
@@ -174,6 +180,50 @@ def shard_policy(dataset: tf.data.Dataset, num_workers: int) -> tuple[Any, str]:
     if num_workers == 1:
         return policy_enum.OFF, "one worker reads everything; nothing to shard"
     return policy_enum.DATA, "every worker reads the data and keeps its share of each batch (exact for any source)"
+
+
+def sharding(inp: Input, num_workers: int, *, parameter_server: bool = False) -> tuple[str, str]:
+    """(policy, reason) of how `inp` is split across workers, for the plan."""
+    if parameter_server:
+        return "per worker", "each worker reads its own shard, shuffled and repeated; steps go to free workers"
+    if isinstance(inp, ArrayInput):
+        return "OFF", "the trainer splits each global batch into per-replica slices; each worker gathers only its own"
+    if isinstance(inp, FunctionInput):
+        return "per worker", "your dataset function shards by its input_context"
+    policy, reason = shard_policy(inp.dataset, num_workers)
+    return policy.name, reason
+
+
+def iterator_factory(strategy: tf.distribute.Strategy, global_batch_size: int, *, shuffle: bool,
+                     seed: int) -> Callable[..., Any]:
+    """`(inp, epoch=None, start_step=0, until=None)` -> what step calls read from.
+
+    That is an `ArrayFeed` for arrays on CPU replicas, else a distributed
+    iterator. With `epoch`, arrays are shuffled per epoch (from `seed`) and one
+    pass covers epochs `epoch` to `until` (exclusive; one epoch by default);
+    without it, they are read once in input order. `start_step` skips global
+    steps at the start of the pass (a resumed run).
+    """
+    num_workers = strategy_cluster_info(strategy).num_workers
+
+    def make_iterator(inp: Input, epoch: int | None = None, start_step: int = 0, until: int | None = None):
+        order: arrays.OrderFn | None = None
+        epochs = range(1)
+        if isinstance(inp, ArrayInput) and epoch is not None:
+            order = functools.partial(_epoch_order, inp.num_examples, shuffle, seed)
+            epochs = range(epoch, until or epoch + 1)
+        if isinstance(inp, ArrayInput) and feed_lib.supports(strategy):
+            return feed_lib.ArrayFeed(inp, order or (lambda _: np.arange(inp.num_examples)),
+                                      global_batch_size=global_batch_size,
+                                      num_replicas=strategy.num_replicas_in_sync, epochs=epochs, start_step=start_step)
+        return iter(distribute(strategy, inp, global_batch_size=global_batch_size, num_workers=num_workers,
+                               order=order, epochs=epochs, start_step=start_step))
+
+    return make_iterator
+
+
+def _epoch_order(num_examples: int, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
+    return arrays.epoch_order(num_examples, shuffle=shuffle, seed=seed, epoch=epoch)
 
 
 def distribute(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 TARGET_CALL_SECONDS = 1.0
+MULTI_WORKER_STEPS = 32  # workers must agree on call boundaries, so "auto" is fixed there
 FIRST_AUTO_STEPS = 4  # before any step has been timed
 MAX_AUTO_STEPS = 1000
 
@@ -38,6 +39,27 @@ class StepFusion:
     @classmethod
     def sized_from_step_time(cls) -> "StepFusion":
         return cls(FIRST_AUTO_STEPS, auto=True)
+
+    @classmethod
+    def for_fit(cls, setting: int | str, *, batch_hooks: bool, steps_per_epoch: int | None,
+                num_workers: int) -> "StepFusion":
+        """The fusion of one `fit`.
+
+        Args:
+          setting: the trainer's `steps_per_execution`: a step count, or "auto".
+          batch_hooks: a callback wants to hear about every step ("auto" -> 1).
+          steps_per_epoch: the epoch's length, when known; caps the multi-worker count.
+          num_workers: workers in the cluster; several must agree on call
+            boundaries, so "auto" is a fixed MULTI_WORKER_STEPS there instead of
+            sized from the measured step time.
+        """
+        if setting != "auto":
+            return cls(setting)
+        if batch_hooks:
+            return cls(1)
+        if num_workers > 1:
+            return cls(min(MULTI_WORKER_STEPS, steps_per_epoch or MULTI_WORKER_STEPS))
+        return cls.sized_from_step_time()
 
     def observe(self, steps_run: int, seconds: float) -> None:
         """Records one call; under "auto", sizes the next one from it."""

@@ -3,8 +3,25 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from trainer.fusion import TARGET_CALL_SECONDS
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+# Names TF's classes go by in the distributed-training guide.
+_STRATEGY_LABELS = {
+    "CollectiveAllReduceStrategy": "MultiWorkerMirroredStrategy",
+    "_DefaultDistributionStrategy": "default (no distribution)",
+    "ParameterServerStrategyV2": "ParameterServerStrategy (asynchronous)",
+}
+
+
+def strategy_label(strategy: tf.distribute.Strategy) -> str:
+    """The strategy's name as users know it."""
+    name = type(strategy).__name__
+    return _STRATEGY_LABELS.get(name, name)
 
 
 @dataclasses.dataclass(frozen=True)

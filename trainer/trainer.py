@@ -10,23 +10,15 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from trainer import arrays, checks, collectives, feed, loop, models, options, ps, scaling
+from trainer import checks, collectives, loop, models, options, ps, scaling
 from trainer import data as data_lib
 from trainer import engine as engine_lib
 from trainer import strategy as strategy_lib
 from trainer.cluster import strategy_cluster_info
 from trainer.fusion import StepFusion
 from trainer.history import History
-from trainer.plan import Plan
+from trainer.plan import Plan, strategy_label
 from trainer.steps import Steps
-
-_MULTI_WORKER_STEPS_PER_EXECUTION = 32
-# Names TF's classes go by in the distributed-training guide.
-_STRATEGY_LABELS = {
-    "CollectiveAllReduceStrategy": "MultiWorkerMirroredStrategy",
-    "_DefaultDistributionStrategy": "default (no distribution)",
-    "ParameterServerStrategyV2": "ParameterServerStrategy (asynchronous)",
-}
 
 
 def _quiet_tf_info(method):
@@ -297,27 +289,21 @@ class Trainer:
                                 cache=self._engines, lr=lr, mixed_precision=self.mixed_precision)
 
     def _plan(self, strategy, inp, batch, steps_per_epoch, lr_plan: scaling.LRPlan, callbacks) -> Plan:
-        cluster = strategy_cluster_info(strategy)
-        if ps.is_parameter_server(strategy):
-            policy, why = "per worker", "each worker reads its own shard, shuffled and repeated; steps go to free workers"
-        elif isinstance(inp, data_lib.ArrayInput):
-            policy, why = "OFF", "the trainer splits each global batch into per-replica slices; each worker gathers only its own"
-        elif isinstance(inp, data_lib.FunctionInput):
-            policy, why = "per worker", "your dataset function shards by its input_context"
-        else:
-            enum, why = data_lib.shard_policy(inp.dataset, cluster.num_workers)
-            policy = enum.name
+        num_workers = strategy_cluster_info(strategy).num_workers
+        parameter_server = ps.is_parameter_server(strategy)
+        policy, why = data_lib.sharding(inp, num_workers, parameter_server=parameter_server)
         base_lr, scaled_lr = lr_plan.describe()
-        fusion = self._step_fusion(callbacks, steps_per_epoch, cluster.num_workers)
+        batch_hooks = self.steps_per_execution == "auto" and any(loop.has_batch_hooks(c) for c in callbacks)
+        fusion = StepFusion.for_fit(self.steps_per_execution, batch_hooks=batch_hooks,
+                                    steps_per_epoch=steps_per_epoch, num_workers=num_workers)
         return Plan(
-            strategy=_STRATEGY_LABELS.get(type(strategy).__name__, type(strategy).__name__),
+            strategy=strategy_label(strategy),
             num_replicas=batch.num_replicas,
-            # Under parameter-server training the chief only coordinates.
-            num_workers=cluster.num_workers - (1 if ps.is_parameter_server(strategy) else 0),
+            num_workers=num_workers - (1 if parameter_server else 0),  # a parameter-server chief only coordinates
             global_batch_size=batch.global_batch_size,
             per_replica_batch_size=batch.per_replica_batch_size,
             num_examples=getattr(inp, "num_examples", None),
-            repeated_data=ps.is_parameter_server(strategy),
+            repeated_data=parameter_server,
             steps_per_epoch=steps_per_epoch,
             shard_policy=policy,
             shard_reason=why,
@@ -330,17 +316,6 @@ class Trainer:
             auto_fusion=fusion.auto,
             jit_compile=engine_lib.jit_for(strategy, self.jit_compile),
         )
-
-    def _step_fusion(self, callbacks, steps_per_epoch: int | None, num_workers: int) -> StepFusion:
-        """Steps per call. "auto": 1 for callbacks that want every step; a fixed 32 across
-        workers (they must agree on call boundaries); else sized from the measured step time."""
-        if self.steps_per_execution != "auto":
-            return StepFusion(self.steps_per_execution)
-        if any(loop.has_batch_hooks(c) for c in callbacks):
-            return StepFusion(1)
-        if num_workers > 1:
-            return StepFusion(min(_MULTI_WORKER_STEPS_PER_EXECUTION, steps_per_epoch or 1 << 30))
-        return StepFusion.sized_from_step_time()
 
     def _callback_list(self, callbacks: list, context: loop.TrainContext, model, verbose: int):
         """The user's callbacks plus the defaults, each given the TrainContext if it asks."""
@@ -378,25 +353,7 @@ class Trainer:
 
     def _iterator_factory(self, strategy: tf.distribute.Strategy, batch: scaling.BatchPlan) -> loop.MakeIterator:
         """Input -> what step calls read: an ArrayFeed for arrays on CPU replicas, else a distributed iterator."""
-        num_workers = strategy_cluster_info(strategy).num_workers
-
-        def make_iterator(inp, epoch: int | None = None, start_step: int = 0, until: int | None = None):
-            order, epochs = None, range(1)
-            if isinstance(inp, data_lib.ArrayInput) and epoch is not None:
-                order = functools.partial(self._epoch_order, inp.num_examples)
-                epochs = range(epoch, until or epoch + 1)
-            if isinstance(inp, data_lib.ArrayInput) and feed.supports(strategy):
-                return feed.ArrayFeed(inp, order or (lambda _: np.arange(inp.num_examples)),
-                                      global_batch_size=batch.global_batch_size,
-                                      num_replicas=strategy.num_replicas_in_sync, epochs=epochs, start_step=start_step)
-            return iter(data_lib.distribute(strategy, inp, global_batch_size=batch.global_batch_size,
-                                            num_workers=num_workers, order=order, epochs=epochs,
-                                            start_step=start_step))
-
-        return make_iterator
-
-    def _epoch_order(self, num_examples: int, epoch: int) -> np.ndarray:
-        return arrays.epoch_order(num_examples, shuffle=self.shuffle, seed=self.seed, epoch=epoch)
+        return data_lib.iterator_factory(strategy, batch.global_batch_size, shuffle=self.shuffle, seed=self.seed)
 
     def _coordinator(self, strategy: tf.distribute.Strategy):
         for known, coordinator in self._coordinators:  # one coordinator per strategy
