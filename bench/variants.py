@@ -32,11 +32,11 @@ class _TrainerRunner:
         from trainer import Trainer
 
         self.trainer = Trainer(strategy=strategy, per_replica_batch_size=PER_REPLICA, **options)
-        self.model, self.data, self.step_seconds = build_model(), (x, y), None
+        self.model, self.data, self.step_seconds, self.history = build_model(), (x, y), None, None
         self._probe = _StepTime()
 
     def epoch(self) -> int:
-        self.trainer.fit(self.model, self.data, epochs=1, callbacks=[self._probe])
+        self.history = self.trainer.fit(self.model, self.data, epochs=1, callbacks=[self._probe])
         self.step_seconds = self._probe.context.step_seconds
         return len(self.data[0])
 

@@ -1,9 +1,13 @@
 """The plan printed at the start of fit."""
 
+import os
+import subprocess
+import sys
+
 import tensorflow as tf
 
 from trainer import Plan
-from trainer.plan import strategy_label
+from trainer.plan import ONEDNN_HINT, strategy_label
 
 BASE = dict(
     strategy="MirroredStrategy", num_replicas=4, num_workers=1, global_batch_size=64, per_replica_batch_size=16,
@@ -35,3 +39,17 @@ def test_no_scaling_and_warmup_wording():
 def test_strategy_label_uses_the_guide_names():
     assert strategy_label(tf.distribute.get_strategy()) == "default (no distribution)"
     assert strategy_label(tf.distribute.OneDeviceStrategy("/cpu:0")) == "OneDeviceStrategy"
+
+
+def test_plan_suggests_onednn_only_when_it_is_off_on_cpu():
+    assert ONEDNN_HINT in Plan(**{**BASE, "onednn": False}).describe()
+    assert "oneDNN" not in Plan(**{**BASE, "onednn": True}).describe()
+    assert "oneDNN" not in Plan(**BASE).describe()  # accelerators, or TF does not say
+
+
+def test_onednn_state_follows_the_environment_variable():
+    code = "from trainer.strategy import onednn_enabled; print(onednn_enabled())"
+    for setting, expected in (("0", "False"), ("1", "True")):
+        env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": setting, "TF_CPP_MIN_LOG_LEVEL": "3"}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert out.stdout.strip().splitlines()[-1] == expected

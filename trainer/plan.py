@@ -18,6 +18,11 @@ _STRATEGY_LABELS = {
 }
 
 
+# Measured with bench/onednn.py (README, Performance).
+ONEDNN_HINT = ("oneDNN off: TF_ENABLE_ONEDNN_OPTS=1, set before TensorFlow starts, trained the example's CNN "
+               "1.5x faster on a 2-core AVX2 CPU (results differ in rounding)")
+
+
 def strategy_label(strategy: tf.distribute.Strategy) -> str:
     """The strategy's name as users know it."""
     name = type(strategy).__name__
@@ -46,6 +51,7 @@ class Plan:
     jit_compile: bool
     auto_fusion: bool = False  # steps per call sized from the measured step time
     repeated_data: bool = False  # parameter-server training: workers repeat their shards
+    onednn: bool | None = None  # CPU replicas: whether TF's oneDNN kernels are on; None elsewhere or unknown
 
     def last_batch(self) -> str:
         """How the last partial batch is handled, in words."""
@@ -90,5 +96,7 @@ class Plan:
             ("last batch", self.last_batch()),
             ("execution", f"{self.fusion()}, XLA {'on' if self.jit_compile else 'off'}"),
         ]
+        if self.onednn is False:
+            rows.append(("cpu kernels", ONEDNN_HINT))
         width = max(len(k) for k, _ in rows)
         return "Training plan\n" + "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
