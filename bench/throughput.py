@@ -160,13 +160,20 @@ def _memory_probe(examples: int) -> dict:
 
 
 def machine() -> dict:
-    """What the figures were measured on."""
+    """What the figures were measured on, including whether TensorFlow's oneDNN kernels were on."""
     import keras
     import tensorflow as tf
 
-    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+    from trainer.engine import onednn_enabled
+
+    cpuinfo = open("/proc/cpuinfo").read().splitlines() if os.path.exists("/proc/cpuinfo") else []
+    model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")),
                  platform.processor())
+    flags = set(next((line.split(":", 1)[1].split() for line in cpuinfo if line.startswith("flags")), []))
     return {"date": time.strftime("%Y-%m-%d"), "cpu": model, "cores": os.cpu_count(),
+            # The CPU features that decide TensorFlow's oneDNN default, and what this process got.
+            "cpu_flags": sorted(flags & {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile"}),
+            "onednn": onednn_enabled(),
             "tensorflow": tf.__version__, "keras": keras.__version__, "python": platform.python_version()}
 
 

@@ -1,11 +1,16 @@
 """The engine under other strategies and settings gives the default strategy's numbers."""
 
+import os
+import platform
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import tiny_data, tiny_model
+from conftest import run_python, tiny_data, tiny_model
 from trainer import Trainer
+from trainer import engine
 
 
 def _fit(strategy, **kwargs):
@@ -43,3 +48,36 @@ def test_one_device_matches_default(reference):
 def test_central_storage_matches_default(reference):
     strategy = tf.distribute.experimental.CentralStorageStrategy(compute_devices=["/cpu:0", "/cpu:1", "/cpu:2"])
     _assert_same(_fit(strategy), reference)
+
+
+_ONEDNN_PROBE = """
+import json
+import tensorflow as tf
+from trainer import engine
+print(json.dumps([engine.onednn_enabled(), engine.cpu_onednn(tf.distribute.get_strategy())]))
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux" or platform.machine() != "x86_64",
+                    reason="TensorFlow's oneDNN default is for x86-64 Linux builds")
+def test_onednn_state_follows_the_variable_and_tensorflows_cpu_rule(tmp_path):
+    script = tmp_path / "onednn_probe.py"
+    script.write_text(_ONEDNN_PROBE)
+    # A variable the user set is theirs: the plan then suggests nothing.
+    assert run_python(script, env={"TF_ENABLE_ONEDNN_OPTS": "1"}, timeout=120) == [True, None]
+    assert run_python(script, env={"TF_ENABLE_ONEDNN_OPTS": "0"}, timeout=120) == [False, None]
+    if "TF_ENABLE_ONEDNN_OPTS" in os.environ:
+        return
+    with open("/proc/cpuinfo") as f:
+        flags = set(next(line for line in f if line.startswith("flags")).split())
+    default_on = bool(flags & {"avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16"})
+    assert run_python(script, timeout=120) == [default_on, default_on]
+
+
+def test_cpu_onednn_has_nothing_to_suggest_off_x86_or_when_the_user_chose(monkeypatch):
+    strategy = tf.distribute.get_strategy()
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
+    assert engine.cpu_onednn(strategy) is None
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS")
+    monkeypatch.setattr(platform, "machine", lambda: "arm64")
+    assert engine.cpu_onednn(strategy) is None

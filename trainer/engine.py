@@ -7,6 +7,10 @@ traced step functions.
 from __future__ import annotations
 
 import dataclasses
+import os
+import platform
+import sys
+
 import keras
 import tensorflow as tf
 
@@ -53,6 +57,33 @@ def jit_for(strategy: tf.distribute.Strategy, setting: bool | str) -> bool:
     if setting != "auto":
         return bool(setting)
     return strategy_lib.runs_on_accelerators(strategy)
+
+
+def onednn_enabled() -> bool | None:
+    """Whether TensorFlow's CPU kernels use oneDNN in this process (None if TF does not say)."""
+    try:
+        from tensorflow.python.util import _pywrap_util_port  # not public
+    except ImportError:
+        return None
+    is_enabled = getattr(_pywrap_util_port, "IsMklEnabled", None)
+    return None if is_enabled is None else bool(is_enabled())
+
+
+def cpu_onednn(strategy: tf.distribute.Strategy) -> bool | None:
+    """For the plan: whether oneDNN's CPU kernels run this strategy's replicas.
+
+    None where the plan has nothing to suggest: replicas on GPUs or TPUs;
+    parameter-server training (the steps run in other processes); builds
+    without oneDNN (TensorFlow's x86-64 Linux and Windows wheels have it); and
+    a TF_ENABLE_ONEDNN_OPTS the user set. TensorFlow reads that variable once,
+    at start-up; unset, oneDNN is on only on Linux CPUs with AVX512_VNNI,
+    AVX512_BF16, AVX_VNNI or AMX.
+    """
+    if (strategy_lib.runs_on_accelerators(strategy) or ps.is_parameter_server(strategy)
+            or "TF_ENABLE_ONEDNN_OPTS" in os.environ
+            or sys.platform not in ("linux", "win32") or platform.machine().lower() not in ("x86_64", "amd64")):
+        return None
+    return onednn_enabled()
 
 
 def build(

@@ -19,8 +19,8 @@ _STRATEGY_LABELS = {
 
 
 # Measured with bench/onednn.py (README, Performance).
-ONEDNN_HINT = ("oneDNN off: TF_ENABLE_ONEDNN_OPTS=1, set before TensorFlow starts, trained the example's CNN "
-               "1.5x faster on a 2-core AVX2 CPU (results differ in rounding)")
+ONEDNN_HINT = ("oneDNN kernels off in this process; TF_ENABLE_ONEDNN_OPTS=1, set before TensorFlow starts "
+               "(on every worker), may be faster: 1.5x for the example's CNN on 2 AVX2 cores; results round differently")
 
 
 def strategy_label(strategy: tf.distribute.Strategy) -> str:
@@ -51,7 +51,7 @@ class Plan:
     jit_compile: bool
     auto_fusion: bool = False  # steps per call sized from the measured step time
     repeated_data: bool = False  # parameter-server training: workers repeat their shards
-    onednn: bool | None = None  # CPU replicas: whether TF's oneDNN kernels are on; None elsewhere or unknown
+    onednn: bool | None = None  # whether oneDNN's kernels run the CPU replicas; None: nothing to suggest
 
     def last_batch(self) -> str:
         """How the last partial batch is handled, in words."""

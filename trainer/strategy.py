@@ -109,19 +109,6 @@ def runs_on_accelerators(strategy: tf.distribute.Strategy) -> bool:
     return any("GPU" in d.upper() for d in devices)
 
 
-def onednn_enabled() -> bool | None:
-    """Whether TensorFlow's CPU kernels use oneDNN in this process (None if TF does not say).
-
-    TensorFlow reads TF_ENABLE_ONEDNN_OPTS once, at start-up, and by default
-    turns oneDNN on only for some CPUs (AVX-512 and newer on x86).
-    """
-    try:
-        from tensorflow.python.util import _pywrap_util_port  # not public; absent in some builds
-    except ImportError:
-        return None
-    return bool(_pywrap_util_port.IsMklEnabled())
-
-
 def check_strategy_name(strategy: Any) -> None:
     """Raises a clear error unless `strategy` is a known name or an instance."""
     if isinstance(strategy, tf.distribute.Strategy) or strategy is None:

@@ -315,7 +315,7 @@ class Trainer:
             steps_per_execution=fusion.steps,
             auto_fusion=fusion.auto,
             jit_compile=engine_lib.jit_for(strategy, self.jit_compile),
-            onednn=None if strategy_lib.runs_on_accelerators(strategy) else strategy_lib.onednn_enabled(),
+            onednn=engine_lib.cpu_onednn(strategy),
         )
 
     def _callback_list(self, callbacks: list, context: loop.TrainContext, model, verbose: int):
