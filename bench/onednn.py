@@ -39,11 +39,11 @@ def _child(examples: int, flip: bool) -> None:
     from fashion_mnist import prepare, synthetic_images
     from trainer.engine import onednn_enabled
 
-    keras.utils.set_random_seed(0)  # the same initial weights in every process
     x, y = prepare(*synthetic_images(examples))
     strategy = tf.distribute.get_strategy()
     result = {"onednn": onednn_enabled()}
     for name in reversed(VARIANTS) if flip else VARIANTS:
+        keras.utils.set_random_seed(0)  # the same initial weights in every process, whatever the order
         runner = variants.VARIANTS[name](strategy, x, y)
         quietly(runner.epoch)
         rates = []
@@ -86,7 +86,8 @@ def main() -> None:
         for setting in ("1", "0") if i % 2 else ("0", "1"):
             runs[setting].append(_run_child(setting, args.examples, flip=bool(i % 2)))
     summary = {}
-    print(f"{'':<10} {'oneDNN off':>11} {'oneDNN on':>10} {'on / off':>9}   examples/s, medians of {args.rounds} rounds")
+    print(f"{'':<10} {'oneDNN off':>11} {'oneDNN on':>10} {'on / off':>9}   "
+          f"examples/s, medians of {args.rounds} rounds")
     for name in VARIANTS:
         off, on = ([r[name] for r in runs[s]] for s in ("0", "1"))
         summary[name] = {"off": statistics.median(off), "on": statistics.median(on),

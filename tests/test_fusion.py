@@ -39,6 +39,7 @@ def test_fit_fusion_follows_the_setting_callbacks_and_workers():
         MULTI_WORKER_STEPS)
     # Across workers, an epoch shorter than the fixed count caps it; an unknown one does not.
     assert StepFusion.for_fit("auto", batch_hooks=False, steps_per_epoch=10, num_workers=2).steps == 10
-    assert StepFusion.for_fit("auto", batch_hooks=False, steps_per_epoch=None, num_workers=3).steps == MULTI_WORKER_STEPS
+    unknown = StepFusion.for_fit("auto", batch_hooks=False, steps_per_epoch=None, num_workers=3)
+    assert unknown.steps == MULTI_WORKER_STEPS
     single = StepFusion.for_fit("auto", batch_hooks=False, steps_per_epoch=100, num_workers=1)
     assert (single.steps, single.auto) == (FIRST_AUTO_STEPS, True)

@@ -5,8 +5,9 @@ inside the fused step loop: one `tf.numpy_function` per replica per step
 gathers the rows. There is no iterator to create or destroy, no copy of the
 arrays into TensorFlow, and the global example count of every step is known
 without a cross-replica sum. The slices are exactly those of
-`arrays.array_dataset_fn` (which GPUs and TPUs still use): the global order depends on the seed and the epoch only, and each
-replica, on any worker, gathers its own contiguous share of each batch.
+`arrays.array_dataset_fn` (which GPUs and TPUs still use): the global order
+depends on the seed and the epoch only, and each replica, on any worker,
+gathers its own contiguous share of each batch.
 """
 
 from __future__ import annotations

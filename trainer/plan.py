@@ -20,7 +20,8 @@ _STRATEGY_LABELS = {
 
 # Measured with bench/onednn.py (README, Performance).
 ONEDNN_HINT = ("oneDNN kernels off in this process; TF_ENABLE_ONEDNN_OPTS=1, set before TensorFlow starts "
-               "(on every worker), may be faster: 1.5x for the example's CNN on 2 AVX2 cores; results round differently")
+               "(on every worker), may be faster: 1.5x for the example's CNN on 2 AVX2 cores; "
+               "results round differently")
 
 
 def strategy_label(strategy: tf.distribute.Strategy) -> str:

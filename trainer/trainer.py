@@ -189,7 +189,8 @@ class Trainer:
         callbacks = list(callbacks or [])
         plan = self._plan(strategy, train, batch, steps_per_epoch, lr_plan, callbacks)
         context = loop.TrainContext(strategy, strategy_cluster_info(strategy), plan, epochs=epochs,
-                                    initial_epoch=initial_epoch, fusion=StepFusion(plan.steps_per_execution, plan.auto_fusion))
+                                    initial_epoch=initial_epoch,
+                                    fusion=StepFusion(plan.steps_per_execution, plan.auto_fusion))
         verbose = self.verbose if verbose is None else verbose
         if verbose and context.is_chief:
             print(plan.describe(), flush=True)
