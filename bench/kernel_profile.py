@@ -36,11 +36,10 @@ import os
 import re
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 
-from throughput import machine, quietly, split_cpu
+from throughput import machine, quietly, setup
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -191,15 +190,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1; got {args.rounds}")
-    split_cpu(2)
-    sys.path.insert(0, os.path.join(HERE, "..", "examples"))
-    import tensorflow as tf
-
-    from fashion_mnist import prepare, synthetic_images
-
-    x, y = prepare(*synthetic_images(args.examples))
-    layouts = {"none": tf.distribute.get_strategy(),
-               "mirrored2": tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])}
+    x, y, layouts = setup(args.examples)
     results = {"machine": machine(), "examples": args.examples, "layouts": {}}
     for layout, strategy in layouts.items():
         results["layouts"][layout] = _profile_layout(strategy, x, y, args.rounds)

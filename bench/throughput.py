@@ -51,6 +51,23 @@ T = TypeVar("T")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def setup(examples: int) -> tuple:
+    """(x, y, layouts): `examples` generated images, and no strategy / MirroredStrategy over 2 CPUs.
+
+    Splits the CPU into 2 logical devices first, so call it before TensorFlow
+    initialises its devices.
+    """
+    split_cpu(2)
+    sys.path.insert(0, os.path.join(HERE, "..", "examples"))
+    import tensorflow as tf
+
+    from fashion_mnist import prepare, synthetic_images
+
+    x, y = prepare(*synthetic_images(examples))
+    return x, y, {"none": tf.distribute.get_strategy(),
+                  "mirrored2": tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])}
+
+
 def split_cpu(n: int) -> None:
     """Makes the CPU `n` logical devices; call before TensorFlow initialises its devices."""
     import tensorflow as tf
@@ -70,16 +87,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.repeats < 3:
         parser.error(f"--repeats must be >= 3 for a median; got {args.repeats}")
-    split_cpu(2)
-    sys.path.insert(0, os.path.join(HERE, "..", "examples"))
-    import tensorflow as tf
-
+    x, y, layouts = setup(args.examples)
     import variants
-    from fashion_mnist import prepare, synthetic_images
 
-    x, y = prepare(*synthetic_images(args.examples))
-    layouts = {"none": tf.distribute.get_strategy(),
-               "mirrored2": tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])}
     results = {"machine": machine(), "examples": args.examples, "per_replica_batch": variants.PER_REPLICA,
                "repeats": args.repeats, "layouts": {}}
     for layout, strategy in layouts.items():
