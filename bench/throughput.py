@@ -112,17 +112,23 @@ def main() -> None:
     print(f"\nwrote {args.out}")
 
 
-def _measure(runners: dict, repeats: int) -> dict:
-    """Warm-up epoch each, then `repeats` interleaved timed rounds; medians per variant."""
-    times: dict[str, list] = {}
-    errors: dict[str, str] = {}
-    overheads: dict[str, list] = {}
+def warm_up(runners: dict) -> tuple[dict, dict]:
+    """One untimed epoch of each runner: (the runners that worked, {name: error} of those that failed)."""
+    working, errors = {}, {}
     for name, runner in runners.items():
         try:
             quietly(runner.epoch)
-            times[name] = []
+            working[name] = runner
         except Exception as err:  # reported, not fatal: Keras fails under some layouts
             errors[name] = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:160]}"
+    return working, errors
+
+
+def _measure(runners: dict, repeats: int) -> dict:
+    """Warm-up epoch each, then `repeats` interleaved timed rounds; medians per variant."""
+    working, errors = warm_up(runners)
+    times: dict[str, list] = {name: [] for name in working}
+    overheads: dict[str, list] = {}
     for _ in range(repeats):
         for name in times:
             start = time.perf_counter()
