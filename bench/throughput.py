@@ -26,6 +26,12 @@ all variants alike. Ratios from one run are comparable; absolute figures vary wi
 the machine and its load. A variant that fails (Keras under MirroredStrategy
 with steps_per_execution > 1) is reported with its error.
 
+Keras's fit and the tutorial read a tf.data iterator, which they destroy at the
+end of each epoch; on TensorFlow 2.21 that can wait 1-2 s for tf.data's
+autotuner (see the README). Their epochs are timed with the wait, as a user
+meets it, and the wait is also reported on its own, with the Trainer's ratios
+recomputed without it.
+
 Also reported: the Trainer's time outside its step calls (callbacks, logging,
 set-up, iterator creation) as a share of each fit, a sweep of
 steps_per_execution, and, from a fresh process (bench/memory.py), the peak RSS
@@ -128,27 +134,45 @@ def _measure(runners: dict, repeats: int) -> dict:
     """Warm-up epoch each, then `repeats` interleaved timed rounds; medians per variant."""
     working, errors = warm_up(runners)
     times: dict[str, list] = {name: [] for name in working}
+    untorn: dict[str, list] = {name: [] for name in working}  # examples/s with the iterator teardown left out
+    teardowns: dict[str, list] = {}
     overheads: dict[str, list] = {}
     for _ in range(repeats):
         for name in times:
+            runner = runners[name]
             start = time.perf_counter()
-            examples = quietly(runners[name].epoch)
+            examples = quietly(runner.epoch)
             seconds = time.perf_counter() - start
             times[name].append(examples / seconds)
-            if getattr(runners[name], "step_seconds", None) is not None:
-                overheads.setdefault(name, []).append(1 - runners[name].step_seconds / seconds)
-    rates = {name: statistics.median(r) for name, r in times.items()}
+            teardown = getattr(runner, "teardown_seconds", None)
+            untorn[name].append(examples / (seconds - (teardown or 0.0)))
+            if teardown is not None:
+                teardowns.setdefault(name, []).append(teardown)
+            if getattr(runner, "step_seconds", None) is not None:
+                overheads.setdefault(name, []).append(1 - runner.step_seconds / seconds)
     return {
-        "examples_per_s": rates,
+        "examples_per_s": {name: statistics.median(r) for name, r in times.items()},
         "all_examples_per_s": times,
         "errors": errors,
         "overhead_share": {name: statistics.median(v) for name, v in overheads.items()},
-        # Each round's epochs ran back to back, so a round's ratio is less exposed to a shared
-        # machine's drifts than the ratio of medians; the median over rounds is reported.
-        "trainer_ratio": {name: statistics.median(t / v for t, v in zip(times["trainer"], r))
-                          for name, r in times.items() if "trainer" in times},
+        # Seconds per epoch that Keras's fit and the tutorial waited for their tf.data iterator
+        # to be destroyed (TensorFlow's autotuner; see the README), every round.
+        "teardown_seconds": teardowns,
+        "trainer_ratio": _ratios(times),
+        "trainer_ratio_without_teardown": _ratios(untorn),
         "repeats": repeats,
     }
+
+
+def _ratios(rates: dict[str, list]) -> dict[str, float]:
+    """Trainer / each variant, round by round, median over rounds.
+
+    Each round's epochs ran back to back, so a round's ratio is less exposed to a
+    shared machine's drifts than the ratio of medians.
+    """
+    if "trainer" not in rates:
+        return {}
+    return {name: statistics.median(t / v for t, v in zip(rates["trainer"], r)) for name, r in rates.items()}
 
 
 def quietly(fn: Callable[[], T]) -> T:
@@ -158,11 +182,15 @@ def quietly(fn: Callable[[], T]) -> T:
 
 
 def _print_table(layout: str, result: dict) -> None:
-    print(f"{'variant':<19} {'examples/s':>11} {'Trainer / it':>13} {'outside steps (per fit)':>24}")
-    print(f"{'':<19} {'(median)':>11} {'(per round)':>13}")
+    print(f"{'variant':<19} {'examples/s':>11} {'Trainer / it':>13} {'teardown left out':>18} "
+          f"{'outside steps (per fit)':>24}")
+    print(f"{'':<19} {'(median)':>11} {'(per round)':>13} {'(s per epoch)':>18}")
     for name, rate in result["examples_per_s"].items():
         overhead = result["overhead_share"].get(name)
-        print(f"{name:<19} {rate:>11,.0f} {result['trainer_ratio'].get(name, float('nan')):>12.2f}x "
+        teardown = result["teardown_seconds"].get(name)
+        untorn = "" if teardown is None else (f"{result['trainer_ratio_without_teardown'][name]:.2f}x "
+                                              f"({min(teardown):.2f}-{max(teardown):.2f})")
+        print(f"{name:<19} {rate:>11,.0f} {result['trainer_ratio'].get(name, float('nan')):>12.2f}x {untorn:>18} "
               f"{'' if overhead is None else f'{overhead:>13.1%}'}")
     for name, error in result["errors"].items():
         print(f"{name:<19} {'failed':>11}   {error}")

@@ -19,7 +19,11 @@ FUSED_STEPS = 32  # steps per call for the hand-tuned Keras fit and the bare ste
 
 
 class _Runner:
+    """`epoch()` trains one epoch; `teardown_seconds`, where measured, is how long its last
+    epoch waited for its tf.data iterator to be destroyed."""
+
     step_seconds = None
+    teardown_seconds = None
 
     def __init__(self, epoch):
         self.epoch = epoch
@@ -81,12 +85,23 @@ def _keras_fit(strategy, x, y, **compile_options) -> _Runner:
         model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=model.loss, metrics=["accuracy"],
                       **compile_options)
     batch = PER_REPLICA * strategy.num_replicas_in_sync
+    train_end = _TrainEnd()
 
     def epoch() -> int:
-        model.fit(x, y, batch_size=batch, epochs=1)  # Keras's default verbosity
+        model.fit(x, y, batch_size=batch, epochs=1, callbacks=[train_end])  # Keras's default verbosity
+        # fit destroys its epoch iterator after on_train_end, just before it returns.
+        runner.teardown_seconds = time.perf_counter() - train_end.at
         return len(x)
 
-    return _Runner(epoch)
+    runner = _Runner(epoch)
+    return runner
+
+
+class _TrainEnd(keras.callbacks.Callback):
+    at = None
+
+    def on_train_end(self, logs=None):
+        self.at = time.perf_counter()
 
 
 def keras_default(strategy, x, y) -> _Runner:
@@ -217,14 +232,19 @@ def tutorial(strategy, x, y) -> _Runner:
 
     def epoch() -> int:
         total_loss, num_batches = 0.0, 0
-        for batch in dist_dataset:
+        iterator = iter(dist_dataset)  # the guide's `for batch in dist_dataset`, with its iterator named
+        for batch in iterator:
             total_loss += distributed_train_step(batch)
             num_batches += 1
         float(total_loss / num_batches)
         train_accuracy.reset_state()
+        start = time.perf_counter()
+        del iterator
+        runner.teardown_seconds = time.perf_counter() - start
         return len(x)
 
-    return _Runner(epoch)
+    runner = _Runner(epoch)
+    return runner
 
 
 VARIANTS = {
