@@ -105,27 +105,27 @@ def run_epochs(
     callbacks.on_train_begin()  # a resuming callback may move initial_epoch/initial_step here
     steps.sync_warmup()
     logs: dict[str, Any] = {}
-    held: list = []  # the train iterator, alone, so that `_release` can destroy it off the main thread
+    held: list = []  # the train iterator, alone, so that `release` can destroy it off the main thread
     for epoch in range(context.initial_epoch, context.epochs):
         first_step = context.initial_step if epoch == context.initial_epoch else 0
         context.epoch, context.step = epoch, first_step
         objective.reset()
         callbacks.on_epoch_begin(epoch)
         if not held or restart_each_epoch:
-            _release(held)
+            release(held)
             until = epoch + 1 if restart_each_epoch else context.epochs
             held.append(make_iterator(train, epoch=epoch, start_step=first_step, until=until))
         if _train_epoch(steps, context, callbacks, held[0], batch_logs):  # the data ran out
-            _release(held)
+            release(held)
         logs = end_epoch(epoch, objective, steps, make_iterator, val, callbacks)
         if model.stop_training:
             break
     callbacks.on_train_end(logs)
-    _release(held)
+    release(held)
     return logs
 
 
-def _release(held: list) -> None:
+def release(held: list) -> None:
     """Empties `held` on a helper thread, so that the iterators in it are destroyed there.
 
     Destroying a tf.data iterator can block for seconds on TF 2.21 (0.2 to 7.5 s
@@ -149,7 +149,7 @@ def end_epoch(epoch: int, objective, eval_steps: Steps, make_iterator: MakeItera
     if val is not None:
         held = [make_iterator(val)]
         val_logs = run_eval(eval_steps, held[0], callbacks)
-        _release(held)
+        release(held)
         logs.update({f"val_{k}": v for k, v in val_logs.items()})
     callbacks.on_epoch_end(epoch, logs)
     return logs

@@ -15,6 +15,7 @@ import keras
 import tensorflow as tf
 
 from trainer import feed as feed_lib
+from trainer import malloc
 from trainer.objective import Objective
 
 
@@ -81,13 +82,17 @@ class Steps:
         """Runs up to `num_steps` train steps from a distributed iterator or an `ArrayFeed`; returns how many ran."""
         if isinstance(source, feed_lib.ArrayFeed):
             return self._run_feed(self._train_from_feed, source, num_steps)
-        return int(self._train_from_iterator(source, tf.constant(num_steps)))
+        ran = int(self._train_from_iterator(source, tf.constant(num_steps)))
+        malloc.unpin()  # reading a distributed iterator may have made tf.data pin it
+        return ran
 
     def evaluate(self, source: Any, num_steps: int) -> int:
         """Runs up to `num_steps` evaluation steps; returns how many ran."""
         if isinstance(source, feed_lib.ArrayFeed):
             return self._run_feed(self._eval_from_feed, source, num_steps)
-        return int(self._eval_from_iterator(source, tf.constant(num_steps)))
+        ran = int(self._eval_from_iterator(source, tf.constant(num_steps)))
+        malloc.unpin()
+        return ran
 
     def predict(self, source: Any) -> list[Any]:
         """The model's outputs (NumPy), one entry per global batch of `source`, in order."""
@@ -97,7 +102,11 @@ class Steps:
             outputs = (self._predict_from_feed(source.signature, tf.constant(step, tf.int64)) for step, _ in batches)
         else:
             outputs = (self._predict_batch(batch) for batch in source)
-        return [tf.nest.map_structure(lambda t: t.numpy(), out) for out in outputs]
+        results = []
+        for out in outputs:
+            results.append(tf.nest.map_structure(lambda t: t.numpy(), out))
+            malloc.unpin()
+        return results
 
     def _run_feed(self, loop_fn, feed: feed_lib.ArrayFeed, num_steps: int) -> int:
         first, count = feed.claim(num_steps)

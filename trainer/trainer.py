@@ -221,8 +221,11 @@ class Trainer:
         batch = self._batch_plan(strategy)
         run_model, compiled, _ = self._build(model, strategy, inp)
         callback_list = keras.callbacks.CallbackList(list(callbacks or []), model=run_model)
-        iterator = self._iterator_factory(compiled.eval_strategy, batch)(inp)
-        return loop.run_eval(compiled.eval_steps, iterator, callback_list, num_steps=steps)
+        held = [self._iterator_factory(compiled.eval_strategy, batch)(inp)]  # see loop.release
+        try:
+            return loop.run_eval(compiled.eval_steps, held[0], callback_list, num_steps=steps)
+        finally:
+            loop.release(held)
 
     @_quiet_tf_info
     def predict(
@@ -241,7 +244,11 @@ class Trainer:
         run_model = models.model_in_scope(model, strategy, sample_x, self.seed, self.mixed_precision)
         if ps.is_parameter_server(strategy):
             strategy = tf.distribute.get_strategy()  # inline on the coordinator
-        outputs = self._predict_steps(run_model, strategy).predict(self._iterator_factory(strategy, batch)(inp))
+        held = [self._iterator_factory(strategy, batch)(inp)]  # see loop.release
+        try:
+            outputs = self._predict_steps(run_model, strategy).predict(held[0])
+        finally:
+            loop.release(held)
         return tf.nest.map_structure(lambda *parts: np.concatenate(parts, axis=0), *outputs)
 
     # Stages ------------------------------------------------------------------
