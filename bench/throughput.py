@@ -7,6 +7,7 @@ examples per replica, Adam. Five ways to train it, each with no strategy and
 with MirroredStrategy over 2 logical CPU devices:
 
   trainer         Trainer.fit with its defaults (progress bar and plan included)
+  trainer_dataset the same, fed a tf.data dataset of the same examples
   keras_default   keras Model.fit with Keras's defaults (jit_compile="auto")
   keras_tuned     keras Model.fit, jit_compile=False, steps_per_execution=32
   bare_step       forward + backward + apply, 32 steps per tf.function call, on
@@ -133,6 +134,13 @@ def warm_up(runners: dict) -> tuple[dict, dict]:
 def _measure(runners: dict, repeats: int) -> dict:
     """Warm-up epoch each, then `repeats` interleaved timed rounds; medians per variant."""
     working, errors = warm_up(runners)
+    # A variant that read a distributed iterator may have made tf.data pin glibc's mmap threshold for the
+    # whole process (see trainer/malloc.py); the Trainer raises it after its next step call. Raise it here,
+    # so that every timed epoch runs in the same state.
+    from trainer import malloc
+
+    state = {"raised_by_trainer": malloc.raised(), "pinned_after_warm_up": malloc.threshold_pinned()}
+    state["raised_by_bench"] = malloc.unpin()
     times: dict[str, list] = {name: [] for name in working}
     untorn: dict[str, list] = {name: [] for name in working}  # examples/s with the iterator teardown left out
     teardowns: dict[str, list] = {}
@@ -161,6 +169,7 @@ def _measure(runners: dict, repeats: int) -> dict:
         "trainer_ratio": _ratios(times),
         "trainer_ratio_without_teardown": _ratios(untorn),
         "repeats": repeats,
+        "mmap_threshold": state,
     }
 
 
@@ -195,6 +204,9 @@ def _print_table(layout: str, result: dict) -> None:
     for name, error in result["errors"].items():
         print(f"{name:<19} {'failed':>11}   {error}")
     print(f"Trainer, one multi-epoch fit: {result['epoch_overhead_share']:.1%} of each epoch outside step calls")
+    mmap = result["mmap_threshold"]
+    print(f"glibc mmap threshold (trainer/malloc.py): raised by the Trainer so far: {mmap['raised_by_trainer']}; "
+          f"pinned after warm-up: {mmap['pinned_after_warm_up']}; raised by the benchmark: {mmap['raised_by_bench']}")
 
 
 def _memory_probe(examples: int) -> dict:

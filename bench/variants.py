@@ -37,12 +37,13 @@ class _TrainerRunner:
 
         self.trainer = Trainer(strategy=strategy, per_replica_batch_size=PER_REPLICA, **options)
         self.model, self.data, self.step_seconds, self.history = build_model(), (x, y), None, None
+        self.examples = len(x)
         self._probe = _StepTime()
 
     def epoch(self) -> int:
         self.history = self.trainer.fit(self.model, self.data, epochs=1, callbacks=[self._probe])
         self.step_seconds = self._probe.context.step_seconds
-        return len(self.data[0])
+        return self.examples
 
 
 class _StepTime(keras.callbacks.Callback):
@@ -56,6 +57,13 @@ class _StepTime(keras.callbacks.Callback):
 
 def trainer(strategy, x, y, **options) -> _TrainerRunner:
     return _TrainerRunner(strategy, x, y, **options)
+
+
+def trainer_dataset(strategy, x, y) -> _TrainerRunner:
+    """Trainer.fit with its defaults, fed the same examples as a tf.data dataset instead of arrays."""
+    runner = _TrainerRunner(strategy, x, y)
+    runner.data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x))
+    return runner
 
 
 class _EpochClock(_StepTime):
@@ -249,6 +257,7 @@ def tutorial(strategy, x, y) -> _Runner:
 
 VARIANTS = {
     "trainer": trainer,
+    "trainer_dataset": trainer_dataset,
     "keras_default": keras_default,
     "keras_tuned": keras_tuned,
     "bare_step": bare_step,

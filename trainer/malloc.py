@@ -73,6 +73,11 @@ def threshold_pinned() -> bool:
         libc.free(block)
 
 
+def raised() -> bool:
+    """Whether `unpin` has raised the threshold in this process."""
+    return _state["unpinned"]
+
+
 def unpin() -> bool:
     """Raises a threshold that tf.data pinned low; returns whether it did.
 
