@@ -134,13 +134,12 @@ def warm_up(runners: dict) -> tuple[dict, dict]:
 def _measure(runners: dict, repeats: int) -> dict:
     """Warm-up epoch each, then `repeats` interleaved timed rounds; medians per variant."""
     working, errors = warm_up(runners)
-    # A variant that read a distributed iterator may have made tf.data pin glibc's mmap threshold for the
-    # whole process (see trainer/malloc.py); the Trainer raises it after its next step call. Raise it here,
-    # so that every timed epoch runs in the same state.
+    # Reading a tf.data iterator in warm-up may have made TensorFlow pin glibc's mmap threshold for the whole
+    # process (trainer/malloc.py); the Trainer raises it after such step calls. Raise it here, so that every
+    # timed epoch runs with the same threshold, whichever variant ran first.
     from trainer import malloc
 
-    state = {"raised_by_trainer": malloc.raised(), "pinned_after_warm_up": malloc.threshold_pinned()}
-    state["raised_by_bench"] = malloc.unpin()
+    state = {"raised_by_trainer_in_warm_up": malloc.raised(), "raised_by_bench": malloc.raise_threshold()}
     times: dict[str, list] = {name: [] for name in working}
     untorn: dict[str, list] = {name: [] for name in working}  # examples/s with the iterator teardown left out
     teardowns: dict[str, list] = {}
@@ -205,8 +204,8 @@ def _print_table(layout: str, result: dict) -> None:
         print(f"{name:<19} {'failed':>11}   {error}")
     print(f"Trainer, one multi-epoch fit: {result['epoch_overhead_share']:.1%} of each epoch outside step calls")
     mmap = result["mmap_threshold"]
-    print(f"glibc mmap threshold (trainer/malloc.py): raised by the Trainer so far: {mmap['raised_by_trainer']}; "
-          f"pinned after warm-up: {mmap['pinned_after_warm_up']}; raised by the benchmark: {mmap['raised_by_bench']}")
+    print(f"glibc mmap threshold (trainer/malloc.py): raised by the Trainer in warm-up: "
+          f"{mmap['raised_by_trainer_in_warm_up']}; by the benchmark before the timed rounds: {mmap['raised_by_bench']}")
 
 
 def _memory_probe(examples: int) -> dict:

@@ -30,6 +30,7 @@ def test_fit_on_a_dataset_undoes_the_threshold_tf_data_pins():
     assert report["after_tf_data"]["faults"] >= 20 * 256
     assert report["after_fit"]["pinned"] is False
     assert report["after_fit"]["faults"] < 20 * 256 / 10
+    assert report["raised"] is True
     assert report["before"]["faults"] < 20 * 256 / 10
 
 
@@ -37,6 +38,7 @@ def test_a_threshold_the_user_set_is_left_alone():
     report = _run(MALLOC_MMAP_THRESHOLD_="131072")
     assert report["before"]["pinned"] is True  # the user's own 128 KiB
     assert report["after_fit"]["pinned"] is True
+    assert report["raised"] is False
 
 
 def test_user_set_threshold_reads_glibc_environment(monkeypatch):

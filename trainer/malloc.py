@@ -11,11 +11,13 @@ free, so each step's activations and gradients are new pages to fault in:
 and the example's CNN trained 2.3x slower from a tf.data dataset than from
 arrays on this project's 2-core CPU machine.
 
-`unpin()` puts the threshold at 32 MiB, the ceiling glibc's own dynamic
-threshold climbs to, with the trim threshold at twice that, as glibc pairs
-them. It acts only when the threshold is pinned below 1 MiB and the user has
-not set it through glibc's environment (`MALLOC_MMAP_THRESHOLD_` or
-`GLIBC_TUNABLES`): setting either keeps the trainer's hands off.
+`raise_threshold()` puts the threshold at 32 MiB, the ceiling glibc's own
+dynamic threshold climbs to, with the trim threshold at twice that, as glibc
+pairs them. The trainer calls it after every step call that read a tf.data
+iterator, since it cannot tell whether TensorFlow has pinned the threshold yet
+(whether a request is mmap'ed also depends on the free space in each thread's
+heap, so no probe answers reliably). A user who sets the threshold through
+glibc's environment (`MALLOC_MMAP_THRESHOLD_` or `GLIBC_TUNABLES`) keeps it.
 """
 
 from __future__ import annotations
@@ -30,10 +32,8 @@ M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
 M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 32 << 20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
 TRIM_THRESHOLD = 2 * MMAP_THRESHOLD
-_PROBE_BYTES = 1 << 20
-_IS_MMAPPED = 0x2  # bit of a glibc chunk's size field
 
-_state = {"unpinned": False}
+_state = {"raised": False}
 logger = logging.getLogger(__name__)
 
 
@@ -53,43 +53,20 @@ def user_set_threshold() -> bool:
     return "MALLOC_MMAP_THRESHOLD_" in os.environ or "mmap_threshold" in os.environ.get("GLIBC_TUNABLES", "")
 
 
-def threshold_pinned() -> bool:
-    """Whether a freed 1 MiB block is mmap'ed again when asked for twice (glibc only).
-
-    glibc's dynamic threshold rises to the size of a freed mmap'ed block, so
-    the second request comes from the heap unless the threshold is fixed below it.
-    """
+def raise_threshold() -> bool:
+    """Raises glibc's mmap threshold to 32 MiB unless the user set it; returns whether it did."""
     libc = _libc()
-    if libc is None:
+    if libc is None or user_set_threshold():
         return False
-    libc.free(libc.malloc(_PROBE_BYTES))
-    block = libc.malloc(_PROBE_BYTES)
-    if not block:
-        return False
-    try:
-        header = ctypes.c_size_t.from_address(block - ctypes.sizeof(ctypes.c_size_t)).value
-        return bool(header & _IS_MMAPPED)
-    finally:
-        libc.free(block)
+    libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    if not _state["raised"]:
+        _state["raised"] = True
+        logger.info("glibc's mmap threshold set to %d MiB: tf.data fixes it at 128 KiB (see trainer.malloc)",
+                    MMAP_THRESHOLD >> 20)
+    return True
 
 
 def raised() -> bool:
-    """Whether `unpin` has raised the threshold in this process."""
-    return _state["unpinned"]
-
-
-def unpin() -> bool:
-    """Raises a threshold that tf.data pinned low; returns whether it did.
-
-    Cheap after the first time it acts: TensorFlow pins the threshold once per
-    process, so nothing is probed after that.
-    """
-    if _state["unpinned"] or user_set_threshold() or not threshold_pinned():
-        return False
-    libc = _libc()
-    libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-    libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
-    _state["unpinned"] = True
-    logger.info("tf.data had fixed glibc's mmap threshold at 128 KiB; raised it to %d MiB (see trainer.malloc)",
-                MMAP_THRESHOLD >> 20)
-    return True
+    """Whether `raise_threshold` has set the threshold in this process."""
+    return _state["raised"]

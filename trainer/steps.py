@@ -83,7 +83,7 @@ class Steps:
         if isinstance(source, feed_lib.ArrayFeed):
             return self._run_feed(self._train_from_feed, source, num_steps)
         ran = int(self._train_from_iterator(source, tf.constant(num_steps)))
-        malloc.unpin()  # reading a distributed iterator may have made tf.data pin it
+        malloc.raise_threshold()  # reading a tf.data iterator may have made TensorFlow pin it low
         return ran
 
     def evaluate(self, source: Any, num_steps: int) -> int:
@@ -91,7 +91,7 @@ class Steps:
         if isinstance(source, feed_lib.ArrayFeed):
             return self._run_feed(self._eval_from_feed, source, num_steps)
         ran = int(self._eval_from_iterator(source, tf.constant(num_steps)))
-        malloc.unpin()
+        malloc.raise_threshold()
         return ran
 
     def predict(self, source: Any) -> list[Any]:
@@ -101,12 +101,13 @@ class Steps:
             batches = iter(lambda: source.claim(1), (0, 0))
             outputs = (self._predict_from_feed(source.signature, tf.constant(step, tf.int64)) for step, _ in batches)
         else:
-            outputs = (self._predict_batch(batch) for batch in source)
-        results = []
-        for out in outputs:
-            results.append(tf.nest.map_structure(lambda t: t.numpy(), out))
-            malloc.unpin()
-        return results
+            outputs = self._predict_from_iterator(source)
+        return [tf.nest.map_structure(lambda t: t.numpy(), out) for out in outputs]
+
+    def _predict_from_iterator(self, iterator):
+        for batch in iterator:
+            yield self._predict_batch(batch)
+            malloc.raise_threshold()
 
     def _run_feed(self, loop_fn, feed: feed_lib.ArrayFeed, num_steps: int) -> int:
         first, count = feed.claim(num_steps)

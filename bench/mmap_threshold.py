@@ -1,0 +1,101 @@
+"""The Trainer fed a tf.data dataset, with glibc's mmap threshold as TensorFlow leaves it and as the trainer sets it.
+
+    python bench/mmap_threshold.py [--rounds 3] [--examples 6400] [--out bench/mmap_threshold.json]
+
+TensorFlow pins glibc's mmap threshold at 128 KiB the first time a process
+reads a distributed tf.data iterator (trainer/malloc.py), and what that costs
+depends on what the process allocated before, so each measurement is a fresh
+process, as a user's script or notebook kernel would be. Three settings, in an
+order that rotates every round, each training the example's CNN with
+`Trainer(per_replica_batch_size=64)` (its "auto" strategy: one device here)
+for one untimed and three timed epochs:
+
+  dataset         a tf.data dataset of the examples; the trainer raises the threshold
+  dataset_pinned  the same with MALLOC_MMAP_THRESHOLD_=131072, TensorFlow's value, which
+                  the trainer leaves alone (set from the start, not at the first step)
+  arrays          the same examples as NumPy arrays (the trainer's ArrayFeed: no tf.data)
+
+Reported: median examples/s, minor page faults per step, and peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+from throughput import machine, quietly
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SETTINGS = {"dataset": {}, "dataset_pinned": {"MALLOC_MMAP_THRESHOLD_": "131072"}, "arrays": {}}
+
+
+def _child(setting: str, examples: int) -> None:
+    sys.path.insert(0, os.path.join(HERE, "..", "examples"))
+    import keras
+    import tensorflow as tf
+
+    from fashion_mnist import build_model, prepare, synthetic_images
+    from trainer import Trainer
+
+    x, y = prepare(*synthetic_images(examples))
+    data = (x, y) if setting == "arrays" else tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x))
+    keras.utils.set_random_seed(0)
+    trainer, model = Trainer(per_replica_batch_size=64, verbose=0), build_model()
+    quietly(lambda: trainer.fit(model, data, epochs=1))
+    rates, faults = [], []
+    for _ in range(3):
+        before, start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
+        quietly(lambda: trainer.fit(model, data, epochs=1))
+        rates.append(examples / (time.perf_counter() - start))
+        faults.append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / (examples / 64))
+    print(json.dumps({"examples_per_s": statistics.median(rates), "faults_per_step": statistics.median(faults),
+                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
+def _run_child(setting: str, examples: int) -> dict:
+    env = {**os.environ, **SETTINGS[setting], "TF_CPP_MIN_LOG_LEVEL": "2"}
+    args = [sys.executable, __file__, "--child", setting, "--examples", str(examples)]
+    proc = subprocess.run(args, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{setting} run failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--examples", type=int, default=6400)
+    parser.add_argument("--out", default=os.path.join(HERE, "mmap_threshold.json"))
+    parser.add_argument("--child", choices=list(SETTINGS), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return _child(args.child, args.examples)
+    if args.rounds < 3:
+        parser.error(f"--rounds must be >= 3 for a median; got {args.rounds}")
+    names = list(SETTINGS)
+    runs: dict[str, list] = {name: [] for name in names}
+    for i in range(args.rounds):
+        for name in names[i % len(names):] + names[: i % len(names)]:
+            runs[name].append(_run_child(name, args.examples))
+    summary = {name: {key: statistics.median(r[key] for r in results) for key in results[0]}
+               for name, results in runs.items()}
+    print(f"{'':<15} {'examples/s':>11} {'page faults/step':>17} {'peak RSS MB':>12}   medians of {args.rounds}")
+    for name, s in summary.items():
+        print(f"{name:<15} {s['examples_per_s']:>11,.0f} {s['faults_per_step']:>17,.0f} {s['peak_rss_mb']:>12,.0f}")
+    speedup = statistics.median(a["examples_per_s"] / b["examples_per_s"]
+                                for a, b in zip(runs["dataset"], runs["dataset_pinned"]))
+    print(f"dataset / dataset_pinned: {speedup:.2f}x (per round)")
+    with open(args.out, "w") as f:
+        json.dump({"machine": machine(), "examples": args.examples, "rounds": args.rounds, "summary": summary,
+                   "dataset_speedup": speedup, "runs": runs}, f, indent=1)
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
