@@ -39,7 +39,7 @@ import statistics
 import tempfile
 import time
 
-from throughput import machine, quietly, setup, warm_up
+from throughput import machine, one_malloc_state, quietly, setup, warm_up
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -136,6 +136,7 @@ def _profile_layout(strategy, x, y, rounds: int) -> dict:
     runners, errors = warm_up({name: make(strategy, x, y) for name, make in variants.VARIANTS.items()})
     if "bare_step" not in runners:
         raise RuntimeError(f"the bare step, which the ceilings are measured against, failed: {errors['bare_step']}")
+    mmap_threshold = one_malloc_state()
     profile_epoch(runners["bare_step"], global_batch)  # the first profiler session is slow
     names = list(runners)
     samples = collections.defaultdict(list)
@@ -157,7 +158,7 @@ def _profile_layout(strategy, x, y, rounds: int) -> dict:
         kernels = sorted((t for t in op_ms if t not in NOT_KERNELS), key=lambda t: -op_ms[t])
         result[name]["op_type_ms"] = {t: op_ms[t] for t in kernels[:8]}
         result[name]["excluded_op_type_ms"] = {t: ms for t, ms in op_ms.items() if t in NOT_KERNELS and ms >= 0.01}
-    return {"variants": result, "errors": errors, "rounds": rounds}
+    return {"variants": result, "errors": errors, "rounds": rounds, "mmap_threshold": mmap_threshold}
 
 
 def _print_table(layout: str, result: dict) -> None:

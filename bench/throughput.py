@@ -131,15 +131,23 @@ def warm_up(runners: dict) -> tuple[dict, dict]:
     return working, errors
 
 
+def one_malloc_state() -> dict:
+    """Raises glibc's mmap threshold, so that every timed epoch after warm-up runs with the same one.
+
+    Reading a tf.data iterator in warm-up may have made TensorFlow pin it for
+    the whole process (trainer/malloc.py); the Trainer raises it only after its
+    own such step calls, so otherwise the state would depend on which variant
+    ran first.
+    """
+    from trainer import malloc
+
+    return {"raised_by_trainer_in_warm_up": malloc.raised(), "raised_by_bench": malloc.raise_threshold()}
+
+
 def _measure(runners: dict, repeats: int) -> dict:
     """Warm-up epoch each, then `repeats` interleaved timed rounds; medians per variant."""
     working, errors = warm_up(runners)
-    # Reading a tf.data iterator in warm-up may have made TensorFlow pin glibc's mmap threshold for the whole
-    # process (trainer/malloc.py); the Trainer raises it after such step calls. Raise it here, so that every
-    # timed epoch runs with the same threshold, whichever variant ran first.
-    from trainer import malloc
-
-    state = {"raised_by_trainer_in_warm_up": malloc.raised(), "raised_by_bench": malloc.raise_threshold()}
+    state = one_malloc_state()
     times: dict[str, list] = {name: [] for name in working}
     untorn: dict[str, list] = {name: [] for name in working}  # examples/s with the iterator teardown left out
     teardowns: dict[str, list] = {}
