@@ -1,0 +1,48 @@
+"""bench/throughput.py's ratios: Trainer / each variant, round by round, with a teardown left out or not."""
+
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+
+import throughput  # noqa: E402
+
+
+class _Runner:
+    """Trains `examples` in `seconds` of steps plus `teardown` seconds of iterator teardown per epoch."""
+
+    step_seconds = None
+
+    def __init__(self, examples, seconds, teardown=None):
+        self.examples, self.seconds, self.teardown_seconds = examples, list(seconds), None
+        self._teardowns = list(teardown) if teardown else None
+
+    def epoch(self):
+        import time
+
+        seconds = self.seconds.pop(0)
+        if self._teardowns is not None:
+            self.teardown_seconds = self._teardowns.pop(0)
+            seconds += self.teardown_seconds
+        time.sleep(seconds)
+        return self.examples
+
+
+def test_ratios_are_medians_of_per_round_ratios():
+    rates = {"trainer": [10.0, 20.0, 30.0], "other": [5.0, 40.0, 10.0]}
+    ratios = throughput._ratios(rates)
+    assert ratios["trainer"] == 1.0
+    assert ratios["other"] == statistics.median([2.0, 0.5, 3.0])
+
+
+def test_measure_reports_teardown_and_ratios_without_it(monkeypatch):
+    monkeypatch.setattr(throughput, "one_malloc_state", lambda: {})
+    runners = {"trainer": _Runner(100, [0.0, 0.1, 0.1, 0.1]),
+               "keras": _Runner(100, [0.0, 0.1, 0.1, 0.1], teardown=[0.0, 0.1, 0.0, 0.1])}
+    result = throughput._measure(runners, repeats=3)
+    assert result["teardown_seconds"] == {"keras": [0.1, 0.0, 0.1]}  # the warm-up epoch took the first
+    with_teardown = result["trainer_ratio"]["keras"]
+    without = result["trainer_ratio_without_teardown"]["keras"]
+    assert 1.6 < with_teardown < 2.4  # 0.2 s against 0.1 s in two rounds of three
+    assert 0.8 < without < 1.25
