@@ -189,24 +189,26 @@ def bare_step_pipeline(strategy, x, y) -> _Runner:
     inp = data_lib.as_input((x, y), arg="data")
     current = {}
 
-    def replica_step(step, signature):
-        (images, labels), _ = feed_lib.replica_batch(lambda: current["feed"], step, signature)
+    def replica_step(fetched, i, signature):
+        (images, labels), _ = feed_lib.step_batch(fetched, i, signature)
         train_on(images, labels)
 
     @tf.function
     def run(signature, first, count):
-        for step in tf.range(first, first + count):
-            strategy.run(replica_step, args=(step, signature))
+        fetched = strategy.run(lambda: feed_lib.fetch(lambda: current["feed"], first, count, signature))
+        for i in tf.range(count):
+            strategy.run(replica_step, args=(fetched, i, signature))
 
     def epoch() -> int:
         feed = current["feed"] = feed_lib.ArrayFeed(inp, lambda _: np.random.permutation(len(x)),
                                                     global_batch_size=global_batch,
                                                     num_replicas=strategy.num_replicas_in_sync)
         while True:
-            first, count = feed.claim(FUSED_STEPS)
-            if not count:
+            pieces = list(feed.fetches(FUSED_STEPS))
+            if not pieces:
                 return len(x)
-            run(feed.signature, tf.constant(first, tf.int64), tf.constant(count, tf.int64))
+            for first, count in pieces:
+                run(feed.signature, tf.constant(first, tf.int64), tf.constant(count, tf.int64))
 
     return _Runner(epoch)
 

@@ -17,14 +17,38 @@ def _feed(x, batch, replicas, order=None, **kwargs):
 
 
 @pytest.mark.parametrize("examples,batch,replicas", [(1003, 64, 1), (1003, 64, 3), (37, 8, 4), (5, 8, 4)])
-def test_replica_slices_match_the_dataset_pipeline(examples, batch, replicas):
-    feed = _feed((np.zeros((examples, 1)), np.zeros(examples)), batch, replicas)
-    starts, sizes = arrays.replica_slices(examples, batch, replicas)
-    for step in range(len(starts)):
-        got = [feed.replica_slice(step, r) for r in range(replicas)]
-        assert [s for s, _, _ in got] == starts[step].tolist()
-        assert [n for _, n, _ in got] == sizes[step].tolist()
-        assert {c for _, _, c in got} == {int(sizes[step].sum())}  # the global count, known to every replica
+def test_replica_rows_are_the_dataset_pipelines_slices(examples, batch, replicas):
+    order = np.random.default_rng(1).permutation(examples)
+    x = np.arange(examples, dtype=np.float32)[:, None]
+    feed = _feed((x, -x), batch, replicas, order=lambda epoch: order)
+    feed.claim(1)
+    steps = -(-examples // batch)
+    for replica in range(replicas):
+        for first, count in [(0, steps), (steps - 1, 1), (0, min(2, steps))]:
+            xs, ys, bounds, counts = feed.replica_rows(first, count, replica)
+            for i, step in enumerate(range(first, first + count)):
+                # The replica's contiguous share of the global batch, as arrays.replica_slices computes it.
+                begin = step * batch
+                size = min(batch, examples - begin)
+                share = [size // replicas + (r < size % replicas) for r in range(replicas)]
+                start = begin + sum(share[:replica])
+                expected = order[start : start + share[replica]]
+                np.testing.assert_array_equal(xs[bounds[i] : bounds[i + 1], 0], expected)
+                np.testing.assert_array_equal(ys[bounds[i] : bounds[i + 1], 0], -expected)
+                assert counts[i] == size  # the step's global count, known to every replica
+            assert bounds[-1] == len(xs)
+
+
+def test_fetches_split_a_claim_by_bytes():
+    x = np.zeros((1000, 1024), np.float32)  # 4 KiB per example, 64 KiB per step of 16
+    feed = _feed((x, np.zeros(1000)), 16, 2)
+    assert feed.steps_per_fetch == feed_lib.FETCH_BYTES // (16 * (4096 + 8))
+    feed.steps_per_fetch = 3
+    assert list(feed.fetches(8)) == [(0, 3), (3, 3), (6, 2)]
+    assert list(feed.fetches(100)) == [(8, 3), (11, 3), (14, 3), (17, 3), (20, 3), (23, 3), (26, 3), (29, 3),
+                                        (32, 3), (35, 3), (38, 3), (41, 3), (44, 3), (47, 3), (50, 3), (53, 3),
+                                        (56, 3), (59, 3), (62, 1)]  # up to the end of the epoch: 63 steps
+    assert list(feed.fetches(4)) == []  # one epoch only
 
 
 def test_claims_stay_in_one_epoch_and_move_through_the_epochs():
@@ -47,20 +71,22 @@ def test_replicas_gather_the_global_batch_in_the_epoch_order(replicas):
     strategy = mirrored(replicas) if replicas > 1 else tf.distribute.get_strategy()
 
     @tf.function
-    def one_step(step):
-        return strategy.run(lambda s: feed_lib.replica_batch(lambda: feed, s, feed.signature), args=(step,))
+    def one_call(first, count):  # count: a Python int
+        fetched = strategy.run(lambda: feed_lib.fetch(lambda: feed, first, tf.constant(count, tf.int64),
+                                                      feed.signature))
+        return [strategy.run(lambda f: feed_lib.step_batch(f, i, feed.signature), args=(fetched,))
+                for i in range(count)]
 
     rows_a, rows_b, labels, counts = [], [], [], []
-    while True:
-        step, count = feed.claim(1)
-        if not count:
-            break
-        (xs, ys), global_count = one_step(tf.constant(step, tf.int64))
-        local = strategy.experimental_local_results
-        rows_a.extend(np.concatenate([t.numpy() for t in local(xs["a"])]).tolist())
-        rows_b.extend(np.concatenate([t.numpy() for t in local(xs["b"])]).tolist())
-        labels.extend(np.concatenate([t.numpy() for t in local(ys)]).tolist())
-        counts.extend(float(c) for c in local(global_count))
+    for step_count in (2, 3):  # two calls: steps 0-1, then 2-4
+        first, count = feed.claim(step_count)
+        for (xs, ys), global_count in one_call(tf.constant(first, tf.int64), count):
+            local = strategy.experimental_local_results
+            rows_a.extend(np.concatenate([t.numpy() for t in local(xs["a"])]).tolist())
+            rows_b.extend(np.concatenate([t.numpy() for t in local(xs["b"])]).tolist())
+            labels.extend(np.concatenate([t.numpy() for t in local(ys)]).tolist())
+            counts.extend(float(c) for c in local(global_count))
+    assert feed.claim(1) == (0, 0)
     np.testing.assert_array_equal(np.array(rows_a), x["a"][order])
     np.testing.assert_array_equal(rows_b, order)
     np.testing.assert_array_equal(labels, -order)

@@ -28,23 +28,17 @@ def epoch_order(num_examples: int, *, shuffle: bool, seed: int, epoch: int) -> n
 def replica_slices(
     num_examples: int, global_batch_size: int, num_replicas: int, start_step: int = 0
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(start, size) of every replica's slice, step-major, into the epoch order.
+    """(start, size) of every replica's slice, step-major, into the epoch order: two [steps, replicas] arrays.
 
     Each global batch is split into `num_replicas` contiguous slices whose sizes
     differ by at most one (the last partial batch too), so concatenating the
     slices in replica order gives back the global batch.
     """
-    starts, sizes = [], []
-    for begin in range(start_step * global_batch_size, num_examples, global_batch_size):
-        n = min(global_batch_size, num_examples - begin)
-        share = np.full(num_replicas, n // num_replicas)
-        share[: n % num_replicas] += 1
-        offsets = begin + np.concatenate([[0], np.cumsum(share)[:-1]])
-        starts.append(offsets)
-        sizes.append(share)
-    if not starts:
-        return np.zeros((0, num_replicas), np.int64), np.zeros((0, num_replicas), np.int64)
-    return np.asarray(starts, np.int64), np.asarray(sizes, np.int64)
+    begins = np.arange(start_step * global_batch_size, num_examples, global_batch_size, dtype=np.int64)
+    counts = np.minimum(global_batch_size, num_examples - begins)
+    sizes = counts[:, None] // num_replicas + (np.arange(num_replicas) < counts[:, None] % num_replicas)
+    starts = begins[:, None] + np.cumsum(sizes, axis=1) - sizes
+    return starts.reshape(-1, num_replicas), sizes.reshape(-1, num_replicas)
 
 
 OrderFn = Callable[[int], np.ndarray]  # epoch -> the global order of examples in that epoch

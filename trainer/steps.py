@@ -110,11 +110,12 @@ class Steps:
             malloc.raise_threshold()
 
     def _run_feed(self, loop_fn, feed: feed_lib.ArrayFeed, num_steps: int) -> int:
-        first, count = feed.claim(num_steps)
-        if count:
-            self._feed = feed
+        self._feed = feed
+        ran = 0
+        for first, count in feed.fetches(num_steps):
             loop_fn(feed.signature, tf.constant(first, tf.int64), tf.constant(count, tf.int64))
-        return count
+            ran += count
+        return ran
 
     # Replica context -------------------------------------------------------
 
@@ -215,23 +216,30 @@ class Steps:
         self._fused_feed(self.eval_replica, signature, first, count, warmup=False)
 
     def _fused_feed(self, replica_fn, signature, first, count, warmup: bool):
-        def from_feed(step):
-            return replica_fn(*feed_lib.replica_batch(lambda: self._feed, step, signature))
+        fetched = self._fetch(signature, first, count)
 
-        for step in tf.range(first, first + count):
-            self._run(from_feed, step)
+        def step_fn(fetched, i):
+            return replica_fn(*feed_lib.step_batch(fetched, i, signature))
+
+        for i in tf.range(count):
+            self._run(step_fn, fetched, i)
             if warmup:
                 self._apply_warmup()
+
+    def _fetch(self, signature, first, count):
+        """Each replica's rows of the feed's steps first..first+count-1 (per replica)."""
+        return self.strategy.run(lambda: feed_lib.fetch(lambda: self._feed, first, count, signature))
 
     def _predict_step(self, batch):
         return self._gathered(self.strategy.run(lambda x: self.model(x, training=False), args=(batch,)))
 
     def _predict_feed_step(self, signature, step):
-        def predict(step):
-            x, _ = feed_lib.replica_batch(lambda: self._feed, step, signature)
+        def predict(fetched):
+            x, _ = feed_lib.step_batch(fetched, 0, signature)
             return self.model(x, training=False)
 
-        return self._gathered(self.strategy.run(predict, args=(step,)))
+        fetched = self._fetch(signature, step, tf.constant(1, tf.int64))
+        return self._gathered(self.strategy.run(predict, args=(fetched,)))
 
     def _gathered(self, per_replica):
         return tf.nest.map_structure(lambda t: self.strategy.gather(t, axis=0), per_replica)
