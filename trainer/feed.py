@@ -38,7 +38,7 @@ def supports(strategy: tf.distribute.Strategy) -> bool:
                 or strategy_lib.runs_on_accelerators(strategy))
 
 
-FETCH_BYTES = 16 * 2**20  # rows gathered per step call, at most (unless one step needs more)
+FETCH_BYTES = 8 * 2**20  # rows gathered per step call, at most (unless one step needs more)
 
 
 class ArrayFeed:
