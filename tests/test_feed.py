@@ -131,3 +131,21 @@ def test_fit_through_the_feed_equals_fit_through_the_dataset_pipeline(monkeypatc
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
     assert fed[1] == pytest.approx(piped[1], rel=1e-6)
     np.testing.assert_allclose(fed[2], piped[2], rtol=1e-6, atol=1e-7)
+
+
+def test_fit_is_the_same_when_each_call_is_split_into_several_gathers(monkeypatch):
+    x, y, w = tiny_data(203)
+
+    def run():
+        trainer = Trainer(strategy=mirrored(2), per_replica_batch_size=16, steps_per_execution=5, verbose=0)
+        history = trainer.fit(tiny_model(), (x, y, w), epochs=2, validation_data=(x, y))
+        return history, trainer._engines[0].steps._train_from_feed.experimental_get_tracing_count()
+
+    whole, _ = run()
+    monkeypatch.setattr(feed_lib, "FETCH_BYTES", 1)  # one step per gather: 5 gathers per claim of 5 steps
+    split, traces = run()
+    assert traces == 1  # the traced loop takes any step count
+    for key, values in whole.history.items():
+        np.testing.assert_allclose(values, split.history[key], rtol=1e-6, err_msg=key)
+    for a, b in zip(whole.model.get_weights(), split.model.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)

@@ -56,9 +56,6 @@ class ArrayFeed:
     def __init__(self, inp: ArrayInput, order: OrderFn, *, global_batch_size: int, num_replicas: int,
                  epochs: range = range(1), start_step: int = 0):
         self.leaves = tf.nest.flatten(inp.arrays)
-        self.num_examples = inp.num_examples
-        self.global_batch_size = global_batch_size
-        self.num_replicas = num_replicas
         # [steps, replicas]: where each replica's slice of each step starts in the epoch order, and its size.
         self._starts, self._sizes = replica_slices(inp.num_examples, global_batch_size, num_replicas)
         self.steps_per_epoch = len(self._starts)
