@@ -5,11 +5,11 @@ arrays inside the step function: at the start of a call, one
 `tf.numpy_function` per replica gathers its rows for all of the call's steps
 (up to FETCH_BYTES), and each step slices its own out. One gather per step
 instead cost ~0.5 ms per step on two CPU replicas, most of it in TensorFlow's
-py-function call, not in the gather. There is no iterator to create or destroy, no copy of the
-arrays into TensorFlow, and the global example count of every step is known
-without a cross-replica sum. The slices are exactly those of
-`arrays.array_dataset_fn` (which GPUs and TPUs still use): the global order
-depends on the seed and the epoch only, and each replica, on any worker,
+py-function call, not in the gather. There is no iterator to create or
+destroy, no copy of the arrays into TensorFlow, and the global example count
+of every step is known without a cross-replica sum. The slices are exactly
+those of `arrays.array_dataset_fn` (which GPUs and TPUs still use): the global
+order depends on the seed and the epoch only, and each replica, on any worker,
 gathers its own contiguous share of each batch.
 """
 
