@@ -1,4 +1,4 @@
-"""The Trainer fed a tf.data dataset, with glibc's mmap threshold as TensorFlow leaves it and as the trainer sets it.
+"""The Trainer reading tf.data, with glibc's mmap threshold as TensorFlow leaves it and as the trainer sets it.
 
     python bench/mmap_threshold.py [--rounds 3] [--examples 6400] [--out bench/mmap_threshold.json]
 
@@ -14,8 +14,14 @@ for one untimed and three timed epochs:
   dataset_pinned  the same with MALLOC_MMAP_THRESHOLD_=131072, TensorFlow's value, which
                   the trainer leaves alone (set from the start, not at the first step)
   arrays          the same examples as NumPy arrays (the trainer's ArrayFeed: no tf.data)
+  parameter_server         the arrays under ParameterServerStrategy, launched with
+                           `trainer-launch --workers 2 --ps 1`: the workers run the steps,
+                           reading tf.data, and raise the threshold as they start
+  parameter_server_pinned  the same with every task at TensorFlow's 128 KiB
 
-Reported: median examples/s, minor page faults per step, and peak RSS.
+Reported: median examples/s, minor page faults per step (of the worker and ps
+tasks for the parameter-server settings), and peak RSS (of the training
+script's process: the chief there).
 """
 
 from __future__ import annotations
@@ -32,7 +38,20 @@ import time
 from throughput import machine, quietly
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SETTINGS = {"dataset": {}, "dataset_pinned": {"MALLOC_MMAP_THRESHOLD_": "131072"}, "arrays": {}}
+PINNED = {"MALLOC_MMAP_THRESHOLD_": "131072"}
+SETTINGS = {"dataset": {}, "dataset_pinned": PINNED, "arrays": {}, "parameter_server": {},
+            "parameter_server_pinned": PINNED}
+PAIRS = {"dataset": "dataset_pinned", "parameter_server": "parameter_server_pinned"}
+
+
+def _faults(setting: str) -> int:
+    """Minor page faults so far: this process's, or its sibling server tasks' under the launcher."""
+    if not setting.startswith("parameter_server"):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    found = subprocess.run(["pgrep", "-P", str(os.getppid()), "-f", "trainer.launch --serve"],
+                           capture_output=True, text=True).stdout.split()
+    # /proc/PID/stat: after the command's ")", minflt is the 8th field.
+    return sum(int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[7]) for pid in found)
 
 
 def _child(setting: str, examples: int) -> None:
@@ -44,16 +63,17 @@ def _child(setting: str, examples: int) -> None:
     from trainer import Trainer
 
     x, y = prepare(*synthetic_images(examples))
-    data = (x, y) if setting == "arrays" else tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x))
+    data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x)) if setting.startswith("dataset") else (x, y)
     keras.utils.set_random_seed(0)
-    trainer, model = Trainer(per_replica_batch_size=64, verbose=0), build_model()
-    quietly(lambda: trainer.fit(model, data, epochs=1))
+    strategy = "parameter_server" if setting.startswith("parameter_server") else "auto"
+    trainer, model = Trainer(strategy=strategy, per_replica_batch_size=64, verbose=0), build_model()
+    iterations = quietly(lambda: trainer.fit(model, data, epochs=1)).model.optimizer.iterations
     rates, faults = [], []
     for _ in range(3):
-        before, start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
+        before, steps, start = _faults(setting), int(iterations), time.perf_counter()
         quietly(lambda: trainer.fit(model, data, epochs=1))
         rates.append(examples / (time.perf_counter() - start))
-        faults.append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / (examples / 64))
+        faults.append((_faults(setting) - before) / (int(iterations) - steps))
     print(json.dumps({"examples_per_s": statistics.median(rates), "faults_per_step": statistics.median(faults),
                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
@@ -61,10 +81,13 @@ def _child(setting: str, examples: int) -> None:
 def _run_child(setting: str, examples: int) -> dict:
     env = {**os.environ, **SETTINGS[setting], "TF_CPP_MIN_LOG_LEVEL": "2"}
     args = [sys.executable, __file__, "--child", setting, "--examples", str(examples)]
+    if setting.startswith("parameter_server"):
+        args = [sys.executable, "-m", "trainer.launch", "--workers", "2", "--ps", "1", *args[1:]]
     proc = subprocess.run(args, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"{setting} run failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"{setting} run failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
+    last = proc.stdout.strip().splitlines()[-1]
+    return json.loads(last[last.index("{"):])  # the launcher prefixes the chief's lines
 
 
 def main() -> None:
@@ -85,15 +108,17 @@ def main() -> None:
             runs[name].append(_run_child(name, args.examples))
     summary = {name: {key: statistics.median(r[key] for r in results) for key in results[0]}
                for name, results in runs.items()}
-    print(f"{'':<15} {'examples/s':>11} {'page faults/step':>17} {'peak RSS MB':>12}   medians of {args.rounds}")
+    print(f"{'':<24} {'examples/s':>11} {'page faults/step':>17} {'peak RSS MB':>12}   medians of {args.rounds}")
     for name, s in summary.items():
-        print(f"{name:<15} {s['examples_per_s']:>11,.0f} {s['faults_per_step']:>17,.0f} {s['peak_rss_mb']:>12,.0f}")
-    speedup = statistics.median(a["examples_per_s"] / b["examples_per_s"]
-                                for a, b in zip(runs["dataset"], runs["dataset_pinned"]))
-    print(f"dataset / dataset_pinned: {speedup:.2f}x (per round)")
+        print(f"{name:<24} {s['examples_per_s']:>11,.0f} {s['faults_per_step']:>17,.0f} {s['peak_rss_mb']:>12,.0f}")
+    speedups = {raised: statistics.median(a["examples_per_s"] / b["examples_per_s"]
+                                          for a, b in zip(runs[raised], runs[pinned]))
+                for raised, pinned in PAIRS.items()}
+    for raised, speedup in speedups.items():
+        print(f"{raised} / {PAIRS[raised]}: {speedup:.2f}x (per round)")
     with open(args.out, "w") as f:
         json.dump({"machine": machine(), "examples": args.examples, "rounds": args.rounds, "summary": summary,
-                   "dataset_speedup": speedup, "runs": runs}, f, indent=1)
+                   "speedups": speedups, "runs": runs}, f, indent=1)
     print(f"\nwrote {args.out}")
 
 

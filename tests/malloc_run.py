@@ -1,4 +1,7 @@
-"""Run in a fresh process (tf.data pins glibc's threshold once per process): prints a JSON report."""
+"""Run in a fresh process (tf.data pins glibc's threshold once per process): prints a JSON report.
+
+Usage: python malloc_run.py [fit | pin_then_raise]
+"""
 
 import ctypes
 import json
@@ -39,13 +42,20 @@ def threshold_pinned() -> bool:
         libc.free(block)
 
 
-def main() -> None:
-    report = {"before": {"pinned": threshold_pinned(), "faults": faults_reusing_a_buffer()}}
-    # What the trainer does with a dataset, without the trainer: a distributed iterator read in a tf.function.
-    x, y = np.random.rand(64, 4).astype("float32"), np.random.randint(0, 2, 64)
-    dataset = tf.data.Dataset.from_tensor_slices((x, y))
+def read_a_distributed_iterator(dataset) -> None:
+    """What the trainer does with a dataset, without the trainer: a distributed iterator read in a tf.function."""
     iterator = iter(tf.distribute.OneDeviceStrategy("/cpu:0").experimental_distribute_dataset(dataset.batch(8)))
     tf.function(lambda it: it.get_next_as_optional().has_value())(iterator)
+
+
+def main(mode: str) -> None:
+    report = {"before": {"pinned": threshold_pinned(), "faults": faults_reusing_a_buffer()}}
+    if mode == "pin_then_raise":
+        report["pin_then_raise"] = malloc.pin_then_raise()
+        report["after_pin_then_raise"] = {"pinned": threshold_pinned(), "faults": faults_reusing_a_buffer()}
+    x, y = np.random.rand(64, 4).astype("float32"), np.random.randint(0, 2, 64)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y))
+    read_a_distributed_iterator(dataset)
     report["after_tf_data"] = {"pinned": threshold_pinned(), "faults": faults_reusing_a_buffer()}
     import keras
 
@@ -58,4 +68,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "fit"))

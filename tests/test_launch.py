@@ -86,6 +86,29 @@ def test_missing_script_is_a_usage_error():
     assert proc.returncode == 2 and "the script to run is missing" in proc.stderr
 
 
+@pytest.mark.parametrize("tf_config, received", [
+    (None, "task type None in a cluster with 0 ps task(s)"),
+    ({"cluster": {"chief": ["localhost:1"], "worker": ["localhost:2"], "ps": ["localhost:3"]},
+      "task": {"type": "chief", "index": 0}}, "task type 'chief' in a cluster with 1 ps task(s)"),
+    ({"cluster": {"worker": ["localhost:1", "localhost:2"]}, "task": {"type": "worker", "index": 1}},
+     "task type 'worker' in a cluster with 0 ps task(s)"),  # a multi-worker job: every task runs the script
+])
+def test_serve_needs_a_worker_or_ps_task_of_a_ps_cluster(tf_config, received):
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    if tf_config:
+        env["TF_CONFIG"] = json.dumps(tf_config)
+    out = subprocess.run([sys.executable, "-m", "trainer.launch", "--serve"], capture_output=True, text=True,
+                         env=env, timeout=60)
+    assert out.returncode == 2
+    assert "TF_CONFIG must name one" in out.stderr and received in out.stderr
+
+
+def test_serve_takes_no_script():
+    out = subprocess.run([sys.executable, "-m", "trainer.launch", "--serve", "train.py"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and "--serve takes no script" in out.stderr and "'train.py'" in out.stderr
+
+
 def test_notebook_launcher_returns_the_chiefs_result(tmp_path):
     script = _script(tmp_path, """
         from trainer.launch import notebook_launcher

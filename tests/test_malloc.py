@@ -14,8 +14,8 @@ HERE = os.path.dirname(__file__)
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
 
 
-def _run(**env) -> dict:
-    out = subprocess.run([sys.executable, os.path.join(HERE, "malloc_run.py")], capture_output=True, text=True,
+def _run(mode: str = "fit", **env) -> dict:
+    out = subprocess.run([sys.executable, os.path.join(HERE, "malloc_run.py"), mode], capture_output=True, text=True,
                          env={**os.environ, **env}, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -32,6 +32,32 @@ def test_fit_on_a_dataset_undoes_the_threshold_tf_data_pins():
     assert report["after_fit"]["faults"] < 20 * 256 / 10
     assert report["raised"] is True
     assert report["before"]["faults"] < 20 * 256 / 10
+
+
+def test_pin_then_raise_spends_tensorflows_one_pin():
+    report = _run("pin_then_raise")
+    assert report["before"]["pinned"] is False
+    assert report["pin_then_raise"] is True
+    assert report["after_pin_then_raise"]["pinned"] is False
+    # TensorFlow pins once per process, so a later distributed iterator leaves
+    # the raised threshold alone (without pin_then_raise it pins: test above).
+    assert report["after_tf_data"]["pinned"] is False
+    assert report["after_tf_data"]["faults"] < 20 * 256 / 10
+
+
+def test_parameter_server_tasks_raise_the_threshold_before_serving(monkeypatch):
+    import tensorflow as tf
+
+    from trainer import launch
+
+    calls = []
+    monkeypatch.setattr(malloc, "pin_then_raise", lambda: calls.append("pin_then_raise"))
+    monkeypatch.setattr(tf.distribute, "Server", lambda *a, **k: type("Server", (), {
+        "join": lambda self: calls.append(("join", k["job_name"], k["task_index"]))})())
+    cluster = {"chief": ["localhost:1"], "worker": ["localhost:2", "localhost:3"], "ps": ["localhost:4"]}
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 1}}))
+    launch.serve()
+    assert calls == ["pin_then_raise", ("join", "worker", 1)]
 
 
 def test_a_threshold_the_user_set_is_left_alone():

@@ -7,7 +7,11 @@
 Each output line is prefixed with the task's role and index. If a task fails,
 the others are stopped and the launcher exits with that task's status. Ctrl-C
 stops everything. With --ps, the script runs on the chief (the coordinator);
-the worker and ps tasks run TensorFlow servers.
+the worker and ps tasks run TensorFlow servers:
+
+    trainer-launch --serve    # a worker or ps task of a parameter-server cluster, as TF_CONFIG names it
+
+which is also the command for those tasks on a cluster (Kubernetes, cloud jobs).
 """
 
 from __future__ import annotations
@@ -174,13 +178,37 @@ def _server_command(kind: str, index: int) -> list[str]:
 
 
 def serve() -> None:
-    """Runs this task's TensorFlow server until killed (worker and ps tasks under --ps)."""
+    """Runs this task's TensorFlow server until killed (the worker and ps tasks of a parameter-server cluster).
+
+    Raises:
+      ValueError: if TF_CONFIG does not name a worker or ps task of a cluster with ps tasks.
+    """
+    check_serve_config()
     import tensorflow as tf
 
+    from trainer import malloc
+
+    # The steps scheduled here read tf.data iterators, which would pin glibc's
+    # mmap threshold at 128 KiB for good; nothing of ours runs after them.
+    malloc.pin_then_raise()
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
                                   task_index=resolver.task_id, protocol="grpc", start=True)
     server.join()
+
+
+def check_serve_config() -> None:
+    """Raises ValueError unless TF_CONFIG names a worker or ps task of a cluster with ps tasks."""
+    from trainer import cluster
+
+    info = cluster.cluster_info()
+    if info.task_type not in ("worker", "ps") or info.num_ps == 0:
+        raise ValueError(
+            "`trainer-launch --serve` runs a worker or ps task of a parameter-server cluster, so TF_CONFIG must "
+            f"name one. Received: task type {info.task_type!r} in a cluster with {info.num_ps} ps task(s) "
+            f"(TF_CONFIG={os.environ.get('TF_CONFIG')!r}). Under --serve, set TF_CONFIG's task to "
+            '{"type": "worker" or "ps", "index": i} of a cluster with "ps" tasks; the chief, and every task of '
+            "a cluster without ps tasks, runs the training script itself.")
 
 
 def _count(flag: str, minimum: int) -> Callable[[str], int]:
@@ -203,11 +231,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="trainer-launch", description=__doc__.split("\n")[0])
     parser.add_argument("--workers", type=_count("--workers", 1), default=2, help="worker tasks (default 2)")
     parser.add_argument("--ps", type=_count("--ps", 0), default=0, help="parameter-server tasks (default 0)")
-    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--serve", action="store_true",
+                        help="run this task's TensorFlow server: the worker and ps tasks of a parameter-server "
+                             "cluster, as TF_CONFIG names them")
     parser.add_argument("script", nargs="?", help="the Python script to run")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     args = parser.parse_args(argv)
     if args.serve:
+        if args.script is not None:
+            parser.error(f"--serve takes no script: it runs a TensorFlow server. Received: {args.script!r}. "
+                         "Run the script on the chief only (trainer-launch --serve on the worker and ps tasks).")
+        try:
+            check_serve_config()
+        except ValueError as err:
+            parser.error(str(err))
         serve()
         return 0
     if args.script is None:

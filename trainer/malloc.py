@@ -18,6 +18,11 @@ iterator, since it cannot tell whether TensorFlow has pinned the threshold yet
 (whether a request is mmap'ed also depends on the free space in each thread's
 heap, so no probe answers reliably). A user who sets the threshold through
 glibc's environment (`MALLOC_MMAP_THRESHOLD_` or `GLIBC_TUNABLES`) keeps it.
+
+TensorFlow pins the threshold once per process, so `pin_then_raise()` makes it
+do so at once and raises the threshold over it: for the worker tasks of a
+parameter-server cluster, whose steps the coordinator schedules on them and
+where no trainer code runs after a step.
 """
 
 from __future__ import annotations
@@ -71,3 +76,18 @@ def raise_threshold() -> bool:
 def raised() -> bool:
     """Whether `raise_threshold` has set the threshold in this process."""
     return _state["raised"]
+
+
+def pin_then_raise() -> bool:
+    """Makes TensorFlow apply its once-per-process pin now, then raises the threshold; returns whether it did.
+
+    Building one (empty) `Dataset.from_generator` kernel is what triggers
+    TensorFlow's pin; later kernels leave the threshold as it is.
+    """
+    if _libc() is None or user_set_threshold():
+        return False
+    import tensorflow as tf
+
+    for _ in tf.data.Dataset.from_generator(lambda: iter(()), output_signature=tf.TensorSpec((), tf.int8)):
+        pass
+    return raise_threshold()
