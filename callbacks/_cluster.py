@@ -78,6 +78,9 @@ def replace_atomically(write, final_path: str, suffix: str = "") -> None:
 
     A crash mid-write leaves the previous file intact (a rename within a
     directory is atomic on POSIX); the temporary file is removed on failure.
+    The file's data reaches the disk before the rename, and the rename before
+    this returns, so a power cut leaves the old file or the new one, never a
+    renamed file with nothing in it.
     """
     directory = os.path.dirname(os.path.abspath(final_path))
     os.makedirs(directory, exist_ok=True)
@@ -85,8 +88,18 @@ def replace_atomically(write, final_path: str, suffix: str = "") -> None:
     os.close(fd)
     try:
         write(tmp)
+        _fsync(tmp)
         os.replace(tmp, final_path)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+    _fsync(directory)
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -128,14 +128,17 @@ class ModelCheckpoint(ContextAware):
         value = None if value is None or not math.isfinite(value) else float(value)
         entry = {"file": f"epoch{epoch + 1:03d}{self.suffix}", "epoch": epoch, "value": value}
         with writable_dir(self.directory, self.is_chief) as directory:
+            evicted = []
             if self._should_keep(entry):
                 self._save(os.path.join(directory, entry["file"]))
                 self.kept.append(entry)
-                for evicted in self._evict():
-                    _remove(os.path.join(directory, evicted["file"]))
+                evicted = self._evict()
             if self.save_last:
                 self._save(os.path.join(directory, f"last{self.suffix}"))
             self._write_index(directory, epoch)
+            # Only once the index no longer names them: a crash before this leaves extra files, not a dangling index.
+            for gone in evicted:
+                _remove(os.path.join(directory, gone["file"]))
 
     def _should_keep(self, entry: dict[str, Any]) -> bool:
         if not self.save_best_only:

@@ -14,7 +14,8 @@ class JSONLogger(EpochRowLogger):
     """Appends one JSON object per epoch (epoch, metrics, learning rate, time, examples/s).
 
     A resumed run goes on in the same file; rows for epochs it re-runs are
-    dropped first. Only the chief writes.
+    dropped first, and so is a last line torn by a crash mid-append. Only the
+    chief writes.
 
     Args:
       path: the .jsonl file.
@@ -24,8 +25,9 @@ class JSONLogger(EpochRowLogger):
         if not os.path.exists(self.path):
             return
         with open(self.path) as f:
-            rows = [json.loads(line) for line in f if line.strip()]
-        kept = [r for r in rows if r["epoch"] < epoch]
+            lines = [line for line in f if line.strip()]
+        rows = [_parse(line, self.path, number, last=number == len(lines)) for number, line in enumerate(lines, 1)]
+        kept = [r for r in rows if r is not None and r["epoch"] < epoch]
         if len(kept) != len(rows):
             replace_atomically(lambda tmp: _dump(tmp, kept), self.path, suffix=".jsonl")
 
@@ -33,6 +35,20 @@ class JSONLogger(EpochRowLogger):
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
+
+
+def _parse(line: str, path: str, number: int, last: bool) -> dict[str, Any] | None:
+    """A row of the file; None for a last line that a crash cut short."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as err:
+        if last and not line.endswith("\n"):
+            return None
+        raise ValueError(
+            f"JSONLogger can't continue {path!r}: its line {number} is not JSON ({err}), and only a last line "
+            "cut short by a crash is dropped. Received: " + repr(line[:80]) + ". Fix or remove that line, or "
+            "log to a new file."
+        ) from err
 
 
 def _dump(path: str, rows: list[dict[str, Any]]) -> None:

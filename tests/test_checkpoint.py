@@ -86,6 +86,29 @@ def test_a_full_disk_mid_write_keeps_the_last_checkpoint_and_says_so(tmp_path):
         np.testing.assert_array_equal(saved, expected)
 
 
+def test_a_crash_after_an_eviction_leaves_no_index_entry_without_its_file(tmp_path):
+    class FailOnSecondSaveOfEpochTwo(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 1:  # epoch002.keras is saved (evicting epoch001.keras), then saving last.keras fails
+                save, calls = self.model.save, []
+
+                def failing(path, *args, **kwargs):
+                    calls.append(path)
+                    if len(calls) == 2:
+                        raise OSError(errno.EIO, os.strerror(errno.EIO))
+                    return save(path, *args, **kwargs)
+
+                self.model.save = failing
+
+    with pytest.raises(OSError):
+        _fit([FailOnSecondSaveOfEpochTwo(), ModelCheckpoint(tmp_path, keep=1)], epochs=2)
+    index = ModelCheckpoint.read_index(tmp_path)
+    assert [k["file"] for k in index["kept"]] == ["epoch001.keras"]  # the index of epoch 1, still in force
+    for named in (ModelCheckpoint.best_path(tmp_path), ModelCheckpoint.last_path(tmp_path)):
+        assert os.path.exists(named), named
+        keras.models.load_model(named)
+
+
 def test_non_finite_weights_are_never_saved(tmp_path):
     checkpoint = ModelCheckpoint(tmp_path)
     _fit([checkpoint], epochs=1)

@@ -55,6 +55,25 @@ def test_resumed_run_continues_without_duplicating_epochs(tmp_path):
     np.testing.assert_allclose([r["loss"] for r in json_rows[1:]], history.history["loss"], rtol=1e-12)
 
 
+def test_a_line_torn_by_a_crash_is_dropped_on_resume(tmp_path):
+    model, path = tiny_model(), tmp_path / "log.jsonl"
+    _fit([JSONLogger(path)], epochs=2, model=model)
+    with open(path, "a") as f:
+        f.write('{"epoch": 2, "loss": 0.')  # the append a crash cut short
+    history = _fit([JSONLogger(path)], epochs=3, initial_epoch=2, model=model)
+    rows = _read_jsonl(path)
+    assert [r["epoch"] for r in rows] == [0, 1, 2]
+    assert rows[2]["loss"] == pytest.approx(history.history["loss"][0], rel=1e-12)
+
+
+def test_a_bad_line_that_is_not_the_last_is_refused_with_its_number(tmp_path):
+    path = tmp_path / "log.jsonl"
+    path.write_text('{"epoch": 0, "loss": 1.0}\nnot json\n{"epoch": 1, "loss": 0.5}\n')
+    with pytest.raises(ValueError, match=r"line 2 is not JSON.*'not json\\n'.*Fix or remove that line"):
+        JSONLogger(path).keep_rows_before(1)
+    assert path.read_text().startswith('{"epoch": 0')  # left as it was
+
+
 def test_only_the_chief_writes(tmp_path):
     _fit([as_worker(CSVLogger(tmp_path / "log.csv")), as_worker(JSONLogger(tmp_path / "log.jsonl")),
           as_worker(TensorBoard(tmp_path / "tb"))], epochs=1)

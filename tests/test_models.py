@@ -171,6 +171,30 @@ def test_a_model_built_outside_scope_keeps_its_optimizer_state_across_fits(data)
         np.testing.assert_array_equal(trained, user)
 
 
+def test_fine_tuning_a_model_built_outside_scope_takes_the_new_trainable_flags_and_compile(data):
+    x, y, w = data
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model = tiny_model()
+    model.layers[0].trainable = False
+    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss=loss)
+    frozen = [v.copy() for v in model.layers[0].get_weights()]
+    trainer = Trainer(strategy=mirrored(2), per_replica_batch_size=16, lr_scaling=None, verbose=0)
+    first = trainer.fit(model, (x, y), epochs=1)
+    for before, after in zip(frozen, model.layers[0].get_weights()):
+        np.testing.assert_array_equal(before, after)
+
+    model.layers[0].trainable = True  # unfreeze and recompile, as a fine-tuning recipe does
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=loss, metrics=["accuracy"])
+    second = trainer.fit(model, (x, y), epochs=1)
+    assert second.model is not first.model
+    assert isinstance(second.model.optimizer, keras.optimizers.Adam)
+    assert second.model.optimizer.learning_rate.numpy() == pytest.approx(1e-3)
+    assert int(second.model.optimizer.iterations.numpy()) == 7  # a new optimizer starts afresh
+    assert "accuracy" in second.history
+    assert all(not np.array_equal(b, a) for b, a in zip(frozen, model.layers[0].get_weights()))
+    assert trainer.fit(model, (x, y), epochs=1).model is second.model  # unchanged since: reused
+
+
 def test_engine_cache_is_bounded(data):
     from trainer.engine import CACHE_SIZE
 

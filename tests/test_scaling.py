@@ -37,6 +37,9 @@ def test_auto_rule_is_linear_for_sgd_and_sqrt_for_adaptive():
     assert scaling.resolve_lr_rule("auto", keras.optimizers.SGD()) == "linear"
     assert scaling.resolve_lr_rule("auto", keras.optimizers.Adam()) == "sqrt"
     assert scaling.resolve_lr_rule("auto", keras.optimizers.RMSprop()) == "sqrt"
+    # What compile makes of a float16 model's optimizer: judged by the one inside.
+    assert scaling.resolve_lr_rule("auto", keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())) == "linear"
+    assert scaling.resolve_lr_rule("auto", keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam())) == "sqrt"
 
 
 def test_warmup_ramps_from_base_to_scaled():

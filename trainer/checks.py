@@ -62,6 +62,9 @@ def check_data(inp, arg: str, *, steps_arg: str | None, steps: int | None, with_
         for part, struct in parts(inp.arrays, with_targets).items():
             for name, array in leaves(struct, part):
                 _check_array(array, name, part, arg)
+        if with_targets and len(inp.arrays) == 3:
+            weights = inp.arrays[2]
+            _check_sample_weight(weights, getattr(weights, "shape", None), arg, per_example=False)
     elif isinstance(inp, data_lib.DatasetInput):
         spec = inp.dataset.element_spec
         if with_targets and not (isinstance(spec, (tuple, list)) and len(spec) in (2, 3)):
@@ -70,6 +73,18 @@ def check_data(inp, arg: str, *, steps_arg: str | None, steps: int | None, with_
                 f"{_describe_spec(spec)}. Map each element to a tuple, e.g. "
                 f"{arg}.map(lambda e: (e['image'], e['label']))."
             )
+        unknown = [name for part, struct in parts(spec, with_targets).items()
+                   for name, leaf in leaves(struct, part) if leaf.shape.rank is None]
+        if unknown:
+            raise ValueError(
+                f"Every component of `{arg}`'s elements needs a known rank, to be batched and checked against "
+                f"the model. Received: {', '.join(unknown)} of unknown rank (as a tf.py_function or "
+                f"tf.numpy_function output has). Set the shape in the map, e.g. "
+                f"{arg}.map(lambda x, y: (tf.ensure_shape(x, [28, 28, 1]), tf.ensure_shape(y, [])))."
+            )
+        if with_targets and len(spec) == 3:
+            _check_sample_weight(spec[2], spec[2].shape if hasattr(spec[2], "shape") else None, arg,
+                                 per_example=True)
         if steps is None and inp.dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
             fix = (f"Pass {steps_arg}=<steps>, or drop .repeat()" if steps_arg
                    else f"Pass a finite dataset, e.g. {arg}.take(<examples>)")
@@ -78,6 +93,21 @@ def check_data(inp, arg: str, *, steps_arg: str | None, steps: int | None, with_
                 f"tf.data.Dataset (.repeat() without a count). Received: {arg} with cardinality INFINITE"
                 f"{f', {steps_arg}=None' if steps_arg else ''}. {fix}."
             )
+
+
+def _check_sample_weight(weights: Any, shape: Any, arg: str, *, per_example: bool) -> None:
+    """One weight per example: arrays of shape (n,) or (n, 1); dataset elements of shape () or (1,)."""
+    dims = None if shape is None else list(shape)[0 if per_example else 1:]
+    if dims is not None and (dims == [] or dims == [1]):
+        return
+    got = (f"a {type(weights).__name__}" if shape is None
+           else f"shape {tuple(shape)}" + (" per element" if per_example else ""))
+    raise ValueError(
+        f"`{arg}`'s sample_weight must be one weight per example: an array of shape (examples,)"
+        f"{' (a scalar per dataset element)' if per_example else ''}. Received: sample_weight with {got}. "
+        "Per-output or per-timestep weights are not supported: weight the examples, or put the weighting "
+        "into the loss."
+    )
 
 
 def _check_array(array: np.ndarray, name: str, part: str, arg: str) -> None:

@@ -157,7 +157,10 @@ def feature_signature(inp: Input) -> Any:
     if isinstance(inp, ArrayInput):
         return tf.nest.map_structure(lambda a: tuple(a.shape[1:]), inp.arrays)
     if isinstance(inp, DatasetInput):
-        return tf.nest.map_structure(lambda s: tuple(s.shape), inp.dataset.element_spec)
+        spec = inp.dataset.element_spec
+        if any(s.shape.rank is None for s in tf.nest.flatten(spec)):
+            return None  # unknown; checks.check_data refuses it
+        return tf.nest.map_structure(lambda s: tuple(s.shape), spec)
     return None
 
 

@@ -22,9 +22,10 @@ ModelOrBuilder = keras.Model | Callable[[], keras.Model]
 # with, before scaling, so that a second `fit` never scales twice.
 _BASE_LR: "weakref.WeakKeyDictionary[keras.optimizers.Optimizer, Any]" = weakref.WeakKeyDictionary()
 _SCALING: "weakref.WeakKeyDictionary[keras.optimizers.Optimizer, tuple]" = weakref.WeakKeyDictionary()
-# The in-scope copy of each user model that had to be re-created, so later calls
-# reuse it (and its optimizer state) instead of re-creating it again.
-_CLONES: "weakref.WeakKeyDictionary[keras.Model, keras.Model]" = weakref.WeakKeyDictionary()
+# The in-scope copy of each user model that had to be re-created, with what it
+# was copied from (`_compiled_as`), so later calls reuse it (and its optimizer
+# state) until the user recompiles the model or changes what is trainable.
+_CLONES: "weakref.WeakKeyDictionary[keras.Model, tuple[keras.Model, tuple]]" = weakref.WeakKeyDictionary()
 
 
 def check_compiled(model: Any, arg: str = "model") -> None:
@@ -66,16 +67,26 @@ def model_in_scope(
             model = model()
         check_compiled(model, arg="model()")
     elif model.weights and not _ready(model, strategy, mixed_precision):
-        clone = _CLONES.get(model)
-        if clone is not None and _ready(clone, strategy, mixed_precision):
+        clone, compiled_as = _CLONES.get(model, (None, None))
+        if clone is not None and _ready(clone, strategy, mixed_precision) and compiled_as == _compiled_as(model):
             clone.set_weights(model.get_weights())  # the user's object holds the latest weights
             return clone
         clone = _recreate(model, strategy, sample_x, mixed_precision)
-        _CLONES[model] = clone
+        _CLONES[model] = clone, _compiled_as(model)
         model = clone
     with strategy.scope():
         model(sample_x, training=False)  # creates any variables not built yet
     return model
+
+
+def _compiled_as(model: keras.Model) -> tuple:
+    """What a copy of `model` takes from it besides weights: optimizer, compile settings, trainable flags.
+
+    Fine-tuning changes these between fits (unfreeze layers, recompile with a
+    lower learning rate); a copy made before must then be made again.
+    """
+    compile_config = model.get_compile_config() if model.compiled else None
+    return model.optimizer, compile_config, tuple(v.trainable for v in model.weights)
 
 
 def _ready(model: keras.Model, strategy: tf.distribute.Strategy, mixed_precision: str | None) -> bool:

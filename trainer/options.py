@@ -41,8 +41,11 @@ def check_trainer_options(
     steps_per_execution,
     jit_compile,
     mixed_precision=None,
+    seed=0,
 ) -> None:
     """Raises ValueError or TypeError, naming the argument, the value and the fix, for a bad Trainer option."""
+    check_int("seed", seed, minimum=0, fix="Pass a non-negative integer, e.g. seed=0; it fixes the shuffle order "
+              "and a builder's initial weights.")
     if per_replica_batch_size is not None and batch_size is not None:
         raise ValueError(
             "Pass `per_replica_batch_size` or `batch_size`, not both. Received: "

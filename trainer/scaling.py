@@ -47,9 +47,15 @@ def plan_batch(
 
 
 def resolve_lr_rule(rule: str | None, optimizer: keras.optimizers.Optimizer) -> str | None:
-    """Maps "auto" to "linear" for SGD-family optimizers and "sqrt" for adaptive ones."""
+    """Maps "auto" to "linear" for SGD-family optimizers and "sqrt" for adaptive ones.
+
+    A `LossScaleOptimizer` (which compile puts around a float16 model's
+    optimizer) is judged by the optimizer inside it.
+    """
     if rule != "auto":
         return rule
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        optimizer = optimizer.inner_optimizer
     return "linear" if isinstance(optimizer, keras.optimizers.SGD) else "sqrt"
 
 

@@ -118,6 +118,7 @@ class Trainer:
             per_replica_batch_size=per_replica_batch_size, batch_size=batch_size, base_batch_size=base_batch_size,
             lr_scaling=lr_scaling, warmup_epochs=warmup_epochs, warmup_steps=warmup_steps,
             steps_per_execution=steps_per_execution, jit_compile=jit_compile, mixed_precision=mixed_precision,
+            seed=seed,
         )
         if batch_size is None and per_replica_batch_size is None:
             per_replica_batch_size = 32
