@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 import trainer.scaling  # noqa: F401  registers ScaledSchedule, which checkpoints may contain
+from trainer.models import unscaled_learning_rate
 from callbacks._cluster import ContextAware, replace_or_explain, writable_dir
 from callbacks._paths import checked_path
 
@@ -31,7 +32,10 @@ class ModelCheckpoint(ContextAware):
     to a temporary name and renamed, so a crash mid-write leaves the previous
     checkpoint intact. Weights that are not finite are never saved. A checkpoint
     saved under any strategy loads into a model built without one:
-    `keras.models.load_model(path)` or `model.load_weights(path)`.
+    `keras.models.load_model(path)` or `model.load_weights(path)`. Its
+    learning rate is the one the model was compiled with, before the trainer
+    scaled it for the replica count, so a fit of the loaded model on any layout
+    scales it once, as for the original.
 
     Under multi-worker training every worker saves (in step), but only the
     chief's files remain; the others write to temporary directories.
@@ -162,8 +166,9 @@ class ModelCheckpoint(ContextAware):
 
     def _save(self, path: str) -> None:
         save = self.model.save_weights if self.save_weights_only else self.model.save
-        replace_or_explain(lambda tmp: save(tmp), path, suffix=self.suffix, owner="ModelCheckpoint",
-                           intact=lambda: self._intact(path))
+        with unscaled_learning_rate(self.model):  # the LR as tuned, which the next fit scales for its layout
+            replace_or_explain(lambda tmp: save(tmp), path, suffix=self.suffix, owner="ModelCheckpoint",
+                               intact=lambda: self._intact(path))
 
     def _intact(self, path: str) -> str:
         """What a failed write of `path` leaves: the file it would replace, else the newest checkpoint."""

@@ -85,3 +85,26 @@ def test_num_steps():
     assert data_lib.num_steps(data_lib.as_input(tf.data.Dataset.range(64).map(lambda i: (i, i)), arg="d"), 32) == 2
     unknown = tf.data.Dataset.range(64).filter(lambda i: i > 3).map(lambda i: (i, i))
     assert data_lib.num_steps(data_lib.as_input(unknown, arg="d"), 32) is None
+
+
+@pytest.mark.parametrize("steps_per_epoch, seen", [
+    (4, [range(0, 40), range(40, 80), [*range(80, 100), *range(0, 20)]]),  # runs out mid-epoch: starts again
+    (5, [range(0, 50), range(50, 100), range(0, 50)]),  # runs out at an epoch's end
+])
+def test_a_dataset_with_steps_per_epoch_is_one_stream_that_starts_again_when_it_ends(steps_per_epoch, seen):
+    import keras
+
+    from conftest import tiny_model
+    from trainer import Trainer
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(100, 8)).astype("float32"), rng.integers(0, 3, 100)
+    model = tiny_model()
+    model.compile(keras.optimizers.SGD(0.0), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    trainer = Trainer(strategy="default", batch_size=10, lr_scaling=None, verbose=0)
+    history = trainer.fit(model, tf.data.Dataset.from_tensor_slices((x, y)), epochs=3,
+                          steps_per_epoch=steps_per_epoch)
+    assert int(history.model.optimizer.iterations.numpy()) == 3 * steps_per_epoch
+    # The weights never move (LR 0), so each epoch's loss is the loss over the examples it read.
+    expected = [trainer.evaluate(model, (x[list(rows)], y[list(rows)]))["loss"] for rows in seen]
+    np.testing.assert_allclose(history.history["loss"], expected, rtol=1e-5)

@@ -24,15 +24,26 @@ from trainer.model_checks import check_model_inputs, leaves, parts
 from trainer.options import check_int
 
 
-def check_fit(model, train, val, *, steps_per_epoch, epoch_steps, epochs, initial_epoch, warmup) -> Any:
+def check_fit(model, train, val, *, steps_per_epoch, epoch_steps, epochs, initial_epoch, warmup,
+              global_batch_size) -> Any:
     """Checks fit's inputs and warmup; returns `model`, or for a builder, one that checks what it builds.
 
     Args:
       steps_per_epoch: the user's value (None: one pass over the data).
       epoch_steps: the steps an epoch will run, when known.
       warmup: (warmup_epochs, warmup_steps): the Trainer's setting and the steps it comes to.
+      global_batch_size: examples per step.
     """
     check_data(train, "data", steps_arg="steps_per_epoch", steps=steps_per_epoch)
+    if isinstance(train, data_lib.ArrayInput) and steps_per_epoch is not None:
+        batches = data_lib.num_steps(train, global_batch_size)
+        if steps_per_epoch > batches:
+            raise ValueError(
+                f"`steps_per_epoch` can be at most the {batches} batches of one pass over the arrays "
+                f"({train.num_examples} examples, global batch {global_batch_size}): each epoch reshuffles them. "
+                f"Received: steps_per_epoch={steps_per_epoch}. Pass steps_per_epoch<={batches}, or None for one "
+                "pass per epoch; to train for longer, raise epochs."
+            )
     if val is not None:
         check_data(val, "validation_data", steps_arg=None, steps=None)
     if epoch_steps is not None:

@@ -111,12 +111,18 @@ def run_epochs(
         context.epoch, context.step = epoch, first_step
         objective.reset()
         callbacks.on_epoch_begin(epoch)
-        if not held or restart_each_epoch:
+        fresh = not held or restart_each_epoch
+        if fresh:
             release(held)
             until = epoch + 1 if restart_each_epoch else context.epochs
             held.append(make_iterator(train, epoch=epoch, start_step=first_step, until=until))
-        if _train_epoch(steps, context, callbacks, held[0], batch_logs):  # the data ran out
+        while _train_epoch(steps, context, callbacks, held[0], batch_logs, fresh):  # the data ran out
             release(held)
+            if restart_each_epoch:  # one pass is the epoch
+                break
+            # One stream for all epochs (a dataset with steps_per_epoch): it starts again, and fills this epoch.
+            held.append(make_iterator(train, epoch=epoch, start_step=0, until=context.epochs))
+            fresh = True
         logs = end_epoch(epoch, objective, steps, make_iterator, val, callbacks)
         if model.stop_training:
             break
@@ -155,8 +161,12 @@ def end_epoch(epoch: int, objective, eval_steps: Steps, make_iterator: MakeItera
     return logs
 
 
-def _train_epoch(steps: Steps, context: TrainContext, callbacks, iterator, batch_logs: bool) -> bool:
-    """Runs one epoch's step calls; returns True when the data ran out."""
+def _train_epoch(steps: Steps, context: TrainContext, callbacks, iterator, batch_logs: bool, fresh: bool) -> bool:
+    """Runs the epoch's step calls from `context.step` on; returns True when the data ran out first.
+
+    A `fresh` iterator that yields nothing is an error; one carried over from
+    the epoch before may just have ended.
+    """
     per_epoch, first_step = context.plan.steps_per_epoch, context.step
     while per_epoch is None or context.step < per_epoch:
         n = context.fusion.steps
@@ -189,7 +199,7 @@ def _train_epoch(steps: Steps, context: TrainContext, callbacks, iterator, batch
         if ran:
             callbacks.on_train_batch_end(context.step - 1, steps.objective.results() if batch_logs else None)
         if ran < n:
-            if context.step == first_step:
+            if context.step == first_step and fresh:
                 raise ValueError(
                     f"`data` produced no batches in epoch {context.epoch}. Pass a non-empty dataset, "
                     "or one that repeats when steps_per_epoch is set."

@@ -215,6 +215,30 @@ def optimizer_in_scope(
     return new
 
 
+@contextlib.contextmanager
+def unscaled_learning_rate(model: keras.Model):
+    """While saving `model`: its optimizer's float LR divided by the factor the trainer scaled it by.
+
+    A checkpoint then holds the learning rate as the user tuned it, like a
+    scaled schedule (which saves its base), so whatever layout loads it scales
+    it once for itself instead of scaling the scaled rate again. A rate changed
+    by a callback (ReduceLROnPlateau) is divided the same way.
+    """
+    optimizer = getattr(model, "optimizer", None)
+    scaled_for = _SCALING.get(optimizer)
+    if scaled_for is None or scaled_for[1] == 1.0 or isinstance(
+            _BASE_LR.get(optimizer), keras.optimizers.schedules.LearningRateSchedule):
+        yield
+        return
+    variable = optimizer.learning_rate  # a LossScaleOptimizer's is its inner optimizer's
+    current = variable.numpy()
+    variable.assign(current / scaled_for[1])
+    try:
+        yield
+    finally:
+        variable.assign(current)
+
+
 def _copy_state(old: keras.optimizers.Optimizer, new: keras.optimizers.Optimizer) -> None:
     """Copies iterations and slots (not the learning rate, which was just scaled)."""
     old_vars = [v for v in old.variables if v is not old.learning_rate]

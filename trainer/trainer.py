@@ -184,7 +184,8 @@ class Trainer:
         steps_per_epoch = steps_per_epoch or data_lib.num_steps(train, batch.global_batch_size)
         warmup_steps = self._warmup_steps(steps_per_epoch)
         model = checks.check_fit(model, train, val, steps_per_epoch=user_steps, epoch_steps=steps_per_epoch,
-                                 epochs=epochs, initial_epoch=initial_epoch, warmup=(self.warmup_epochs, warmup_steps))
+                                 epochs=epochs, initial_epoch=initial_epoch, warmup=(self.warmup_epochs, warmup_steps),
+                                 global_batch_size=batch.global_batch_size)
         lr = engine_lib.LRSettings(self.lr_scaling, self.base_batch_size, batch, warmup_steps)
         run_model, compiled, lr_plan = self._build(model, strategy, train, lr=lr)
         callbacks = list(callbacks or [])
