@@ -2,6 +2,7 @@
 
     python examples/fashion_mnist.py                       # real data (downloads it when online)
     python examples/fashion_mnist.py --data-dir ~/data/fashion   # the four standard IDX .gz files
+    sudo apt-get install dataset-fashion-mnist             # Debian's copy of those files, found by default
     python examples/fashion_mnist.py --synthetic 2000 --epochs 1 # offline smoke run
     python examples/fashion_mnist.py --cpu-replicas 2 --strategy mirrored   # 2 replicas on one CPU
     trainer-launch --workers 2 examples/fashion_mnist.py --synthetic 2000  # 2 local workers
@@ -24,6 +25,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the example's `idx` reader
 DATA_HOST = ("storage.googleapis.com", 443)  # where keras.datasets.fashion_mnist downloads from
+SYSTEM_DATA_DIR = "/usr/share/datasets/fashion-mnist"  # Debian's dataset-fashion-mnist: the official files
 CLASSES = 10
 
 
@@ -80,29 +82,38 @@ def _reachable(host: tuple[str, int], timeout: float = 3.0) -> bool:
     return bool(result and result[0])
 
 
-def _keras_cache_complete() -> bool:
+def _has_the_files(directory: str) -> bool:
     from idx import FILES
 
-    cache = os.path.join(os.path.expanduser(os.environ.get("KERAS_HOME", "~/.keras")), "datasets", "fashion-mnist")
-    return all(os.path.exists(os.path.join(cache, name)) for name in FILES.values())
+    return all(os.path.exists(os.path.join(directory, name)) for name in FILES.values())
 
 
 def load_raw(data_dir: str | None, synthetic: int | None, seed: int):
-    """uint8 ((x_train, y_train), (x_test, y_test)) from IDX files, generated images or Keras."""
+    """uint8 ((x_train, y_train), (x_test, y_test)) from IDX files, generated images or Keras.
+
+    With neither `data_dir` nor `synthetic`: Keras's cache, else the files of
+    Debian's dataset-fashion-mnist package, else Keras's download.
+    """
+    from idx import load_dataset
+
     if synthetic is not None:
         train = synthetic_images(synthetic, seed, split=0)
         test = synthetic_images(max(synthetic // 5, 10), seed, split=1)
         return train, test
     if data_dir is not None:
-        from idx import load_dataset
-
         return load_dataset(data_dir)
-    if not _keras_cache_complete() and not _reachable(DATA_HOST):
-        raise SystemExit(
-            "Fashion-MNIST is not cached and its download host can't be reached (offline?). "
-            "Pass --data-dir DIR with the four IDX files (train-images-idx3-ubyte.gz, ...), "
-            "or --synthetic N to train on N generated images."
-        )
+    cache = os.path.join(os.path.expanduser(os.environ.get("KERAS_HOME", "~/.keras")), "datasets", "fashion-mnist")
+    if not _has_the_files(cache):
+        if _has_the_files(SYSTEM_DATA_DIR):
+            print(f"Fashion-MNIST from {SYSTEM_DATA_DIR}")
+            return load_dataset(SYSTEM_DATA_DIR)
+        if not _reachable(DATA_HOST):
+            raise SystemExit(
+                "Fashion-MNIST is not cached and its download host can't be reached (offline?). "
+                "Pass --data-dir DIR with the four IDX files (train-images-idx3-ubyte.gz, ...), install "
+                f"them with `apt-get install dataset-fashion-mnist` (Debian, Ubuntu: into {SYSTEM_DATA_DIR}), "
+                "or pass --synthetic N to train on N generated images."
+            )
     import keras
 
     return keras.datasets.fashion_mnist.load_data()

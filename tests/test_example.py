@@ -76,9 +76,21 @@ def test_idx_reader_checks_labels_and_gzip(tmp_path, idx_dir):
 
 def test_offline_without_flags_fails_fast_naming_both(monkeypatch, tmp_path):
     monkeypatch.setenv("KERAS_HOME", str(tmp_path))  # nothing cached
+    monkeypatch.setattr(fashion_mnist, "SYSTEM_DATA_DIR", str(tmp_path / "not-installed"))
     monkeypatch.setattr(fashion_mnist, "_reachable", lambda host, timeout=3.0: False)
-    with pytest.raises(SystemExit, match=r"--data-dir DIR.*--synthetic N"):
+    with pytest.raises(SystemExit, match=r"--data-dir DIR.*dataset-fashion-mnist.*--synthetic N"):
         fashion_mnist.load_raw(None, None, seed=0)
+
+
+def test_without_flags_the_debian_packages_files_are_used(monkeypatch, tmp_path, idx_dir):
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))  # nothing cached
+    monkeypatch.setattr(fashion_mnist, "SYSTEM_DATA_DIR", str(idx_dir))
+    monkeypatch.setattr(fashion_mnist, "_reachable", lambda host, timeout=3.0: pytest.fail("tried to download"))
+    (x_train, y_train), (x_test, y_test) = fashion_mnist.load_raw(None, None, seed=0)
+    expected = idx.load_dataset(idx_dir)
+    for got, want in zip((x_train, y_train, x_test, y_test), (*expected[0], *expected[1])):
+        np.testing.assert_array_equal(got, want)
+    assert x_train.shape == (320, 28, 28) and x_test.shape == (80, 28, 28)
 
 
 def test_example_end_to_end_on_idx_files(tmp_path, idx_dir):
