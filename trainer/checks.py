@@ -74,8 +74,7 @@ def check_data(inp, arg: str, *, steps_arg: str | None, steps: int | None, with_
             for name, array in leaves(struct, part):
                 _check_array(array, name, part, arg)
         if with_targets and len(inp.arrays) == 3:
-            weights = inp.arrays[2]
-            _check_sample_weight(weights, getattr(weights, "shape", None), arg, per_example=False)
+            _check_sample_weight(inp.arrays[2], arg, per_example=False)
     elif isinstance(inp, data_lib.DatasetInput):
         spec = inp.dataset.element_spec
         if with_targets and not (isinstance(spec, (tuple, list)) and len(spec) in (2, 3)):
@@ -94,8 +93,7 @@ def check_data(inp, arg: str, *, steps_arg: str | None, steps: int | None, with_
                 f"{arg}.map(lambda x, y: (tf.ensure_shape(x, [28, 28, 1]), tf.ensure_shape(y, [])))."
             )
         if with_targets and len(spec) == 3:
-            _check_sample_weight(spec[2], spec[2].shape if hasattr(spec[2], "shape") else None, arg,
-                                 per_example=True)
+            _check_sample_weight(spec[2], arg, per_example=True)
         if steps is None and inp.dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
             fix = (f"Pass {steps_arg}=<steps>, or drop .repeat()" if steps_arg
                    else f"Pass a finite dataset, e.g. {arg}.take(<examples>)")
@@ -106,8 +104,9 @@ def check_data(inp, arg: str, *, steps_arg: str | None, steps: int | None, with_
             )
 
 
-def _check_sample_weight(weights: Any, shape: Any, arg: str, *, per_example: bool) -> None:
+def _check_sample_weight(weights: Any, arg: str, *, per_example: bool) -> None:
     """One weight per example: arrays of shape (n,) or (n, 1); dataset elements of shape () or (1,)."""
+    shape = getattr(weights, "shape", None)  # none for a dict of weights
     dims = None if shape is None else list(shape)[0 if per_example else 1:]
     if dims is not None and (dims == [] or dims == [1]):
         return
