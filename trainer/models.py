@@ -67,12 +67,13 @@ def model_in_scope(
             model = model()
         check_compiled(model, arg="model()")
     elif model.weights and not _ready(model, strategy, mixed_precision):
-        clone, compiled_as = _CLONES.get(model, (None, None))
-        if clone is not None and _ready(clone, strategy, mixed_precision) and compiled_as == _compiled_as(model):
+        clone, copied_from = _CLONES.get(model, (None, None))
+        compiled_as = _compiled_as(model)
+        if clone is not None and _ready(clone, strategy, mixed_precision) and copied_from == compiled_as:
             clone.set_weights(model.get_weights())  # the user's object holds the latest weights
             return clone
         clone = _recreate(model, strategy, sample_x, mixed_precision)
-        _CLONES[model] = clone, _compiled_as(model)
+        _CLONES[model] = clone, compiled_as
         model = clone
     with strategy.scope():
         model(sample_x, training=False)  # creates any variables not built yet
