@@ -14,23 +14,24 @@ from trainer import Trainer
 
 def test_nan_guard_stops_names_the_step_and_keeps_the_last_finite_weights(tmp_path, capfd):
     x, y, w = tiny_data(256)
-    # NaN inputs from step 13 on (rows 192-207): that step's loss is NaN, and the weights after
-    # step 12 are the last finite ones.
-    x[200:] = np.nan
+    # NaN sample weights from step 13 on (rows 192-207): that step's loss, sum(w * l) / sum(w), is NaN
+    # whatever the kernels do with NaN (oneDNN's fused MatMul+ReLU turns NaN inputs into 0, so NaN
+    # inputs would leave that loss finite), and the weights after step 12 are the last finite ones.
+    w[200:] = np.nan
     trainer = Trainer(strategy="default", per_replica_batch_size=16, steps_per_execution=1, shuffle=False, verbose=0)
-    clean = trainer.fit(tiny_model(), (x[:192], y[:192]), epochs=1)
+    clean = trainer.fit(tiny_model(), (x[:192], y[:192], w[:192]), epochs=1)
     backup = BackupAndRestore(tmp_path / "backup", save_freq=4)
     callbacks = [NanGuard(keep_every=1), ModelCheckpoint(tmp_path / "ckpt"), backup]
-    with pytest.warns(UserWarning, match=r"`data` x holds 448 non-finite values"):
-        history = trainer.fit(clean.model, (x, y), epochs=5, callbacks=callbacks)
+    with pytest.warns(UserWarning, match=r"`data` sample_weight holds 56 non-finite values"):
+        history = trainer.fit(clean.model, (x, y, w), epochs=5, callbacks=callbacks)
     assert history.epoch == [0]
     err = capfd.readouterr().err
     assert "NanGuard: the loss became nan by epoch 0, step 13; training stopped. The model and optimizer hold " \
            "the last finite weights again (after epoch 0, step 12)." in err
 
     # Independently: the same two fits on the clean rows only; 12 steps of the second are the last finite ones.
-    reference = trainer.fit(trainer.fit(tiny_model(), (x[:192], y[:192]), epochs=1).model,
-                            (x[:192], y[:192]), epochs=1).model
+    reference = trainer.fit(trainer.fit(tiny_model(), (x[:192], y[:192], w[:192]), epochs=1).model,
+                            (x[:192], y[:192], w[:192]), epochs=1).model
     expected = reference.get_weights()
     model = history.model
     assert int(model.optimizer.iterations.numpy()) == 24
@@ -47,26 +48,26 @@ def test_nan_guard_stops_names_the_step_and_keeps_the_last_finite_weights(tmp_pa
             np.testing.assert_allclose(saved[f"model_{i}"], want, rtol=1e-6, atol=1e-7)
 
 
-def _train_rows(trainer, rows_per_fit, x, y):
+def _train_rows(trainer, rows_per_fit, x, y, w):
     model = tiny_model()
     for rows in rows_per_fit:
         if rows:
-            model = trainer.fit(model, (x[:rows], y[:rows]), epochs=1).model
+            model = trainer.fit(model, (x[:rows], y[:rows], w[:rows]), epochs=1).model
     return model
 
 
 def test_default_nan_guard_restores_finite_weights_from_the_step_it_names(capfd):
     x, y, w = tiny_data(256)
-    x[200:] = np.nan
+    w[200:] = np.nan  # the loss is NaN from step 13 on, on any kernels (see the test above)
     trainer = Trainer(strategy="default", per_replica_batch_size=16, steps_per_execution=1, shuffle=False, verbose=0)
     guard = NanGuard()  # keep_every="auto": copies within a 2% time budget, so possibly a few steps old
     with pytest.warns(UserWarning, match="non-finite"):
-        history = trainer.fit(tiny_model(), (x, y), epochs=2, callbacks=[guard])
-    assert guard.stopped_at == (0, 13)  # the first step with NaN inputs
+        history = trainer.fit(tiny_model(), (x, y, w), epochs=2, callbacks=[guard])
+    assert guard.stopped_at == (0, 13)  # the first step with NaN sample weights
     epoch, step = guard.restored_from
     assert epoch == 0 and 0 <= step <= 12
     assert f"hold the last finite weights again (after epoch 0, step {step})" in capfd.readouterr().err
-    expected = _train_rows(trainer, [16 * step], x, y).get_weights()  # `step` clean steps, independently
+    expected = _train_rows(trainer, [16 * step], x, y, w).get_weights()  # `step` clean steps, independently
     for got, want in zip(history.model.get_weights(), expected):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
