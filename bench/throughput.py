@@ -104,7 +104,7 @@ def main() -> None:
         runners = {name: make(strategy, x, y) for name, make in variants.VARIANTS.items()}
         for name, spe in [(f"trainer_spe{n}", n) for n in args.sweep]:
             runners[name] = variants.trainer(strategy, x, y, steps_per_execution=spe)
-        results["layouts"][layout] = _measure(runners, args.repeats)
+        results["layouts"][layout] = measure(runners, args.repeats)
         overhead = quietly(lambda: variants.epoch_overhead(strategy, x, y, epochs=args.repeats + 1))
         results["layouts"][layout]["epoch_overhead_share"] = statistics.median(overhead)
         _print_table(layout, results["layouts"][layout])
@@ -144,7 +144,7 @@ def one_malloc_state() -> dict:
     return {"raised_by_trainer_in_warm_up": malloc.raised(), "raised_by_bench": malloc.raise_threshold()}
 
 
-def _measure(runners: dict, repeats: int) -> dict:
+def measure(runners: dict, repeats: int) -> dict:
     """Warm-up epoch each, then `repeats` interleaved timed rounds; medians per variant."""
     working, errors = warm_up(runners)
     state = one_malloc_state()
@@ -227,15 +227,16 @@ def machine() -> dict:
     import keras
     import tensorflow as tf
 
-    from trainer.engine import onednn_enabled
+    from trainer.engine import cpu_flags, onednn_enabled
 
     cpuinfo = open("/proc/cpuinfo").read().splitlines() if os.path.exists("/proc/cpuinfo") else []
     model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")),
                  platform.processor())
-    flags = set(next((line.split(":", 1)[1].split() for line in cpuinfo if line.startswith("flags")), []))
     return {"date": time.strftime("%Y-%m-%d"), "cpu": model, "cores": os.cpu_count(),
-            # The CPU features that decide TensorFlow's oneDNN default, and what this process got.
-            "cpu_flags": sorted(flags & {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile"}),
+            # The CPU features that decide TensorFlow's oneDNN default and native bfloat16,
+            # and what this process got.
+            "cpu_flags": sorted(cpu_flags() & {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni",
+                                               "amx_tile", "amx_bf16"}),
             "onednn": onednn_enabled(),
             "tensorflow": tf.__version__, "keras": keras.__version__, "python": platform.python_version()}
 

@@ -5,6 +5,7 @@
     sudo apt-get install dataset-fashion-mnist             # Debian's copy of those files, found by default
     python examples/fashion_mnist.py --synthetic 2000 --epochs 1 # offline smoke run
     python examples/fashion_mnist.py --cpu-replicas 2 --strategy mirrored   # 2 replicas on one CPU
+    python examples/fashion_mnist.py --mixed-precision mixed_bfloat16      # 16-bit layers (CPUs with AMX)
     trainer-launch --workers 2 examples/fashion_mnist.py --synthetic 2000  # 2 local workers
 
 It prints the plan, shows a progress bar, writes logs, the best and last
@@ -134,6 +135,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=None, help="cap on steps per epoch (quick runs)")
     parser.add_argument("--out", default="runs/fashion_mnist", help="output directory")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--mixed-precision", choices=["mixed_float16", "mixed_bfloat16"], default=None,
+                        help="16-bit layers (default: float32); mixed_bfloat16 pays on CPUs with AMX or AVX512_BF16")
     parser.add_argument("--cpu-replicas", type=int, default=None,
                         help="split the CPU into N logical devices, to try 'mirrored' without GPUs")
     source = parser.add_mutually_exclusive_group()
@@ -184,7 +187,8 @@ def main(argv=None) -> dict:
     chief = cluster_info().is_chief
     out = args.out
     trainer = Trainer(strategy=args.strategy, per_replica_batch_size=args.batch, seed=args.seed,
-                      lr_scaling=None if args.lr_scaling == "none" else args.lr_scaling)
+                      lr_scaling=None if args.lr_scaling == "none" else args.lr_scaling,
+                      mixed_precision=args.mixed_precision)
     history = trainer.fit(
         lambda: build_model(args.lr), (x_train, y_train), epochs=args.epochs, steps_per_epoch=args.steps,
         validation_data=(x_test, y_test),

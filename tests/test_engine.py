@@ -81,3 +81,28 @@ def test_cpu_onednn_has_nothing_to_suggest_off_x86_or_when_the_user_chose(monkey
     monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS")
     monkeypatch.setattr(platform, "machine", lambda: "arm64")
     assert engine.cpu_onednn(strategy) is None
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/cpuinfo")
+def test_cpu_flags_are_the_first_processors_flags():
+    with open("/proc/cpuinfo") as f:
+        line = next(line for line in f if line.startswith("flags"))
+    assert engine.cpu_flags() == frozenset(line.partition(":")[2].split())
+    assert "fpu" in engine.cpu_flags() or platform.machine() != "x86_64"
+
+
+def test_cpu_native_bf16_needs_amx_bf16_under_onednn_on_x86_linux(monkeypatch):
+    strategy = tf.distribute.get_strategy()
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(engine, "onednn_enabled", lambda: True)
+    monkeypatch.setattr(engine, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}))
+    assert engine.cpu_native_bf16(strategy)
+    monkeypatch.setattr(engine, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))  # no AMX
+    assert not engine.cpu_native_bf16(strategy)
+    monkeypatch.setattr(engine, "cpu_flags", lambda: frozenset({"amx_tile", "amx_bf16"}))
+    monkeypatch.setattr(engine, "onednn_enabled", lambda: False)  # TF_ENABLE_ONEDNN_OPTS=0: Eigen's kernels
+    assert not engine.cpu_native_bf16(strategy)
+    monkeypatch.setattr(engine, "onednn_enabled", lambda: True)
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    assert not engine.cpu_native_bf16(strategy)

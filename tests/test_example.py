@@ -93,15 +93,18 @@ def test_without_flags_the_debian_packages_files_are_used(monkeypatch, tmp_path,
     assert x_train.shape == (320, 28, 28) and x_test.shape == (80, 28, 28)
 
 
-def test_example_end_to_end_on_idx_files(tmp_path, idx_dir):
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+def test_example_end_to_end_on_idx_files(tmp_path, idx_dir, policy):
     out = tmp_path / "out"
+    flags = [] if policy == "float32" else ["--mixed-precision", policy]
     proc = subprocess.run(
         [sys.executable, str(EXAMPLES / "fashion_mnist.py"), "--data-dir", str(idx_dir), "--epochs", "1",
-         "--out", str(out), "--strategy", "mirrored", "--cpu-replicas", "2", "--batch", "32"],
+         "--out", str(out), "--strategy", "mirrored", "--cpu-replicas", "2", "--batch", "32", *flags],
         capture_output=True, text=True, timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Training plan" in proc.stdout and "2 in sync" in proc.stdout
+    assert re.search(rf"precision +{policy}", proc.stdout)
     printed = float(re.search(r"Test accuracy: ([0-9.]+)", proc.stdout).group(1))
     restored = float(re.search(r"Restored without a strategy: test accuracy ([0-9.]+)", proc.stdout).group(1))
 
@@ -111,6 +114,7 @@ def test_example_end_to_end_on_idx_files(tmp_path, idx_dir):
     # Recompute the accuracy from the saved checkpoint, outside the example.
     (_, _), (x_test, y_test) = idx.load_dataset(idx_dir)
     model = keras.models.load_model(out / "checkpoints" / "last.keras")
+    assert {layer.dtype_policy.name for layer in model.layers} == {policy}  # the checkpoint keeps the layers' precision
     logits = model.predict(x_test[..., None].astype("float32") / 255, verbose=0)
     recomputed = float(np.mean(logits.argmax(axis=1) == y_test))
     assert printed == pytest.approx(recomputed, abs=5e-5)

@@ -31,6 +31,12 @@ def test_layers_compute_in_16_bits_and_train_like_float32(policy, compute):
     assert history.history["loss"][-1] < history.history["loss"][0]
 
 
+def test_the_plan_names_the_policy(capsys):
+    x, y, w = tiny_data()
+    Trainer(strategy="default", mixed_precision="mixed_bfloat16", verbose=2).fit(tiny_model(), (x, y, w))
+    assert "precision      mixed_bfloat16: layers compute in bfloat16" in capsys.readouterr().out
+
+
 def test_mixed_precision_under_mirrored_strategy():
     history, evaluation = _fit("mixed_bfloat16", strategy=mirrored(2))
     assert np.isfinite(evaluation["loss"]) and history.history["loss"][-1] < history.history["loss"][0]
@@ -39,3 +45,16 @@ def test_mixed_precision_under_mirrored_strategy():
 def test_unknown_policy_is_rejected():
     with pytest.raises(ValueError, match=r"`mixed_precision` must be one of.*mixed_precision='float16'"):
         Trainer(mixed_precision="float16")
+
+
+def test_a_reloaded_float16_model_keeps_loss_scaling_and_its_policy(tmp_path, capsys):
+    # Keras reloads a Sequential with float32 as the container's own policy; its layers keep float16.
+    x, y, w = tiny_data()
+    trained = Trainer(strategy="default", mixed_precision="mixed_float16", verbose=0).fit(tiny_model(), (x, y, w))
+    trained.model.save(tmp_path / "f16.keras")
+    reloaded = keras.models.load_model(tmp_path / "f16.keras")
+    history = Trainer(strategy="default", verbose=2).fit(reloaded, (x, y, w))
+    assert isinstance(history.model.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert "precision      mixed_float16: layers compute in float16" in capsys.readouterr().out
+    history = Trainer(strategy="default", mixed_precision="mixed_float16", verbose=0).fit(reloaded, (x, y, w))
+    assert history.model is reloaded  # already in float16: not re-created

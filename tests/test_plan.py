@@ -3,7 +3,7 @@
 import tensorflow as tf
 
 from trainer import Plan
-from trainer.plan import ONEDNN_HINT, strategy_label
+from trainer.plan import BF16_HINT, ONEDNN_HINT, strategy_label
 
 BASE = dict(
     strategy="MirroredStrategy", num_replicas=4, num_workers=1, global_batch_size=64, per_replica_batch_size=16,
@@ -42,3 +42,20 @@ def test_plan_suggests_onednn_only_when_it_is_off_on_cpu():
     assert "oneDNN" not in Plan(**{**BASE, "onednn": True}).describe()
     assert "oneDNN" not in Plan(**BASE).describe()  # accelerators, or TF does not say
 
+
+
+def _row(text: str, name: str) -> str:
+    return next(line.split(name, 1)[1].strip() for line in text.splitlines() if line.strip().startswith(name))
+
+
+def test_plan_says_what_the_layers_compute_in():
+    assert _row(Plan(**BASE).describe(), "precision") == "float32"
+    bf16 = _row(Plan(**{**BASE, "precision": "mixed_bfloat16"}).describe(), "precision")
+    assert bf16 == "mixed_bfloat16: layers compute in bfloat16, variables and losses stay float32"
+    assert "dynamic loss scaling" in _row(Plan(**{**BASE, "precision": "mixed_float16"}).describe(), "precision")
+
+
+def test_plan_suggests_bfloat16_only_in_float32_on_cpus_that_compute_it_natively():
+    assert _row(Plan(**{**BASE, "native_bf16": True}).describe(), "precision") == f"float32; {BF16_HINT}"
+    assert BF16_HINT not in Plan(**BASE).describe()
+    assert BF16_HINT not in Plan(**{**BASE, "native_bf16": True, "precision": "mixed_bfloat16"}).describe()

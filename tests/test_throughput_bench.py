@@ -40,7 +40,7 @@ def test_measure_reports_teardown_and_ratios_without_it(monkeypatch):
     monkeypatch.setattr(throughput, "one_malloc_state", lambda: {})
     runners = {"trainer": _Runner(100, [0.0, 0.1, 0.1, 0.1]),
                "keras": _Runner(100, [0.0, 0.1, 0.1, 0.1], teardown=[0.0, 0.1, 0.0, 0.1])}
-    result = throughput._measure(runners, repeats=3)
+    result = throughput.measure(runners, repeats=3)
     assert result["teardown_seconds"] == {"keras": [0.1, 0.0, 0.1]}  # the warm-up epoch took the first
     with_teardown = result["trainer_ratio"]["keras"]
     without = result["trainer_ratio_without_teardown"]["keras"]

@@ -91,7 +91,25 @@ def _compiled_as(model: keras.Model) -> tuple:
 
 
 def _ready(model: keras.Model, strategy: tf.distribute.Strategy, mixed_precision: str | None) -> bool:
-    return _in_scope(strategy, model.weights) and mixed_precision in (None, model.dtype_policy.name)
+    return _in_scope(strategy, model.weights) and mixed_precision in (None, precision(model))
+
+
+def precision(model: keras.Model) -> str:
+    """The dtype policy that the model's layers with weights compute in ("a+b" if they differ).
+
+    Read from the layers, not the model: Keras reloads a Sequential with float32
+    as the container's own policy while its layers keep theirs.
+    """
+    names = sorted({layer.dtype_policy.name for layer in _weighted_layers(model)})
+    return "+".join(names) or model.dtype_policy.name
+
+
+def _weighted_layers(layer: keras.layers.Layer):
+    for sub in getattr(layer, "layers", []):
+        if getattr(sub, "layers", None):
+            yield from _weighted_layers(sub)
+        elif sub.weights:
+            yield sub
 
 
 @contextlib.contextmanager
@@ -208,7 +226,7 @@ def optimizer_in_scope(
         new.build(model.trainable_variables)
         if inner.built:
             _copy_state(inner, new)
-        if model.dtype_policy.name == "mixed_float16":
+        if "mixed_float16" in precision(model).split("+"):
             new = keras.optimizers.LossScaleOptimizer(new)
             new.build(model.trainable_variables)
     _BASE_LR[new], _SCALING[new] = base, (strategy, factor, warmup_steps)

@@ -74,8 +74,8 @@ def check_trainer_options(
     if mixed_precision not in MIXED_PRECISION_POLICIES:
         raise ValueError(
             f"`mixed_precision` must be one of {MIXED_PRECISION_POLICIES}. Received: "
-            f"mixed_precision={mixed_precision!r}. Use 'mixed_float16' on GPUs, 'mixed_bfloat16' on TPUs and "
-            "recent GPUs, None for float32."
+            f"mixed_precision={mixed_precision!r}. Use 'mixed_float16' on GPUs, 'mixed_bfloat16' on TPUs, "
+            "recent GPUs and CPUs with AMX, None for float32."
         )
     if steps_per_execution != "auto":
         check_int("steps_per_execution", steps_per_execution, minimum=1,

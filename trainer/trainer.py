@@ -88,8 +88,9 @@ class Trainer:
       jit_compile: XLA for the forward and backward pass; "auto" turns it on for
         GPUs and TPUs only (it slows CNNs down on CPU).
       mixed_precision: None (float32), "mixed_float16" (GPUs; adds Keras's
-        dynamic loss scaling) or "mixed_bfloat16": layers compute in 16 bits,
-        variables and losses stay float32. Opt-in.
+        dynamic loss scaling) or "mixed_bfloat16" (TPUs, recent GPUs, CPUs with
+        AMX): layers compute in 16 bits, variables and losses stay float32.
+        Opt-in; the plan suggests it on CPUs with AMX.
       verbose: 0 silent, 1 plan and progress bar, 2 plan and one line per epoch
         (chief only).
       nan_guard: stop training at the first non-finite loss (see `callbacks.NanGuard`).
@@ -189,7 +190,7 @@ class Trainer:
         lr = engine_lib.LRSettings(self.lr_scaling, self.base_batch_size, batch, warmup_steps)
         run_model, compiled, lr_plan = self._build(model, strategy, train, lr=lr)
         callbacks = list(callbacks or [])
-        plan = self._plan(strategy, train, batch, steps_per_epoch, lr_plan, callbacks)
+        plan = self._plan(strategy, train, batch, steps_per_epoch, lr_plan, callbacks, run_model)
         context = loop.TrainContext(strategy, strategy_cluster_info(strategy), plan, epochs=epochs,
                                     initial_epoch=initial_epoch,
                                     fusion=StepFusion(plan.steps_per_execution, plan.auto_fusion))
@@ -298,7 +299,7 @@ class Trainer:
         return engine_lib.build(model, strategy, inp, seed=self.seed, jit_compile=self.jit_compile,
                                 cache=self._engines, lr=lr, mixed_precision=self.mixed_precision)
 
-    def _plan(self, strategy, inp, batch, steps_per_epoch, lr_plan: scaling.LRPlan, callbacks) -> Plan:
+    def _plan(self, strategy, inp, batch, steps_per_epoch, lr_plan: scaling.LRPlan, callbacks, model) -> Plan:
         num_workers = strategy_cluster_info(strategy).num_workers
         parameter_server = ps.is_parameter_server(strategy)
         policy, why = data_lib.sharding(inp, num_workers, parameter_server=parameter_server)
@@ -326,6 +327,8 @@ class Trainer:
             auto_fusion=fusion.auto,
             jit_compile=engine_lib.jit_for(strategy, self.jit_compile),
             onednn=engine_lib.cpu_onednn(strategy),
+            precision=models.precision(model),
+            native_bf16=engine_lib.cpu_native_bf16(strategy),
         )
 
     def _callback_list(self, callbacks: list, context: loop.TrainContext, model, verbose: int):
