@@ -136,7 +136,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", default="runs/fashion_mnist", help="output directory")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--mixed-precision", choices=["mixed_float16", "mixed_bfloat16"], default=None,
-                        help="16-bit layers (default: float32); mixed_bfloat16 pays on CPUs with AMX or AVX512_BF16")
+                        help="16-bit layers (default: float32); mixed_bfloat16 is faster on CPUs with AMX")
     parser.add_argument("--cpu-replicas", type=int, default=None,
                         help="split the CPU into N logical devices, to try 'mirrored' without GPUs")
     source = parser.add_mutually_exclusive_group()

@@ -58,3 +58,34 @@ def test_a_reloaded_float16_model_keeps_loss_scaling_and_its_policy(tmp_path, ca
     assert "precision      mixed_float16: layers compute in float16" in capsys.readouterr().out
     history = Trainer(strategy="default", mixed_precision="mixed_float16", verbose=0).fit(reloaded, (x, y, w))
     assert history.model is reloaded  # already in float16: not re-created
+
+
+def _mixed_model_with_float32_head() -> keras.Model:
+    keras.utils.set_random_seed(0)
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        body = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu")])
+    finally:
+        keras.config.set_dtype_policy("float32")
+    model = keras.Sequential([keras.Input((8,)), body, keras.layers.Dense(3, dtype="float32")])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def test_precision_is_read_from_the_weighted_layers_of_nested_models():
+    from trainer.models import precision
+
+    class Odd(keras.layers.Layer):  # a user layer whose `layers` is not a list of layers
+        layers = 6
+
+    assert precision(_mixed_model_with_float32_head()) == "float32+mixed_bfloat16"
+    assert precision(keras.Sequential([keras.Input((8,)), Odd(), keras.layers.Dense(2)])) == "float32"
+    assert precision(keras.Sequential([keras.Input((8,)), keras.layers.Flatten()])) == "float32"  # no weights
+
+
+def test_a_float32_output_head_is_kept_under_a_mixed_policy():
+    x, y, w = tiny_data()
+    model = _mixed_model_with_float32_head()
+    history = Trainer(strategy="default", mixed_precision="mixed_bfloat16", verbose=0).fit(model, (x, y, w))
+    assert history.model is model  # not re-created, which would turn the head into bfloat16 too
+    assert model.layers[-1].dtype_policy.name == "float32"

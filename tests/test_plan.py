@@ -43,7 +43,6 @@ def test_plan_suggests_onednn_only_when_it_is_off_on_cpu():
     assert "oneDNN" not in Plan(**BASE).describe()  # accelerators, or TF does not say
 
 
-
 def _row(text: str, name: str) -> str:
     return next(line.split(name, 1)[1].strip() for line in text.splitlines() if line.strip().startswith(name))
 

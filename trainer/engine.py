@@ -98,7 +98,7 @@ def cpu_flags() -> frozenset[str]:
 def cpu_native_bf16(strategy: tf.distribute.Strategy) -> bool:
     """For the plan: whether oneDNN runs this strategy's replicas on a CPU with AMX's bfloat16 units.
 
-    There `mixed_precision="mixed_bfloat16"` trained the example's CNN 1.65x
+    There `mixed_precision="mixed_bfloat16"` trained the example's CNN 1.65-1.72x
     faster (bench/mixed_precision.py, README); elsewhere bfloat16 may be
     emulated and slower, so the plan suggests it only here.
     """

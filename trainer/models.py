@@ -91,7 +91,9 @@ def _compiled_as(model: keras.Model) -> tuple:
 
 
 def _ready(model: keras.Model, strategy: tf.distribute.Strategy, mixed_precision: str | None) -> bool:
-    return _in_scope(strategy, model.weights) and mixed_precision in (None, precision(model))
+    # A model that keeps some layers in float32 on purpose (an output head, say) is ready too.
+    return _in_scope(strategy, model.weights) and (mixed_precision is None
+                                                    or mixed_precision in precision(model).split("+"))
 
 
 def precision(model: keras.Model) -> str:
@@ -104,12 +106,13 @@ def precision(model: keras.Model) -> str:
     return "+".join(names) or model.dtype_policy.name
 
 
-def _weighted_layers(layer: keras.layers.Layer):
-    for sub in getattr(layer, "layers", []):
-        if getattr(sub, "layers", None):
-            yield from _weighted_layers(sub)
-        elif sub.weights:
-            yield sub
+def _weighted_layers(model: keras.Model):
+    for layer in model.layers:
+        inner = list(_weighted_layers(layer)) if isinstance(layer, keras.Model) else []
+        if inner:
+            yield from inner
+        elif layer.weights:
+            yield layer
 
 
 @contextlib.contextmanager

@@ -25,7 +25,7 @@ ONEDNN_HINT = ("oneDNN kernels off in this process; TF_ENABLE_ONEDNN_OPTS=1, set
 
 # Measured with bench/mixed_precision.py and the example on the real data (README, Performance).
 BF16_HINT = ("this CPU computes bfloat16 natively (AMX): Trainer(mixed_precision='mixed_bfloat16') may be "
-             "faster: 1.65x for the example's CNN on 2 such cores, median test accuracy over 5 seeds 90.99% "
+             "faster: 1.65-1.72x for the example's CNN on 2 such cores, median test accuracy over 5 seeds 90.99% "
              "against 91.00%; results round differently")
 
 _PRECISION = {
