@@ -105,8 +105,9 @@ def main() -> None:
         for name, spe in [(f"trainer_spe{n}", n) for n in args.sweep]:
             runners[name] = variants.trainer(strategy, x, y, steps_per_execution=spe)
         results["layouts"][layout] = measure(runners, args.repeats)
-        overhead = quietly(lambda: variants.epoch_overhead(strategy, x, y, epochs=args.repeats + 1))
-        results["layouts"][layout]["epoch_overhead_share"] = statistics.median(overhead)
+        for key, dataset in (("epoch_overhead_share", False), ("epoch_overhead_share_dataset", True)):
+            overhead = quietly(lambda: variants.epoch_overhead(strategy, x, y, args.repeats + 1, dataset=dataset))
+            results["layouts"][layout][key] = statistics.median(overhead)
         _print_table(layout, results["layouts"][layout])
     if args.memory_examples:
         results["memory"] = _memory_probe(args.memory_examples)
@@ -210,7 +211,8 @@ def _print_table(layout: str, result: dict) -> None:
               f"{'' if overhead is None else f'{overhead:>13.1%}'}")
     for name, error in result["errors"].items():
         print(f"{name:<19} {'failed':>11}   {error}")
-    print(f"Trainer, one multi-epoch fit: {result['epoch_overhead_share']:.1%} of each epoch outside step calls")
+    print(f"Trainer, one multi-epoch fit: {result['epoch_overhead_share']:.1%} of each epoch outside step calls "
+          f"(arrays), {result['epoch_overhead_share_dataset']:.1%} (dataset)")
     mmap = result["mmap_threshold"]
     print(f"glibc mmap threshold (trainer/malloc.py): raised by the Trainer in warm-up: "
           f"{mmap['raised_by_trainer_in_warm_up']}; by the benchmark before the timed rounds: {mmap['raised_by_bench']}")

@@ -76,12 +76,17 @@ class _EpochClock(_StepTime):
         self.marks.append((time.perf_counter(), self.context.step_seconds))
 
 
-def epoch_overhead(strategy, x, y, epochs: int) -> list[float]:
-    """Share of each epoch (after the first) spent outside step calls, in one multi-epoch fit."""
+def epoch_overhead(strategy, x, y, epochs: int, dataset: bool = False) -> list[float]:
+    """Share of each epoch (after the first) spent outside step calls, in one multi-epoch fit.
+
+    With `dataset`, the examples come as trainer_dataset's tf.data dataset,
+    whose iterator is made again each epoch.
+    """
     from trainer import Trainer
 
     clock = _EpochClock()
-    Trainer(strategy=strategy, per_replica_batch_size=PER_REPLICA).fit(build_model(), (x, y), epochs=epochs,
+    data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x)) if dataset else (x, y)
+    Trainer(strategy=strategy, per_replica_batch_size=PER_REPLICA).fit(build_model(), data, epochs=epochs,
                                                                         callbacks=[clock])
     spans = list(zip(clock.marks, clock.marks[1:]))[1:]
     return [1 - (s1 - s0) / (t1 - t0) for (t0, s0), (t1, s1) in spans]
