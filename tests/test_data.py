@@ -108,3 +108,44 @@ def test_a_dataset_with_steps_per_epoch_is_one_stream_that_starts_again_when_it_
     # The weights never move (LR 0), so each epoch's loss is the loss over the examples it read.
     expected = [trainer.evaluate(model, (x[list(rows)], y[list(rows)]))["loss"] for rows in seen]
     np.testing.assert_allclose(history.history["loss"], expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize("known_size", [True, False])
+def test_a_dataset_of_known_size_is_one_stream_with_a_pass_per_epoch(monkeypatch, known_size):
+    from conftest import tiny_data, tiny_model
+    from trainer import Trainer
+
+    x, y, w = tiny_data(103)  # 6 global batches of 16 and one of 7, split 4 + 3 over the replicas
+    streams = []
+    distribute = data_lib.distribute
+    monkeypatch.setattr(data_lib, "distribute", lambda *a, **k: streams.append(k["epochs"]) or distribute(*a, **k))
+    dataset = tf.data.Dataset.from_tensor_slices((x, y, w))
+    if not known_size:
+        dataset = dataset.filter(lambda *_: True)  # its cardinality is unknown
+    trainer = Trainer(strategy=mirrored(2), per_replica_batch_size=8, shuffle=False, verbose=0)
+    history = trainer.fit(tiny_model(), dataset, epochs=3)
+    assert streams == ([range(0, 3)] if known_size else [range(0, 1), range(1, 2), range(2, 3)])
+    # The same epochs read from arrays, through the Trainer's other input path.
+    reference = trainer.fit(tiny_model(), (x, y, w), epochs=3)
+    np.testing.assert_allclose(history.history["loss"], reference.history["loss"], rtol=1e-5)
+    for got, want in zip(history.model.get_weights(), reference.model.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+def test_chained_passes_keep_each_pass_partial_batch_split_over_the_replicas():
+    # TensorFlow's rebatching would merge a pass's partial batch with the next pass: 19 x [8, 8] + [5, 0].
+    strategy = mirrored(2)
+    inp = data_lib.as_input(tf.data.Dataset.range(103).map(lambda i: (i, i)), arg="d")
+    stream = data_lib.distribute(strategy, inp, global_batch_size=16, num_workers=1, epochs=range(3))
+    batches = [[t.numpy().tolist() for t in strategy.experimental_local_results(x)] for x, _ in stream]
+    sizes = [[len(part) for part in batch] for batch in batches]
+    assert sizes == ([[8, 8]] * 6 + [[4, 3]]) * 3
+    assert [i for batch in batches for part in batch for i in part] == list(range(103)) * 3
+
+
+def test_a_resumed_dataset_stream_skips_to_the_step_then_reads_whole_passes():
+    inp = data_lib.as_input(tf.data.Dataset.range(25).map(lambda i: (i, i)), arg="d")
+    make_iterator = data_lib.iterator_factory(tf.distribute.get_strategy(), 10, shuffle=False, seed=0)
+    batches = [x.numpy().tolist() for x, _ in make_iterator(inp, epoch=1, start_step=1, until=3)]
+    assert batches == [list(range(10, 20)), list(range(20, 25)),  # epoch 1 from its step 1
+                       list(range(0, 10)), list(range(10, 20)), list(range(20, 25))]  # epoch 2, whole
