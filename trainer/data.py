@@ -202,19 +202,19 @@ def iterator_factory(strategy: tf.distribute.Strategy, global_batch_size: int, *
     """`(inp, epoch=None, start_step=0, until=None)` -> what step calls read from.
 
     That is an `ArrayFeed` for arrays on CPU replicas, else a distributed
-    iterator. With `epoch`, one stream covers epochs `epoch` to `until`
-    (exclusive; one epoch by default): arrays shuffled per epoch (from `seed`),
-    or a dataset's passes one after the other (where `chains_passes`). Without
-    it, the input is read once, arrays in input order. `start_step` skips
-    global steps at the start of the stream (a resumed run).
+    iterator. With `epoch`, arrays are shuffled per epoch (from `seed`) and one
+    pass covers epochs `epoch` to `until` (exclusive; one epoch by default);
+    without it, they are read once in input order. `start_step` skips global
+    steps at the start of the pass (a resumed run).
     """
     num_workers = strategy_cluster_info(strategy).num_workers
 
     def make_iterator(inp: Input, epoch: int | None = None, start_step: int = 0, until: int | None = None):
         order: arrays.OrderFn | None = None
-        epochs = range(1) if epoch is None else range(epoch, until or epoch + 1)
+        epochs = range(1)
         if isinstance(inp, ArrayInput) and epoch is not None:
             order = functools.partial(_epoch_order, inp.num_examples, shuffle, seed)
+            epochs = range(epoch, until or epoch + 1)
         if isinstance(inp, ArrayInput) and feed_lib.supports(strategy):
             return feed_lib.ArrayFeed(inp, order or (lambda _: np.arange(inp.num_examples)),
                                       global_batch_size=global_batch_size,
@@ -239,13 +239,12 @@ def distribute(
     epochs: range = range(1),
     start_step: int = 0,
 ):
-    """Returns a distributed dataset for one stream over `inp`, covering `epochs`.
+    """Returns a distributed dataset for one pass over `inp`.
 
     Args:
       order: for arrays, epoch -> the order of examples (input order by default).
-      epochs: the epochs the stream covers; a dataset gets a pass per epoch
-        where `chains_passes`, else one pass. Dataset functions give one pass.
-      start_step: global steps to skip at the start of the stream.
+      epochs: for arrays, the epochs one pass covers.
+      start_step: global steps to skip at the start of the pass.
     """
     if isinstance(inp, ArrayInput):
         order = order or (lambda epoch: np.arange(inp.num_examples))
@@ -253,59 +252,12 @@ def distribute(
         return strategy.distribute_datasets_from_function(fn)
     if isinstance(inp, FunctionInput):
         return strategy.distribute_datasets_from_function(inp.fn)
-    if chains_passes(strategy, num_workers):
-        return strategy.distribute_datasets_from_function(
-            _replica_batches_fn(inp.dataset, global_batch_size, len(epochs), start_step))
     policy, _ = shard_policy(inp.dataset, num_workers)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = policy
     ds = inp.dataset.skip(start_step * global_batch_size) if start_step else inp.dataset
     ds = ds.batch(global_batch_size).with_options(options).prefetch(tf.data.AUTOTUNE)
     return strategy.experimental_distribute_dataset(ds)
-
-
-def chains_passes(strategy: tf.distribute.Strategy, num_workers: int) -> bool:
-    """Whether a dataset's epochs are read as one stream of passes, split per replica by the trainer.
-
-    So on one worker (GPUs and CPUs): one iterator then serves a whole fit,
-    where making one costs ~85 ms per epoch under MirroredStrategy on 2 CPUs.
-    Across workers TensorFlow's auto-sharding splits the data, and TPUs want
-    TensorFlow's own input placement: those read one pass per iterator.
-    """
-    return num_workers == 1 and not isinstance(strategy, tf.distribute.TPUStrategy)
-
-
-def _replica_batches_fn(dataset: tf.data.Dataset, global_batch_size: int, passes: int,
-                        start_step: int) -> DatasetFn:
-    """One worker's dataset function: each replica's slice of every global batch of `passes` passes.
-
-    Each pass is batched on its own, so each ends with its partial batch. Each
-    global batch is cut into contiguous per-replica slices whose sizes differ
-    by at most one, as `arrays.replica_slices` cuts arrays, and the slices come
-    in replica order, which is how tf.distribute hands a worker's elements to
-    its replicas. TensorFlow's own rebatching would not do: over chained passes
-    it merges a pass's partial last batch with the next pass's examples.
-    """
-    tuple_elements = isinstance(dataset.element_spec, tuple)
-
-    def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-        replicas = ctx.num_replicas_in_sync
-        first = dataset.skip(start_step * global_batch_size) if start_step else dataset
-        batches = first.batch(global_batch_size)
-        if passes > 1:
-            batches = batches.concatenate(dataset.batch(global_batch_size).repeat(passes - 1))
-
-        def per_replica(*parts):
-            batch = parts if tuple_elements else parts[0]
-            n = tf.shape(tf.nest.flatten(batch)[0], out_type=tf.int64)[0]
-            sizes = n // replicas + tf.cast(tf.range(replicas, dtype=tf.int64) < n % replicas, tf.int64)
-            starts = tf.cumsum(sizes, exclusive=True)
-            return tf.data.Dataset.from_tensor_slices((starts, sizes)).map(
-                lambda start, size: tf.nest.map_structure(lambda t: t[start:start + size], batch))
-
-        return batches.flat_map(per_replica).prefetch(tf.data.AUTOTUNE)
-
-    return dataset_fn
 
 
 def sample_batch(inp: Input, n: int = 2) -> Any:

@@ -38,21 +38,16 @@ def _quiet_tf_info(method):
     return wrapper
 
 
-def _restarts_each_epoch(train: data_lib.Input, steps_per_epoch: int | None, *, epoch_steps: int | None,
-                         chained: bool) -> bool:
+def _restarts_each_epoch(train: data_lib.Input, steps_per_epoch: int | None) -> bool:
     """Whether each epoch needs a fresh iterator rather than one iterator for the whole fit.
 
-    Arrays are read as one stream over all epochs unless `steps_per_epoch` cuts
-    epochs short (each epoch then starts a new shuffle). A dataset is one
-    stream with `steps_per_epoch`, and when its passes are `chained` and its
-    number of batches (`epoch_steps`) is known. Otherwise it is read from its
-    start each epoch.
+    Arrays are read in one pass over all epochs unless `steps_per_epoch` cuts
+    epochs short (each epoch then starts a new shuffle); a dataset is read from
+    its start each epoch unless `steps_per_epoch` makes it one stream.
     """
     if isinstance(train, data_lib.ArrayInput):
         return steps_per_epoch is not None
-    if steps_per_epoch is not None:
-        return False
-    return not (isinstance(train, data_lib.DatasetInput) and epoch_steps is not None and chained)
+    return steps_per_epoch is None
 
 
 class Trainer:
@@ -205,9 +200,7 @@ class Trainer:
         history = History()
         callback_list = self._callback_list(callbacks + [history], context, run_model, verbose)
         self._train(compiled, context, callback_list, train, val, batch,
-                    restart_each_epoch=_restarts_each_epoch(
-                        train, user_steps, epoch_steps=steps_per_epoch,
-                        chained=data_lib.chains_passes(strategy, context.cluster.num_workers)))
+                    restart_each_epoch=_restarts_each_epoch(train, user_steps))
         if run_model is not model and isinstance(model, keras.Model):
             model.set_weights(run_model.get_weights())  # the user's object sees the training
         return history
