@@ -93,17 +93,22 @@ def _compiled_as(model: keras.Model) -> tuple:
 def _ready(model: keras.Model, strategy: tf.distribute.Strategy, mixed_precision: str | None) -> bool:
     # A model that keeps some layers in float32 on purpose (an output head, say) is ready too.
     return _in_scope(strategy, model.weights) and (mixed_precision is None
-                                                    or mixed_precision in precision(model).split("+"))
+                                                    or mixed_precision in layer_policies(model))
 
 
-def precision(model: keras.Model) -> str:
-    """The dtype policy that the model's layers with weights compute in ("a+b" if they differ).
+def layer_policies(model: keras.Model) -> frozenset[str]:
+    """The dtype policies that the model's layers with weights compute in.
 
     Read from the layers, not the model: Keras reloads a Sequential with float32
     as the container's own policy while its layers keep theirs.
     """
-    names = sorted({layer.dtype_policy.name for layer in _weighted_layers(model)})
-    return "+".join(names) or model.dtype_policy.name
+    policies = frozenset(layer.dtype_policy.name for layer in _weighted_layers(model))
+    return policies or frozenset({model.dtype_policy.name})
+
+
+def precision(model: keras.Model) -> str:
+    """`layer_policies` in words: one policy name, or "a+b" when they differ."""
+    return "+".join(sorted(layer_policies(model)))
 
 
 def _weighted_layers(model: keras.Model):
@@ -229,7 +234,7 @@ def optimizer_in_scope(
         new.build(model.trainable_variables)
         if inner.built:
             _copy_state(inner, new)
-        if "mixed_float16" in precision(model).split("+"):
+        if "mixed_float16" in layer_policies(model):
             new = keras.optimizers.LossScaleOptimizer(new)
             new.build(model.trainable_variables)
     _BASE_LR[new], _SCALING[new] = base, (strategy, factor, warmup_steps)

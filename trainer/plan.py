@@ -65,7 +65,7 @@ class Plan:
     auto_fusion: bool = False  # steps per call sized from the measured step time
     repeated_data: bool = False  # parameter-server training: workers repeat their shards
     onednn: bool | None = None  # whether oneDNN's kernels run the CPU replicas; None: nothing to suggest
-    precision: str = "float32"  # the model's Keras dtype policy
+    precision: str = "float32"  # the dtype policy the model's layers compute in (models.precision)
     native_bf16: bool = False  # CPU replicas with bfloat16 units (AMX) under oneDNN
 
     def last_batch(self) -> str:
