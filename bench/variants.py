@@ -59,10 +59,14 @@ def trainer(strategy, x, y, **options) -> _TrainerRunner:
     return _TrainerRunner(strategy, x, y, **options)
 
 
+def _as_dataset(x, y) -> tf.data.Dataset:
+    return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x))
+
+
 def trainer_dataset(strategy, x, y) -> _TrainerRunner:
     """Trainer.fit with its defaults, fed the same examples as a tf.data dataset instead of arrays."""
     runner = _TrainerRunner(strategy, x, y)
-    runner.data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x))
+    runner.data = _as_dataset(x, y)
     return runner
 
 
@@ -85,7 +89,7 @@ def epoch_overhead(strategy, x, y, epochs: int, dataset: bool = False) -> list[f
     from trainer import Trainer
 
     clock = _EpochClock()
-    data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x)) if dataset else (x, y)
+    data = _as_dataset(x, y) if dataset else (x, y)
     Trainer(strategy=strategy, per_replica_batch_size=PER_REPLICA).fit(build_model(), data, epochs=epochs,
                                                                         callbacks=[clock])
     spans = list(zip(clock.marks, clock.marks[1:]))[1:]
