@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from callbacks._cluster import ContextAware
+from trainer.tracing import graph_function
 
 AUTO_OVERHEAD = 0.02  # keep_every="auto": the copies take at most this share of training time
 
@@ -29,7 +30,7 @@ def _read_all(model, variables: list) -> list:
     key = tuple(id(v) for v in variables)
     cached = _READERS.get(model)
     if cached is None or cached[0] != key:
-        cached = _READERS[model] = (key, tf.function(lambda: [tf.identity(v.value) for v in variables]))
+        cached = _READERS[model] = (key, graph_function(lambda: [tf.identity(v.value) for v in variables]))
     return cached[1]()
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import run_python, tiny_data, tiny_model
+from conftest import mirrored, run_python, tiny_data, tiny_model
 from trainer import Trainer
 from trainer import engine
 
@@ -48,6 +48,41 @@ def test_one_device_matches_default(reference):
 def test_central_storage_matches_default(reference):
     strategy = tf.distribute.experimental.CentralStorageStrategy(compute_devices=["/cpu:0", "/cpu:1", "/cpu:2"])
     _assert_same(_fit(strategy), reference)
+
+
+def _run_everything(data, inputs):
+    trainer = Trainer(strategy=mirrored(2), batch_size=32, lr_scaling="linear", warmup_steps=5, seed=0, verbose=0)
+    history = trainer.fit(tiny_model(), data, epochs=2, validation_data=data)
+    return history.history, trainer.evaluate(history.model, data), trainer.predict(history.model, inputs)
+
+
+@pytest.mark.parametrize("as_dataset", [False, True], ids=["arrays", "dataset"])
+def test_fit_evaluate_predict_need_no_autograph(as_dataset, monkeypatch):
+    """The traced loops are explicit graph code: they trace, and give the same numbers, where AutoGraph converts nothing.
+
+    A CI run once met an unconverted step loop, whose Python `for` over a
+    tensor then failed (see trainer/tracing.py). Here every conversion fails,
+    and AutoGraph falls back to running code as written.
+    """
+    from tensorflow.python.autograph.impl import api
+
+    x, y, w = tiny_data(203)
+    data, inputs = (x, y, w), x
+    if as_dataset:
+        data, inputs = (tf.data.Dataset.from_tensor_slices(d) for d in (data, inputs))
+    reference = _run_everything(data, inputs)
+
+    def no_conversion(entity, program_ctx):
+        raise RuntimeError("AutoGraph converts nothing in this test")
+
+    monkeypatch.setattr(api, "_convert_actual", no_conversion)
+    history, evaluation, predictions = _run_everything(data, inputs)
+    for key, values in reference[0].items():
+        np.testing.assert_allclose(history[key], values, rtol=1e-6, err_msg=key)
+    for key, value in reference[1].items():
+        np.testing.assert_allclose(evaluation[key], value, rtol=1e-6, err_msg=key)
+    np.testing.assert_allclose(predictions, reference[2], rtol=1e-6)
+    assert predictions.shape == (203, 3)
 
 
 _ONEDNN_PROBE = """

@@ -14,6 +14,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from trainer.tracing import graph_function
+
 
 def _per_example(loss: Any):
     """A callable (y_true, y_pred) -> per-example losses of shape (batch,).
@@ -171,7 +173,7 @@ class Objective:
 
     def reset(self) -> None:
         if self._reset is None:
-            self._reset = tf.function(lambda: [m.reset_state() for m in self.metrics] and None)
+            self._reset = graph_function(lambda: [m.reset_state() for m in self.metrics] and None)
         self._reset()
 
     def results(self) -> dict[str, float]:
@@ -179,7 +181,7 @@ class Objective:
         if self._read is None:
             # One graph call reads every tracker (and one resets them): eager reads of
             # distributed variables cost ~1 ms each, and the loop reads after every step call.
-            self._read = tf.function(lambda: [m.result() for m in self.metrics])
+            self._read = graph_function(lambda: [m.result() for m in self.metrics])
         loss, regularization, *others = self._read()
         logs = {"loss": float(loss) + float(regularization)}
         for metric, value in zip(self.metrics[2:], others):

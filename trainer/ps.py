@@ -21,6 +21,7 @@ import tensorflow as tf
 from trainer import data as data_lib
 from trainer.loop import TrainContext, end_epoch
 from trainer.steps import Steps
+from trainer.tracing import graph_function
 
 
 def is_parameter_server(strategy: tf.distribute.Strategy) -> bool:
@@ -45,7 +46,7 @@ def per_worker_iterator(strategy, coordinator, inp: data_lib.Input, global_batch
             ds = inp.dataset.shard(num_workers, worker)
         return ds.repeat().batch(global_batch_size).prefetch(tf.data.AUTOTUNE)
 
-    @tf.function
+    @graph_function
     def per_worker_dataset_fn():
         return strategy.distribute_datasets_from_function(dataset_fn)
 
@@ -70,7 +71,7 @@ def run_epochs(
             "Pass steps_per_epoch to fit()."
         )
 
-    @tf.function
+    @graph_function
     def scheduled_step(per_worker):
         # Returns the step's labels, outputs and losses, for exact metrics on the coordinator.
         return steps.strategy.run(steps.train_replica, args=(next(per_worker),))

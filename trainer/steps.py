@@ -17,6 +17,7 @@ import tensorflow as tf
 from trainer import feed as feed_lib
 from trainer import malloc
 from trainer.objective import Objective
+from trainer.tracing import graph_function
 
 
 def unpack(batch: Any) -> tuple[Any, Any, tf.Tensor | None]:
@@ -68,15 +69,15 @@ class Steps:
         # instead, and the metrics are updated once, away from the replicas.
         self.replica_metrics = not isinstance(
             strategy, (tf.distribute.experimental.CentralStorageStrategy, tf.distribute.ParameterServerStrategy))
-        self._grads = tf.function(self._loss_and_grads, jit_compile=True) if jit_compile else self._loss_and_grads
-        self._train_from_iterator = tf.function(self._train_loop)
-        self._eval_from_iterator = tf.function(self._eval_loop)
+        self._grads = graph_function(self._loss_and_grads, jit_compile=True) if jit_compile else self._loss_and_grads
+        self._train_from_iterator = graph_function(self._train_loop)
+        self._eval_from_iterator = graph_function(self._eval_loop)
         # Traced once per feed signature; the feed a call reads is `self._feed` when it runs.
-        self._train_from_feed = tf.function(self._train_feed_loop)
-        self._eval_from_feed = tf.function(self._eval_feed_loop)
+        self._train_from_feed = graph_function(self._train_feed_loop)
+        self._eval_from_feed = graph_function(self._eval_feed_loop)
         self._feed: feed_lib.ArrayFeed | None = None
-        self._predict_batch = tf.function(self._predict_step, reduce_retracing=True)
-        self._predict_from_feed = tf.function(self._predict_feed_step)
+        self._predict_batch = graph_function(self._predict_step, reduce_retracing=True)
+        self._predict_from_feed = graph_function(self._predict_feed_step)
 
     def train(self, source: Any, num_steps: int) -> int:
         """Runs up to `num_steps` train steps from a distributed iterator or an `ArrayFeed`; returns how many ran."""
@@ -179,13 +180,13 @@ class Steps:
             self._apply_warmup()
 
     def _apply_warmup(self):
+        # Ramps linearly from scaled_lr / factor; after the ramp the LR is left to the user and callbacks.
         scaled_lr, factor, warmup_steps = self.warmup
         step = tf.cast(self.model.optimizer.iterations, "float32")
-        if step < warmup_steps:
-            start = 1.0 / factor
-            self.model.optimizer.learning_rate.assign(scaled_lr * (start + (1.0 - start) * step / warmup_steps))
-        elif step == warmup_steps:
-            self.model.optimizer.learning_rate.assign(scaled_lr)
+        start = 1.0 / factor
+        lr = tf.where(step < warmup_steps, scaled_lr * (start + (1.0 - start) * step / warmup_steps), scaled_lr)
+        learning_rate = self.model.optimizer.learning_rate
+        tf.cond(step <= warmup_steps, lambda: tf.group(learning_rate.assign(lr)), tf.no_op)
 
     def _train_loop(self, iterator, num_steps):
         """Runs up to `num_steps` train steps; returns how many ran."""
@@ -197,15 +198,19 @@ class Steps:
 
     def _fused(self, replica_fn, iterator, num_steps, warmup: bool):
         # Several steps in one tf.function call; stops early when the data ends.
-        executed = tf.constant(0)
-        for _ in tf.range(num_steps):
-            optional = iterator.get_next_as_optional()
-            if not optional.has_value():
-                break
+        def step(executed, optional):
             self._run(replica_fn, optional.get_value())
             if warmup:  # set the LR of the next step, so callbacks see it
                 self._apply_warmup()
-            executed += 1
+            return executed + 1, tf.constant(False)
+
+        def body(executed, ended):
+            del ended
+            optional = iterator.get_next_as_optional()  # read only when a step is due: no batch is lost
+            return tf.cond(optional.has_value(), lambda: step(executed, optional), lambda: (executed, tf.constant(True)))
+
+        executed, _ = tf.while_loop(lambda executed, ended: tf.logical_and(executed < num_steps, tf.logical_not(ended)),
+                                    body, (tf.constant(0), tf.constant(False)))
         return executed
 
     def _train_feed_loop(self, signature, first, count):
@@ -221,14 +226,20 @@ class Steps:
         def step_fn(fetched, i):
             return replica_fn(*feed_lib.step_batch(fetched, i, signature))
 
-        for i in tf.range(count):
+        def body(i):
             self._run(step_fn, fetched, i)
             if warmup:
                 self._apply_warmup()
+            return i + 1
+
+        tf.while_loop(lambda i: i < count, body, (tf.constant(0, tf.int64),))
 
     def _fetch(self, signature, first, count):
         """Each replica's rows of the feed's steps first..first+count-1 (per replica)."""
-        return self.strategy.run(lambda: feed_lib.fetch(lambda: self._feed, first, count, signature))
+        def fetch():
+            return feed_lib.fetch(lambda: self._feed, first, count, signature)
+
+        return self.strategy.run(fetch)
 
     def _predict_step(self, batch):
         return self._gathered(self.strategy.run(lambda x: self.model(x, training=False), args=(batch,)))

@@ -1,0 +1,25 @@
+"""How the trainer traces its graphs: as written, without AutoGraph."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import tensorflow as tf
+
+
+def graph_function(fn: Callable, **kwargs: Any) -> Callable:
+    """`tf.function(fn, **kwargs)` without AutoGraph, in `fn` and in the replica functions it runs.
+
+    The trainer's loops and branches are explicit (`tf.while_loop`, `tf.cond`),
+    as in Keras's own train functions, which are also traced without AutoGraph;
+    so user code (losses, metrics, layers) runs as it does under `Model.fit`.
+    A trace with `autograph=False` runs under AutoGraph's "disabled" status,
+    which `strategy.run` follows: it does not convert the replica function.
+
+    Why: in one CI run (2026-11-23, the notebook under MirroredStrategy),
+    AutoGraph left the step loop unconverted without a warning, and its
+    `for i in tf.range(n)` failed with OperatorNotAllowedInGraphError. It did
+    not recur in 30 runs here. Without AutoGraph, a trace cannot depend on a
+    conversion succeeding.
+    """
+    return tf.function(fn, autograph=False, **kwargs)
