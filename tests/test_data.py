@@ -108,3 +108,27 @@ def test_a_dataset_with_steps_per_epoch_is_one_stream_that_starts_again_when_it_
     # The weights never move (LR 0), so each epoch's loss is the loss over the examples it read.
     expected = [trainer.evaluate(model, (x[list(rows)], y[list(rows)]))["loss"] for rows in seen]
     np.testing.assert_allclose(history.history["loss"], expected, rtol=1e-5)
+
+
+def test_a_dataset_is_distributed_once_and_each_epoch_reads_a_whole_pass(monkeypatch):
+    """Each epoch reads the dataset from its start, in the order a plain loop would (a seeded shuffle
+    reshuffles each pass); distributing it, which rewrites its graph, happens once per fit."""
+    def make_dataset():
+        return tf.data.Dataset.range(37).map(lambda i: (tf.cast(i, tf.float32)[None], i)).shuffle(37, seed=3)
+
+    plain = make_dataset()
+    expected = [[int(i) for _, i in plain] for _ in range(3)]
+    strategy = mirrored(2)
+    distribute_calls = []
+    original = strategy.experimental_distribute_dataset
+    monkeypatch.setattr(strategy, "experimental_distribute_dataset",
+                        lambda *args, **kwargs: distribute_calls.append(1) or original(*args, **kwargs))
+    inp = data_lib.as_input(make_dataset(), arg="data")
+    make_iterator = data_lib.iterator_factory(strategy, 8, shuffle=True, seed=0)
+    for epoch, order in enumerate(expected):
+        seen = []
+        for _, labels in make_iterator(inp, epoch=epoch):
+            seen.extend(np.concatenate([p.numpy() for p in strategy.experimental_local_results(labels)]).tolist())
+        assert seen == order, epoch
+    assert expected[0] != expected[1] and sorted(expected[0]) == list(range(37))
+    assert len(distribute_calls) == 1
