@@ -110,20 +110,56 @@ def test_a_dataset_with_steps_per_epoch_is_one_stream_that_starts_again_when_it_
     np.testing.assert_allclose(history.history["loss"], expected, rtol=1e-5)
 
 
-def test_a_dataset_is_distributed_once_and_each_epoch_reads_a_whole_pass(monkeypatch):
-    """Each epoch reads the dataset from its start, in the order a plain loop would (a seeded shuffle
-    reshuffles each pass); distributing it, which rewrites its graph, happens once per fit."""
-    def make_dataset():
-        return tf.data.Dataset.range(37).map(lambda i: (tf.cast(i, tf.float32)[None], i)).shuffle(37, seed=3)
+def _shuffled_labels():
+    return tf.data.Dataset.range(37).map(lambda i: (tf.cast(i, tf.float32)[None], i)).shuffle(37, seed=3)
 
-    plain = make_dataset()
+
+def test_on_cpu_replicas_a_dataset_is_read_as_global_batches_each_epoch_a_whole_pass(monkeypatch):
+    """No distributed iterator: one plain iterator of global batches per epoch, each the pass a plain
+    loop reads (a seeded shuffle reshuffles each pass), which the steps split among the replicas."""
+    plain = _shuffled_labels()
+    expected = [[int(i) for _, i in plain] for _ in range(3)]
+    strategy = mirrored(2)
+    monkeypatch.setattr(strategy, "experimental_distribute_dataset", None)  # calling it would fail
+    make_iterator = data_lib.iterator_factory(strategy, 8, shuffle=True, seed=0)
+    inp = data_lib.as_input(_shuffled_labels(), arg="data")
+    for epoch, order in enumerate(expected):
+        batches = [labels.numpy().tolist() for _, labels in make_iterator(inp, epoch=epoch)]
+        assert [len(b) for b in batches] == [8, 8, 8, 8, 5]
+        assert sum(batches, []) == order, epoch
+    assert expected[0] != expected[1] and sorted(expected[0]) == list(range(37))
+
+
+def test_replica_share_cuts_a_global_batch_as_replica_slices_does():
+    from trainer import feed as feed_lib
+
+    strategy = mirrored(3)
+    for size in [0, 1, 2, 5, 8, 11]:
+        batch = tf.range(size, dtype=tf.int64)
+        shares = strategy.run(lambda b: feed_lib.replica_share(b), args=(batch,))
+        parts, counts = shares
+        starts, sizes = arrays.replica_slices(size, max(size, 1), 3) if size else (np.zeros((1, 3)), np.zeros((1, 3)))
+        for replica, (part, count) in enumerate(zip(strategy.experimental_local_results(parts),
+                                                    strategy.experimental_local_results(counts))):
+            start, n = int(starts[0, replica]), int(sizes[0, replica])
+            assert part.numpy().tolist() == list(range(start, start + n)), (size, replica)
+            assert float(count) == size
+
+
+def test_on_accelerators_a_dataset_is_distributed_once_and_each_epoch_reads_a_whole_pass(monkeypatch):
+    """Where the steps cannot split host batches (accelerators, several workers), TF's distributed
+    iterator reads the dataset; distributing it, which rewrites its graph, happens once per fit."""
+    from trainer import feed as feed_lib
+
+    monkeypatch.setattr(feed_lib, "supports", lambda strategy: False)  # as on GPUs
+    plain = _shuffled_labels()
     expected = [[int(i) for _, i in plain] for _ in range(3)]
     strategy = mirrored(2)
     distribute_calls = []
     original = strategy.experimental_distribute_dataset
     monkeypatch.setattr(strategy, "experimental_distribute_dataset",
                         lambda *args, **kwargs: distribute_calls.append(1) or original(*args, **kwargs))
-    inp = data_lib.as_input(make_dataset(), arg="data")
+    inp = data_lib.as_input(_shuffled_labels(), arg="data")
     make_iterator = data_lib.iterator_factory(strategy, 8, shuffle=True, seed=0)
     for epoch, order in enumerate(expected):
         seen = []

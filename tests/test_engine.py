@@ -50,6 +50,29 @@ def test_central_storage_matches_default(reference):
     _assert_same(_fit(strategy), reference)
 
 
+@pytest.mark.parametrize("replicas, examples", [(2, 203), (3, 203), (3, 193)],
+                         ids=["2replicas", "3replicas", "last-batch-of-1"])
+def test_a_dataset_on_cpu_replicas_gives_the_default_strategys_numbers(replicas, examples):
+    """The steps split each global batch among the replicas (the last one unevenly, or leaving some
+    replicas nothing); fit, evaluate and predict match one device."""
+    x, y, w = tiny_data(examples)
+    data = tf.data.Dataset.from_tensor_slices((x, y, w))
+
+    def run(strategy):
+        trainer = Trainer(strategy=strategy, batch_size=32, lr_scaling=None, verbose=0)
+        history = trainer.fit(tiny_model(), data, epochs=2, validation_data=data)
+        weights = np.concatenate([v.ravel() for v in history.model.get_weights()])
+        predictions = trainer.predict(history.model, tf.data.Dataset.from_tensor_slices(x))
+        return history.history, weights, trainer.evaluate(history.model, data), predictions
+
+    reference, result = run("default"), run(mirrored(replicas))
+    _assert_same(result[:2], reference[:2])
+    for key, value in reference[2].items():
+        np.testing.assert_allclose(result[2][key], value, rtol=1e-5, err_msg=key)
+    np.testing.assert_allclose(result[3], reference[3], rtol=1e-5, atol=1e-6)
+    assert result[3].shape == (examples, 3)
+
+
 def _run_everything(data, inputs):
     trainer = Trainer(strategy=mirrored(2), batch_size=32, lr_scaling="linear", warmup_steps=5, seed=0, verbose=0)
     history = trainer.fit(tiny_model(), data, epochs=2, validation_data=data)

@@ -201,8 +201,9 @@ def iterator_factory(strategy: tf.distribute.Strategy, global_batch_size: int, *
                      seed: int) -> Callable[..., Any]:
     """`(inp, epoch=None, start_step=0, until=None)` -> what step calls read from.
 
-    That is an `ArrayFeed` for arrays on CPU replicas, else a distributed
-    iterator. With `epoch`, arrays are shuffled per epoch (from `seed`) and one
+    That is an `ArrayFeed` for arrays on CPU replicas; for a dataset on the
+    CPU replicas of one worker, a plain iterator of global batches, which the
+    steps split among the replicas; else a distributed iterator. With `epoch`, arrays are shuffled per epoch (from `seed`) and one
     pass covers epochs `epoch` to `until` (exclusive; one epoch by default);
     without it, they are read once in input order. `start_step` skips global
     steps at the start of the pass (a resumed run).
@@ -222,6 +223,8 @@ def iterator_factory(strategy: tf.distribute.Strategy, global_batch_size: int, *
             return feed_lib.ArrayFeed(inp, order or (lambda _: np.arange(inp.num_examples)),
                                       global_batch_size=global_batch_size,
                                       num_replicas=strategy.num_replicas_in_sync, epochs=epochs, start_step=start_step)
+        if isinstance(inp, DatasetInput) and feed_lib.supports(strategy) and num_workers == 1:
+            return iter(batched(inp, global_batch_size, start_step))  # the steps split each batch (feed.py)
         reusable = isinstance(inp, DatasetInput) and start_step == 0
         for known, dataset in distributed if reusable else ():
             if known is inp:
@@ -265,9 +268,13 @@ def distribute(
     policy, _ = shard_policy(inp.dataset, num_workers)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = policy
+    return strategy.experimental_distribute_dataset(batched(inp, global_batch_size, start_step).with_options(options))
+
+
+def batched(inp: DatasetInput, global_batch_size: int, start_step: int = 0) -> tf.data.Dataset:
+    """`inp`'s dataset in global batches (the last one partial), from global step `start_step` on."""
     ds = inp.dataset.skip(start_step * global_batch_size) if start_step else inp.dataset
-    ds = ds.batch(global_batch_size).with_options(options).prefetch(tf.data.AUTOTUNE)
-    return strategy.experimental_distribute_dataset(ds)
+    return ds.batch(global_batch_size).prefetch(tf.data.AUTOTUNE)
 
 
 def sample_batch(inp: Input, n: int = 2) -> Any:

@@ -37,6 +37,19 @@ def _count_and_weights(x: Any, sample_weight: tf.Tensor | None) -> tuple[tf.Tens
     return tf.cast(count, "float32"), tf.reshape(tf.cast(sample_weight, "float32"), [count])
 
 
+def _yields_global_batches(iterator) -> bool:
+    """Whether `iterator` is a plain tf.data one, whose whole global batches the replicas split (feed.py)."""
+    return isinstance(iterator, tf.data.Iterator)
+
+
+def _on_share(replica_fn):
+    """`replica_fn(batch, global_count)` -> a replica function of a whole global batch."""
+    def on_share(batch):
+        return replica_fn(*feed_lib.replica_share(batch))
+
+    return on_share
+
+
 class Steps:
     """Compiled train, eval and predict functions for one model under one strategy.
 
@@ -106,8 +119,9 @@ class Steps:
         return [tf.nest.map_structure(lambda t: t.numpy(), out) for out in outputs]
 
     def _predict_from_iterator(self, iterator):
+        global_batches = _yields_global_batches(iterator)
         for batch in iterator:
-            yield self._predict_batch(batch)
+            yield self._predict_batch(batch, global_batches)
             malloc.raise_threshold()
 
     def _run_feed(self, loop_fn, feed: feed_lib.ArrayFeed, num_steps: int) -> int:
@@ -198,6 +212,9 @@ class Steps:
 
     def _fused(self, replica_fn, iterator, num_steps, warmup: bool):
         # Several steps in one tf.function call; stops early when the data ends.
+        if _yields_global_batches(iterator):
+            replica_fn = _on_share(replica_fn)
+
         def step(executed, optional):
             self._run(replica_fn, optional.get_value())
             if warmup:  # set the LR of the next step, so callbacks see it
@@ -241,8 +258,13 @@ class Steps:
 
         return self.strategy.run(fetch)
 
-    def _predict_step(self, batch):
-        return self._gathered(self.strategy.run(lambda x: self.model(x, training=False), args=(batch,)))
+    def _predict_step(self, batch, global_batches: bool):
+        def predict(x):
+            if global_batches:
+                x, _ = feed_lib.replica_share(x)
+            return self.model(x, training=False)
+
+        return self._gathered(self.strategy.run(predict, args=(batch,)))
 
     def _predict_feed_step(self, signature, step):
         def predict(fetched):
