@@ -43,3 +43,42 @@ def test_fit_fusion_follows_the_setting_callbacks_and_workers():
     assert unknown.steps == MULTI_WORKER_STEPS
     single = StepFusion.for_fit("auto", batch_hooks=False, steps_per_epoch=100, num_workers=1)
     assert (single.steps, single.auto) == (FIRST_AUTO_STEPS, True)
+
+
+def test_auto_starts_from_a_known_step_time():
+    assert StepFusion.sized_from_step_time(0.02).steps == round(TARGET_CALL_SECONDS / 0.02)
+    fit = StepFusion.for_fit("auto", batch_hooks=False, steps_per_epoch=100, num_workers=1, seconds_per_step=0.004)
+    assert (fit.steps, fit.auto) == (round(TARGET_CALL_SECONDS / 0.004), True)
+    fit.observe(fit.steps, 30.0)  # the fit's first call still only starts the pipeline: ignored
+    assert fit.steps == round(TARGET_CALL_SECONDS / 0.004)
+    fixed = StepFusion.for_fit(8, batch_hooks=False, steps_per_epoch=100, num_workers=1, seconds_per_step=0.004)
+    assert fixed == StepFusion(8)
+
+
+def test_a_second_fit_starts_at_the_size_the_first_measured():
+    import keras
+    import numpy as np
+
+    from tiny import tiny_data, tiny_model
+    from trainer import Trainer
+
+    class Calls(keras.callbacks.Callback):
+        handles_fused_steps = True
+
+        def set_trainer_context(self, context):
+            self.context, self.ends = context, []
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.ends.append(self.context.step)
+
+    x, y, _ = tiny_data(50 * 8)
+    trainer = Trainer(strategy="default", batch_size=8, verbose=0)  # steps_per_execution="auto"
+    model = tiny_model()
+    first, second = Calls(), Calls()
+    trainer.fit(model, (x, y), epochs=2, callbacks=[first])
+    measured = first.context.fusion.seconds_per_step
+    assert first.ends[0] == FIRST_AUTO_STEPS and measured > 0
+    trainer.fit(model, (x, y), epochs=1, callbacks=[second])
+    expected = min(50, StepFusion.sized_from_step_time(measured).steps)
+    assert expected > FIRST_AUTO_STEPS and second.ends[0] == expected
+    assert np.diff([0] + second.ends).sum() == 50

@@ -35,6 +35,9 @@ class Engine:
     # parameter-server training, where they run inline on the coordinator.
     eval_strategy: tf.distribute.Strategy
     eval_steps: Steps
+    # Global batch size -> seconds per train step measured by the last fit that sized
+    # its calls ("auto"), so the next fit starts at that size (trainer.fusion).
+    seconds_per_step: dict[int, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,9 @@ on SIGTERM. "auto" measures the time per step and sizes calls to last about
 2 CPU cores): a call costs ~5 ms outside the steps (callbacks, metric reads)
 plus a pause of the step pipeline at its end; in two of three runs 16 steps per
 call ran 4-7% slower than 64; calls of about a second keep that under 1% while callbacks
-still hear from the loop every second.
+still hear from the loop every second. A fit starts at FIRST_AUTO_STEPS until
+it has timed a call, unless an earlier fit of the same engine and batch size
+measured the step time (notebooks and the benchmark call `fit` again and again).
 """
 
 from __future__ import annotations
@@ -34,15 +36,20 @@ class StepFusion:
     auto: bool = False
     target_seconds: float = TARGET_CALL_SECONDS
     max_steps: int = MAX_AUTO_STEPS
+    seconds_per_step: float | None = None  # under "auto", the last measurement
     _timed_calls: int = 0
 
     @classmethod
-    def sized_from_step_time(cls) -> "StepFusion":
-        return cls(FIRST_AUTO_STEPS, auto=True)
+    def sized_from_step_time(cls, seconds_per_step: float | None = None) -> "StepFusion":
+        """"auto": FIRST_AUTO_STEPS until a step is timed, unless `seconds_per_step` is known already."""
+        fusion = cls(FIRST_AUTO_STEPS, auto=True, seconds_per_step=seconds_per_step)
+        if seconds_per_step is not None:
+            fusion.steps = fusion._sized(seconds_per_step)
+        return fusion
 
     @classmethod
     def for_fit(cls, setting: int | str, *, batch_hooks: bool, steps_per_epoch: int | None,
-                num_workers: int) -> "StepFusion":
+                num_workers: int, seconds_per_step: float | None = None) -> "StepFusion":
         """The fusion of one `fit`.
 
         Args:
@@ -52,6 +59,8 @@ class StepFusion:
           num_workers: workers in the cluster; several must agree on call
             boundaries, so "auto" is a fixed MULTI_WORKER_STEPS there instead of
             sized from the measured step time.
+          seconds_per_step: measured by an earlier fit of the same engine and
+            batch size; "auto" then starts at its size instead of FIRST_AUTO_STEPS.
         """
         if setting != "auto":
             return cls(setting)
@@ -59,7 +68,7 @@ class StepFusion:
             return cls(1)
         if num_workers > 1:
             return cls(min(MULTI_WORKER_STEPS, steps_per_epoch or MULTI_WORKER_STEPS))
-        return cls.sized_from_step_time()
+        return cls.sized_from_step_time(seconds_per_step)
 
     def observe(self, steps_run: int, seconds: float) -> None:
         """Records one call; under "auto", sizes the next one from it."""
@@ -68,5 +77,8 @@ class StepFusion:
         self._timed_calls += 1
         if self._timed_calls == 1:
             return  # the first call includes tracing and the input pipeline's start
-        per_step = seconds / steps_run
-        self.steps = max(1, min(self.max_steps, round(self.target_seconds / max(per_step, 1e-9))))
+        self.seconds_per_step = seconds / steps_run
+        self.steps = self._sized(self.seconds_per_step)
+
+    def _sized(self, seconds_per_step: float) -> int:
+        return max(1, min(self.max_steps, round(self.target_seconds / max(seconds_per_step, 1e-9))))

@@ -190,10 +190,10 @@ class Trainer:
         lr = engine_lib.LRSettings(self.lr_scaling, self.base_batch_size, batch, warmup_steps)
         run_model, compiled, lr_plan = self._build(model, strategy, train, lr=lr)
         callbacks = list(callbacks or [])
-        plan = self._plan(strategy, train, batch, steps_per_epoch, lr_plan, callbacks, run_model)
+        fusion = self._fusion(compiled, batch, steps_per_epoch, callbacks)
+        plan = self._plan(strategy, train, batch, steps_per_epoch, lr_plan, fusion, run_model)
         context = loop.TrainContext(strategy, strategy_cluster_info(strategy), plan, epochs=epochs,
-                                    initial_epoch=initial_epoch,
-                                    fusion=StepFusion(plan.steps_per_execution, plan.auto_fusion))
+                                    initial_epoch=initial_epoch, fusion=fusion)
         verbose = self.verbose if verbose is None else verbose
         if verbose and context.is_chief:
             print(plan.describe(), flush=True)
@@ -201,6 +201,8 @@ class Trainer:
         callback_list = self._callback_list(callbacks + [history], context, run_model, verbose)
         self._train(compiled, context, callback_list, train, val, batch,
                     restart_each_epoch=_restarts_each_epoch(train, user_steps))
+        if fusion.auto and fusion.seconds_per_step is not None:
+            compiled.seconds_per_step[batch.global_batch_size] = fusion.seconds_per_step
         if run_model is not model and isinstance(model, keras.Model):
             model.set_weights(run_model.get_weights())  # the user's object sees the training
         return history
@@ -299,14 +301,21 @@ class Trainer:
         return engine_lib.build(model, strategy, inp, seed=self.seed, jit_compile=self.jit_compile,
                                 cache=self._engines, lr=lr, mixed_precision=self.mixed_precision)
 
-    def _plan(self, strategy, inp, batch, steps_per_epoch, lr_plan: scaling.LRPlan, callbacks, model) -> Plan:
+    def _fusion(self, compiled: engine_lib.Engine, batch: scaling.BatchPlan, steps_per_epoch: int | None,
+                callbacks: list) -> StepFusion:
+        """Steps per call for this fit; "auto" starts from the engine's last measured step time."""
+        return StepFusion.for_fit(
+            self.steps_per_execution, steps_per_epoch=steps_per_epoch,
+            batch_hooks=self.steps_per_execution == "auto" and any(loop.has_batch_hooks(c) for c in callbacks),
+            num_workers=strategy_cluster_info(compiled.strategy).num_workers,
+            seconds_per_step=compiled.seconds_per_step.get(batch.global_batch_size))
+
+    def _plan(self, strategy, inp, batch, steps_per_epoch, lr_plan: scaling.LRPlan, fusion: StepFusion,
+              model) -> Plan:
         num_workers = strategy_cluster_info(strategy).num_workers
         parameter_server = ps.is_parameter_server(strategy)
         policy, why = data_lib.sharding(inp, num_workers, parameter_server=parameter_server)
         base_lr, scaled_lr = lr_plan.describe()
-        batch_hooks = self.steps_per_execution == "auto" and any(loop.has_batch_hooks(c) for c in callbacks)
-        fusion = StepFusion.for_fit(self.steps_per_execution, batch_hooks=batch_hooks,
-                                    steps_per_epoch=steps_per_epoch, num_workers=num_workers)
         return Plan(
             strategy=strategy_label(strategy),
             num_replicas=batch.num_replicas,
