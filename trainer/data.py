@@ -203,10 +203,11 @@ def iterator_factory(strategy: tf.distribute.Strategy, global_batch_size: int, *
 
     That is an `ArrayFeed` for arrays on CPU replicas; for a dataset on the
     CPU replicas of one worker, a plain iterator of global batches, which the
-    steps split among the replicas; else a distributed iterator. With `epoch`, arrays are shuffled per epoch (from `seed`) and one
-    pass covers epochs `epoch` to `until` (exclusive; one epoch by default);
-    without it, they are read once in input order. `start_step` skips global
-    steps at the start of the pass (a resumed run).
+    steps split among the replicas; else a distributed iterator. With `epoch`,
+    arrays are shuffled per epoch (from `seed`) and one pass covers epochs
+    `epoch` to `until` (exclusive; one epoch by default); without it, they are
+    read once in input order. `start_step` skips global steps at the start of
+    the pass (a resumed run).
     """
     num_workers = strategy_cluster_info(strategy).num_workers
     # A dataset read from its start is distributed once and iterated again each epoch:
