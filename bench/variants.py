@@ -176,12 +176,17 @@ def bare_step(strategy, x, y) -> _Runner:
         for i in tf.range(first, first + count):
             strategy.run(replica_step, args=(xs, ys, i))
 
+    def call(first: int, count: int) -> None:
+        run(xs, ys, tf.constant(first), tf.constant(count))
+
     def epoch() -> int:
         for first in range(0, steps, FUSED_STEPS):
-            run(xs, ys, tf.constant(first), tf.constant(min(FUSED_STEPS, steps - first)))
+            call(first, min(FUSED_STEPS, steps - first))
         return steps * global_batch
 
-    return _Runner(epoch)
+    runner = _Runner(epoch)
+    runner.call, runner.steps = call, steps  # for bench/step_cost.py: steps first..first+count-1 of the epoch
+    return runner
 
 
 def bare_step_pipeline(strategy, x, y) -> _Runner:

@@ -160,16 +160,24 @@ class Objective:
         total = tf.add_n([w * l for w, l in zip(weights, per_output)])
         return total, per_output
 
-    def update(self, y_true, y_pred, sample_weight, losses, per_output, regularization) -> None:
-        """Updates every tracker with this replica's examples (replica context)."""
-        count = tf.cast(tf.shape(losses)[0], "float32")
-        self.loss_tracker.update_state(losses, sample_weight=sample_weight)
-        self.regularization_tracker.update_state(regularization, sample_weight=count)
+    def update(self, y_true, y_pred, weights, losses, per_output, regularization) -> None:
+        """Updates every tracker with this replica's examples (replica context).
+
+        Args:
+          weights: one weight per example (ones without sample weights).
+          losses, per_output: from `per_example_losses`.
+          regularization: the model's regularization loss, or None when it has none.
+        """
+        weight_sum = tf.reduce_sum(weights)
+        _accumulate(self.loss_tracker, tf.reduce_sum(losses * weights), weight_sum)
+        if regularization is not None:
+            count = tf.cast(tf.shape(losses)[0], "float32")
+            _accumulate(self.regularization_tracker, regularization * count, count)
         for tracker, values in zip(self.output_loss_trackers, per_output):
-            tracker.update_state(values, sample_weight=sample_weight)
+            _accumulate(tracker, tf.reduce_sum(values * weights), weight_sum)
         yt, yp = _as_list(y_true, self.output_names), _as_list(y_pred, self.output_names)
         for i, weighted, metric in self.compiled_metrics:
-            metric.update_state(yt[i], yp[i], sample_weight=sample_weight if weighted else None)
+            metric.update_state(yt[i], yp[i], sample_weight=weights if weighted else None)
 
     def reset(self) -> None:
         if self._reset is None:
@@ -187,6 +195,16 @@ class Objective:
         for metric, value in zip(self.metrics[2:], others):
             logs[metric.name] = _to_float(value)
         return logs
+
+
+def _accumulate(tracker: keras.metrics.Mean, total: tf.Tensor, count: tf.Tensor) -> None:
+    """Adds a weighted sum and its total weight to a `Mean`.
+
+    What `Mean.update_state(values, sample_weight)` adds, without its per-call
+    shape handling: every step runs this, and the sums are at hand.
+    """
+    tracker.total.assign_add(total)
+    tracker.count.assign_add(count)
 
 
 def _to_float(value: Any) -> Any:

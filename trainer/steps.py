@@ -37,6 +37,11 @@ def _count_and_weights(x: Any, sample_weight: tf.Tensor | None) -> tuple[tf.Tens
     return tf.cast(count, "float32"), tf.reshape(tf.cast(sample_weight, "float32"), [count])
 
 
+def _regularization(model: keras.Model) -> tf.Tensor | None:
+    """The model's regularization loss in float32, or None when it has none (known when tracing)."""
+    return tf.cast(tf.add_n(model.losses), "float32") if model.losses else None
+
+
 def _yields_global_batches(iterator) -> bool:
     """Whether `iterator` is a plain tf.data one, whose whole global batches the replicas split (feed.py)."""
     return isinstance(iterator, tf.data.Iterator)
@@ -139,10 +144,10 @@ class Steps:
         with tf.GradientTape() as tape:
             y_pred = model(x, training=True)
             losses, per_output = self.objective.per_example_losses(y, y_pred)
-            regularization = tf.add_n(model.losses) if model.losses else tf.constant(0.0)
-            regularization = tf.cast(regularization, "float32")
+            regularization = _regularization(model)
             loss = tf.reduce_sum(losses * weights) / global_count
-            loss += regularization / self.strategy.num_replicas_in_sync
+            if regularization is not None:
+                loss += regularization / self.strategy.num_replicas_in_sync
             scaled = optimizer.scale_loss(loss)
         grads = tape.gradient(scaled, model.trainable_variables)
         return y_pred, losses, per_output, regularization, grads
@@ -168,8 +173,7 @@ class Steps:
         _, weights = _count_and_weights(x, sample_weight)
         y_pred = self.model(x, training=False)
         losses, per_output = self.objective.per_example_losses(y, y_pred)
-        regularization = tf.add_n(self.model.losses) if self.model.losses else tf.constant(0.0)
-        return self._track(y, y_pred, weights, losses, per_output, tf.cast(regularization, "float32"))
+        return self._track(y, y_pred, weights, losses, per_output, _regularization(self.model))
 
     def _track(self, *values):
         if self.replica_metrics:
@@ -185,6 +189,8 @@ class Steps:
             self.objective.update(*tf.nest.map_structure(self._concat_replicas, outputs))
 
     def _concat_replicas(self, value):
+        if value is None:  # no regularization
+            return None
         parts = self.strategy.experimental_local_results(value)
         return parts[0] if parts[0].shape.rank == 0 else tf.concat(parts, axis=0)
 

@@ -1,0 +1,69 @@
+"""The Objective's trackers against NumPy: exact weighted means over several updates."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tiny import tiny_data, tiny_model
+from trainer.objective import Objective
+
+
+def _cross_entropy(logits: np.ndarray, y: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    return np.log(np.exp(shifted).sum(axis=1)) - shifted[np.arange(len(y)), y]
+
+
+def _objective_and_batches(sizes=(7, 5)):
+    x, y, w = tiny_data(sum(sizes))
+    model = tiny_model()
+    objective = Objective(model, y[:2], model(x[:2]))
+    bounds = np.cumsum((0,) + sizes)
+    batches = [(x[a:b], y[a:b], w[a:b]) for a, b in zip(bounds, bounds[1:])]
+    return model, objective, batches
+
+
+def _update(objective, model, x, y, w, regularization):
+    y_pred = model(x)
+    losses, per_output = objective.per_example_losses(y, y_pred)
+    objective.update(y, y_pred, tf.constant(w), losses, per_output, regularization)
+    return keras.ops.convert_to_numpy(y_pred)
+
+
+def test_loss_is_the_weighted_mean_plus_the_per_example_regularization():
+    model, objective, batches = _objective_and_batches()
+    objective.reset()
+    regularizations = [0.25, 0.75]  # e.g. two replicas' steps, or a step before and after an update
+    weighted_sum = weight_sum = 0.0
+    for (x, y, w), reg in zip(batches, regularizations):
+        logits = _update(objective, model, x, y, w, tf.constant(reg))
+        weighted_sum += float(np.sum(_cross_entropy(logits, y) * w))
+        weight_sum += float(np.sum(w))
+    sizes = [len(b[0]) for b in batches]
+    expected = weighted_sum / weight_sum + np.dot(regularizations, sizes) / sum(sizes)
+    assert objective.results()["loss"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_without_regularization_its_tracker_is_left_alone():
+    model, objective, batches = _objective_and_batches()
+    objective.reset()
+    weighted_sum = weight_sum = 0.0
+    for x, y, w in batches:
+        logits = _update(objective, model, x, y, w, None)
+        weighted_sum += float(np.sum(_cross_entropy(logits, y) * w))
+        weight_sum += float(np.sum(w))
+    assert float(objective.regularization_tracker.count) == 0.0
+    assert objective.results()["loss"] == pytest.approx(weighted_sum / weight_sum, rel=1e-5)
+
+
+def test_metrics_see_every_update_and_reset_clears_them():
+    model, objective, batches = _objective_and_batches()
+    objective.reset()
+    correct = total = 0
+    for x, y, w in batches:
+        logits = _update(objective, model, x, y, w, None)
+        correct += int(np.sum(logits.argmax(axis=1) == y))
+        total += len(y)
+    assert objective.results()["accuracy"] == pytest.approx(correct / total, rel=1e-6)
+    objective.reset()
+    assert objective.results() == {name: 0.0 for name in objective.results()}
