@@ -5,7 +5,7 @@
     sudo apt-get install dataset-fashion-mnist             # Debian's copy of those files, found by default
     python examples/fashion_mnist.py --synthetic 2000 --epochs 1 # offline smoke run
     python examples/fashion_mnist.py --cpu-replicas 2 --strategy mirrored   # 2 replicas on one CPU
-    python examples/fashion_mnist.py --mixed-precision mixed_bfloat16      # 16-bit layers (CPUs with AMX)
+    python examples/fashion_mnist.py --mixed-precision mixed_bfloat16      # 16-bit layers (CPUs with AMX or AVX512_BF16)
     trainer-launch --workers 2 examples/fashion_mnist.py --synthetic 2000  # 2 local workers
 
 It prints the plan, shows a progress bar, writes logs, the best and last
@@ -136,7 +136,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", default="runs/fashion_mnist", help="output directory")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--mixed-precision", choices=["mixed_float16", "mixed_bfloat16"], default=None,
-                        help="16-bit layers (default: float32); mixed_bfloat16 is faster on CPUs with AMX")
+                        help="16-bit layers (default: float32); mixed_bfloat16 is faster on CPUs with AMX or AVX512_BF16")
     parser.add_argument("--cpu-replicas", type=int, default=None,
                         help="split the CPU into N logical devices, to try 'mirrored' without GPUs")
     source = parser.add_mutually_exclusive_group()

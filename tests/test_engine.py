@@ -150,19 +150,21 @@ def test_cpu_flags_are_the_first_processors_flags():
     assert "fpu" in engine.cpu_flags()
 
 
-def test_cpu_native_bf16_needs_amx_bf16_under_onednn_on_x86_linux(monkeypatch):
+def test_cpu_native_bf16_names_amx_or_avx512_bf16_under_onednn_on_x86_linux(monkeypatch):
     strategy = tf.distribute.get_strategy()
     monkeypatch.setattr(engine.strategy_lib, "runs_on_accelerators", lambda s: False)  # also where a GPU is seen
     monkeypatch.setattr(sys, "platform", "linux")
     monkeypatch.setattr(platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(engine, "onednn_enabled", lambda: True)
     monkeypatch.setattr(engine, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}))
-    assert engine.cpu_native_bf16(strategy)
+    assert engine.cpu_native_bf16(strategy) == "AMX"
     monkeypatch.setattr(engine, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))  # no AMX
-    assert not engine.cpu_native_bf16(strategy)
-    monkeypatch.setattr(engine, "cpu_flags", lambda: frozenset({"amx_tile", "amx_bf16"}))
+    assert engine.cpu_native_bf16(strategy) == "AVX512_BF16"
+    monkeypatch.setattr(engine, "cpu_flags", lambda: frozenset({"avx512f", "avx512_vnni", "avx2"}))  # emulated
+    assert engine.cpu_native_bf16(strategy) is None
+    monkeypatch.setattr(engine, "cpu_flags", lambda: frozenset({"avx512_bf16", "amx_tile", "amx_bf16"}))
     monkeypatch.setattr(engine, "onednn_enabled", lambda: False)  # TF_ENABLE_ONEDNN_OPTS=0: Eigen's kernels
-    assert not engine.cpu_native_bf16(strategy)
+    assert engine.cpu_native_bf16(strategy) is None
     monkeypatch.setattr(engine, "onednn_enabled", lambda: True)
     monkeypatch.setattr(platform, "machine", lambda: "aarch64")
-    assert not engine.cpu_native_bf16(strategy)
+    assert engine.cpu_native_bf16(strategy) is None

@@ -3,7 +3,7 @@
 import tensorflow as tf
 
 from trainer import Plan
-from trainer.plan import BF16_HINT, ONEDNN_HINT, strategy_label
+from trainer.plan import ONEDNN_HINT, bf16_hint, strategy_label
 
 BASE = dict(
     strategy="MirroredStrategy", num_replicas=4, num_workers=1, global_batch_size=64, per_replica_batch_size=16,
@@ -55,6 +55,9 @@ def test_plan_says_what_the_layers_compute_in():
 
 
 def test_plan_suggests_bfloat16_only_in_float32_on_cpus_that_compute_it_natively():
-    assert _row(Plan(**{**BASE, "native_bf16": True}).describe(), "precision") == f"float32; {BF16_HINT}"
-    assert BF16_HINT not in Plan(**BASE).describe()
-    assert BF16_HINT not in Plan(**{**BASE, "native_bf16": True, "precision": "mixed_bfloat16"}).describe()
+    for unit in ("AMX", "AVX512_BF16"):
+        assert _row(Plan(**{**BASE, "native_bf16": unit}).describe(), "precision") == f"float32; {bf16_hint(unit)}"
+        assert f"natively ({unit})" in bf16_hint(unit)
+        assert "natively" not in Plan(**{**BASE, "native_bf16": unit, "precision": "mixed_bfloat16"}).describe()
+    assert "natively" not in Plan(**BASE).describe()
+    assert bf16_hint("AMX") != bf16_hint("AVX512_BF16")  # each unit's own measured speed-up

@@ -98,17 +98,20 @@ def cpu_flags() -> frozenset[str]:
         return frozenset()
 
 
-def cpu_native_bf16(strategy: tf.distribute.Strategy) -> bool:
-    """For the plan: whether oneDNN runs this strategy's replicas on a CPU with AMX's bfloat16 units.
+def cpu_native_bf16(strategy: tf.distribute.Strategy) -> str | None:
+    """For the plan: the bfloat16 units of the CPU that oneDNN runs this strategy's replicas on.
 
-    There `mixed_precision="mixed_bfloat16"` trained the example's CNN 1.65-1.72x
-    faster (bench/mixed_precision.py, README); elsewhere bfloat16 may be
-    emulated and slower, so the plan suggests it only here.
+    "AMX" or "AVX512_BF16", or None. With either, `mixed_precision="mixed_bfloat16"`
+    trained the example's CNN faster (bench/mixed_precision.py: 1.65-1.72x with
+    AMX, 1.40-1.57x with AVX512_BF16; README); elsewhere oneDNN emulates
+    bfloat16, so the plan suggests it only here.
     """
     if (strategy_lib.runs_on_accelerators(strategy) or ps.is_parameter_server(strategy)
-            or sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64")):
-        return False
-    return bool(onednn_enabled()) and "amx_bf16" in cpu_flags()
+            or sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64")
+            or not onednn_enabled()):
+        return None
+    flags = cpu_flags()
+    return next((unit for flag, unit in (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512_BF16")) if flag in flags), None)
 
 
 def build(

@@ -24,9 +24,15 @@ ONEDNN_HINT = ("oneDNN kernels off in this process; TF_ENABLE_ONEDNN_OPTS=1, set
                "results round differently")
 
 # Measured with bench/mixed_precision.py and the example on the real data (README, Performance).
-BF16_HINT = ("this CPU computes bfloat16 natively (AMX): Trainer(mixed_precision='mixed_bfloat16') may be "
-             "faster: 1.65-1.72x for the example's CNN on 2 such cores, median test accuracy over 5 seeds 90.99% "
-             "against 91.00%; results round differently")
+BF16_SPEEDUP = {"AMX": "1.65-1.72x", "AVX512_BF16": "1.40-1.57x"}  # the example's CNN, 2 cores
+
+
+def bf16_hint(unit: str) -> str:
+    """The plan's suggestion for CPUs whose bfloat16 `unit` oneDNN uses ("AMX" or "AVX512_BF16")."""
+    return (f"this CPU computes bfloat16 natively ({unit}): Trainer(mixed_precision='mixed_bfloat16') may be "
+            f"faster: {BF16_SPEEDUP[unit]} for the example's CNN on 2 such cores, with the same test accuracy "
+            "within the spread over seeds; results round differently")
+
 
 _PRECISION = {
     "float32": "float32",
@@ -66,7 +72,7 @@ class Plan:
     repeated_data: bool = False  # parameter-server training: workers repeat their shards
     onednn: bool | None = None  # whether oneDNN's kernels run the CPU replicas; None: nothing to suggest
     precision: str = "float32"  # the dtype policy the model's layers compute in (models.precision)
-    native_bf16: bool = False  # CPU replicas with bfloat16 units (AMX) under oneDNN
+    native_bf16: str | None = None  # the bfloat16 units ("AMX", "AVX512_BF16") of CPU replicas under oneDNN
 
     def last_batch(self) -> str:
         """How the last partial batch is handled, in words."""
@@ -96,7 +102,7 @@ class Plan:
         """What the layers compute in, in words, with the bfloat16 hint where it pays."""
         text = _PRECISION.get(self.precision, self.precision)
         if self.precision == "float32" and self.native_bf16:
-            text += f"; {BF16_HINT}"
+            text += f"; {bf16_hint(self.native_bf16)}"
         return text
 
     def describe(self) -> str:

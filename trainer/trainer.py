@@ -89,8 +89,8 @@ class Trainer:
         GPUs and TPUs only (it slows CNNs down on CPU).
       mixed_precision: None (float32), "mixed_float16" (GPUs; adds Keras's
         dynamic loss scaling) or "mixed_bfloat16" (TPUs, recent GPUs, CPUs with
-        AMX): layers compute in 16 bits, variables and losses stay float32.
-        Opt-in; the plan suggests it on CPUs with AMX.
+        AMX or AVX512_BF16): layers compute in 16 bits, variables and losses
+        stay float32. Opt-in; the plan suggests it on such CPUs.
       verbose: 0 silent, 1 plan and progress bar, 2 plan and one line per epoch
         (chief only).
       nan_guard: stop training at the first non-finite loss (see `callbacks.NanGuard`).
