@@ -23,22 +23,25 @@ def _objective_and_batches(sizes=(7, 5)):
     return model, objective, batches
 
 
-def _update(objective, model, x, y, w, regularization):
-    y_pred = model(x)
-    losses, per_output = objective.per_example_losses(y, y_pred)
-    objective.update(y, y_pred, tf.constant(w), losses, per_output, regularization)
-    return keras.ops.convert_to_numpy(y_pred)
+def _update_all(objective, model, batches, regularizations):
+    """Updates `objective` with each batch; returns NumPy's sum(w*loss), sum(w) and correct predictions."""
+    objective.reset()
+    weighted_sum = weight_sum = correct = 0.0
+    for (x, y, w), reg in zip(batches, regularizations):
+        y_pred = model(x)
+        losses, per_output = objective.per_example_losses(y, y_pred)
+        objective.update(y, y_pred, tf.constant(w), losses, per_output, None if reg is None else tf.constant(reg))
+        logits = keras.ops.convert_to_numpy(y_pred)
+        weighted_sum += float(np.sum(_cross_entropy(logits, y) * w))
+        weight_sum += float(np.sum(w))
+        correct += int(np.sum(logits.argmax(axis=1) == y))
+    return weighted_sum, weight_sum, correct
 
 
 def test_loss_is_the_weighted_mean_plus_the_per_example_regularization():
     model, objective, batches = _objective_and_batches()
-    objective.reset()
     regularizations = [0.25, 0.75]  # e.g. two replicas' steps, or a step before and after an update
-    weighted_sum = weight_sum = 0.0
-    for (x, y, w), reg in zip(batches, regularizations):
-        logits = _update(objective, model, x, y, w, tf.constant(reg))
-        weighted_sum += float(np.sum(_cross_entropy(logits, y) * w))
-        weight_sum += float(np.sum(w))
+    weighted_sum, weight_sum, _ = _update_all(objective, model, batches, regularizations)
     sizes = [len(b[0]) for b in batches]
     expected = weighted_sum / weight_sum + np.dot(regularizations, sizes) / sum(sizes)
     assert objective.results()["loss"] == pytest.approx(expected, rel=1e-5)
@@ -46,24 +49,14 @@ def test_loss_is_the_weighted_mean_plus_the_per_example_regularization():
 
 def test_without_regularization_its_tracker_is_left_alone():
     model, objective, batches = _objective_and_batches()
-    objective.reset()
-    weighted_sum = weight_sum = 0.0
-    for x, y, w in batches:
-        logits = _update(objective, model, x, y, w, None)
-        weighted_sum += float(np.sum(_cross_entropy(logits, y) * w))
-        weight_sum += float(np.sum(w))
+    weighted_sum, weight_sum, _ = _update_all(objective, model, batches, [None, None])
     assert float(objective.regularization_tracker.count) == 0.0
     assert objective.results()["loss"] == pytest.approx(weighted_sum / weight_sum, rel=1e-5)
 
 
 def test_metrics_see_every_update_and_reset_clears_them():
     model, objective, batches = _objective_and_batches()
-    objective.reset()
-    correct = total = 0
-    for x, y, w in batches:
-        logits = _update(objective, model, x, y, w, None)
-        correct += int(np.sum(logits.argmax(axis=1) == y))
-        total += len(y)
-    assert objective.results()["accuracy"] == pytest.approx(correct / total, rel=1e-6)
+    _, _, correct = _update_all(objective, model, batches, [None, None])
+    assert objective.results()["accuracy"] == pytest.approx(correct / sum(len(b[1]) for b in batches), rel=1e-6)
     objective.reset()
     assert objective.results() == {name: 0.0 for name in objective.results()}

@@ -46,3 +46,20 @@ def test_measure_reports_teardown_and_ratios_without_it(monkeypatch):
     without = result["trainer_ratio_without_teardown"]["keras"]
     assert 1.6 < with_teardown < 2.4  # 0.2 s against 0.1 s in two rounds of three
     assert 0.8 < without < 1.25
+
+
+def test_step_cost_times_every_variant_call_by_call(tmp_path):
+    import json
+    import subprocess
+
+    out = tmp_path / "step_cost.json"
+    script = os.path.join(os.path.dirname(throughput.__file__), "step_cost.py")
+    proc = subprocess.run([sys.executable, script, "--examples", "640", "--rounds", "3", "--steps-per-call", "2",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert set(result["all_seconds_per_step"]) == {"trainer", "trainer_no_metrics", "bare_step"}
+    for name, times in result["all_seconds_per_step"].items():
+        assert len(times) == 3 and all(t > 0 for t in times)
+        ratios = [b / t for t, b in zip(times, result["all_seconds_per_step"]["bare_step"])]
+        assert result["speed_over_bare_step"][name] == statistics.median(ratios)
