@@ -19,7 +19,10 @@ x, y, w = tiny_data(1003)
 history = trainer.fit(lambda: tiny_model(lr=0.05), (x, y, w), epochs=4, validation_data=(x[:300], y[:300]))
 evaluation = trainer.evaluate(history.model, (x, y, w))
 logits = trainer.predict(history.model, x)
+# A model without regularization losses: its steps return no regularization term of their own.
+plain = trainer.fit(lambda: tiny_model(lr=0.05, regularized=False), (x, y, w), epochs=1, steps_per_epoch=8)
 with open(out, "w") as f:
     json.dump({"history": history.history, "evaluate": evaluation, "logits": logits.tolist(),
-               "iterations": int(history.model.optimizer.iterations.numpy())}, f)
+               "iterations": int(history.model.optimizer.iterations.numpy()),
+               "plain_loss": plain.history["loss"]}, f)
 print("done")

@@ -13,10 +13,10 @@ from trainer import Trainer
 from trainer import engine
 
 
-def _fit(strategy, **kwargs):
+def _fit(strategy, regularized=True, **kwargs):
     x, y, w = tiny_data(203)
     trainer = Trainer(strategy=strategy, batch_size=32, lr_scaling=None, verbose=0, **kwargs)
-    history = trainer.fit(tiny_model(), (x, y, w), epochs=2)
+    history = trainer.fit(tiny_model(regularized=regularized), (x, y, w), epochs=2)
     return history.history, np.concatenate([v.ravel() for v in history.model.get_weights()])
 
 
@@ -48,6 +48,14 @@ def test_one_device_matches_default(reference):
 def test_central_storage_matches_default(reference):
     strategy = tf.distribute.experimental.CentralStorageStrategy(compute_devices=["/cpu:0", "/cpu:1", "/cpu:2"])
     _assert_same(_fit(strategy), reference)
+
+
+def test_a_model_without_regularization_matches_default_under_xla_and_central_storage():
+    # Its replicas track no regularization; under CentralStorageStrategy they return their values instead.
+    plain = _fit("default", regularized=False)
+    _assert_same(_fit("default", regularized=False, jit_compile=True), plain)
+    strategy = tf.distribute.experimental.CentralStorageStrategy(compute_devices=["/cpu:0", "/cpu:1", "/cpu:2"])
+    _assert_same(_fit(strategy, regularized=False), plain)
 
 
 @pytest.mark.parametrize("replicas, examples", [(2, 203), (3, 203), (3, 193)],

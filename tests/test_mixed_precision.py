@@ -89,3 +89,23 @@ def test_a_float32_output_head_is_kept_under_a_mixed_policy():
     history = Trainer(strategy="default", mixed_precision="mixed_bfloat16", verbose=0).fit(model, (x, y, w))
     assert history.model is model  # not re-created, which would turn the head into bfloat16 too
     assert model.layers[-1].dtype_policy.name == "float32"
+
+
+def test_activity_and_weight_regularization_add_up_in_float32():
+    # The activity regularizer's loss comes in the layers' bfloat16, the kernel regularizer's in float32.
+    def build():
+        model = keras.Sequential([
+            keras.Input((8,)),
+            keras.layers.Dense(16, activation="relu", kernel_regularizer=keras.regularizers.L2(1e-3),
+                               activity_regularizer=keras.regularizers.L2(1e-3)),
+            keras.layers.Dense(3),
+        ])
+        model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    x, y, w = tiny_data()
+    trainer = Trainer(strategy="default", per_replica_batch_size=32, mixed_precision="mixed_bfloat16", verbose=0)
+    history = trainer.fit(build, (x, y, w), epochs=2)
+    assert {keras.backend.standardize_dtype(loss.dtype) for loss in history.model.losses} == {"bfloat16", "float32"}
+    assert np.all(np.isfinite(history.history["loss"]))
+    assert history.history["loss"][-1] < history.history["loss"][0]

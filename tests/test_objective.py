@@ -60,3 +60,38 @@ def test_metrics_see_every_update_and_reset_clears_them():
     assert objective.results()["accuracy"] == pytest.approx(correct / sum(len(b[1]) for b in batches), rel=1e-6)
     objective.reset()
     assert objective.results() == {name: 0.0 for name in objective.results()}
+
+
+def test_an_output_without_a_loss_gets_no_loss_tracker_and_shifts_none():
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, {"a": keras.layers.Dense(2, name="a")(inputs),
+                                 "b": keras.layers.Dense(1, name="b")(inputs)})
+    model.compile(optimizer="sgd", loss={"a": None, "b": "mse"})
+    x = np.random.default_rng(0).normal(size=(6, 3)).astype("float32")
+    y = {"a": np.zeros((6, 2), "float32"), "b": np.ones((6, 1), "float32")}
+    objective = Objective(model, y, model(x))
+    objective.reset()
+    y_pred = model(x)
+    losses, per_output = objective.per_example_losses(y, y_pred)
+    objective.update(y, y_pred, tf.ones([6]), losses, per_output, None)
+    mse = float(np.mean((keras.ops.convert_to_numpy(y_pred["b"]) - 1.0) ** 2))
+    results = objective.results()
+    assert "a_loss" not in results
+    assert results["b_loss"] == pytest.approx(mse, rel=1e-5)
+    assert results["loss"] == pytest.approx(mse, rel=1e-5)
+
+
+@pytest.mark.parametrize("loss_weights", [None, [0.5, 2.0], {"a": 0.5, "b": 2.0}])
+def test_loss_weights_apply_per_output_as_compiled(loss_weights):
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, {"a": keras.layers.Dense(2, name="a")(inputs),
+                                 "b": keras.layers.Dense(1, name="b")(inputs)})
+    model.compile(optimizer="sgd", loss={"a": "mse", "b": "mse"}, loss_weights=loss_weights)
+    x = np.random.default_rng(0).normal(size=(6, 3)).astype("float32")
+    y = {"a": np.zeros((6, 2), "float32"), "b": np.ones((6, 1), "float32")}
+    objective = Objective(model, y, model(x))
+    y_pred = {k: keras.ops.convert_to_numpy(v) for k, v in model(x).items()}
+    losses, _ = objective.per_example_losses(y, y_pred)
+    wa, wb = (1.0, 1.0) if loss_weights is None else (0.5, 2.0)
+    expected = wa * np.mean(y_pred["a"] ** 2, axis=1) + wb * np.mean((y_pred["b"] - 1.0) ** 2, axis=1)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(losses), expected, rtol=1e-5)

@@ -52,3 +52,10 @@ def test_evaluation_is_exact_on_the_coordinator(results):
     ce = -(shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True)))[np.arange(len(y)), y]
     np.testing.assert_allclose(ps["evaluate"]["wce"], np.sum(w * ce) / np.sum(w), rtol=1e-5)
     np.testing.assert_allclose(ps["evaluate"]["accuracy"], np.mean(logits.argmax(axis=1) == y), rtol=1e-6)
+
+
+def test_a_model_without_regularization_trains(results):
+    default, ps, _ = results
+    for run in (default, ps):
+        (loss,) = run["plain_loss"]
+        assert 0.0 < loss < np.log(3) + 0.5  # a finite cross-entropy over 3 classes, from random weights

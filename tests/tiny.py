@@ -13,12 +13,13 @@ def tiny_data(n: int = 203, seed: int = 0):
     return x, y, w
 
 
-def tiny_model(lr: float = 0.05, optimizer: str = "sgd", seed: int = 0) -> keras.Model:
-    """A compiled two-layer classifier with L2 regularization and fixed initial weights."""
+def tiny_model(lr: float = 0.05, optimizer: str = "sgd", seed: int = 0, regularized: bool = True) -> keras.Model:
+    """A compiled two-layer classifier with L2 regularization (unless not `regularized`) and fixed initial weights."""
     keras.utils.set_random_seed(seed)
     model = keras.Sequential([
         keras.Input((8,)),
-        keras.layers.Dense(16, activation="relu", kernel_regularizer=keras.regularizers.L2(1e-3)),
+        keras.layers.Dense(16, activation="relu",
+                           kernel_regularizer=keras.regularizers.L2(1e-3) if regularized else None),
         keras.layers.Dense(3),
     ])
     opt = keras.optimizers.SGD(lr, momentum=0.9) if optimizer == "sgd" else keras.optimizers.Adam(lr)

@@ -59,7 +59,9 @@ def _by_output(spec: Any, names: list[str], what: str) -> list[Any]:
             )
         return [spec.get(n) for n in names]
     if isinstance(spec, (list, tuple)) and len(names) > 1 and len(spec) == len(names):
-        if what == "loss" or all(isinstance(s, (list, tuple)) or s is None for s in spec):
+        # A loss or loss-weight list has one entry per output; a metrics list is per output
+        # only when its entries are lists (else it is metrics for every output).
+        if "metrics" not in what or all(isinstance(s, (list, tuple)) or s is None for s in spec):
             return list(spec)
     return [spec] * len(names)
 
@@ -118,15 +120,17 @@ class Objective:
             names = [f"output_{i}" for i in range(len(_as_list(y_pred, names)))]
         self.output_names = names
         losses = _by_output(model.loss, names, "loss")
-        weights = config.get("loss_weights") or [1.0] * len(names)
-        self._loss_weights = _by_output(weights, names, "loss_weights")
+        weights = config.get("loss_weights")
+        self._loss_weights = _by_output(weights, names, "loss_weights") if weights else [1.0] * len(names)
         self._losses = [_per_example(l) if l is not None else None for l in losses]
 
         prefix = (lambda n: f"{n}_") if len(names) > 1 else (lambda n: "")
         self.loss_tracker = keras.metrics.Mean(name="loss")
         self.regularization_tracker = keras.metrics.Mean(name="regularization")
+        # One per output with a loss, in the order of `per_example_losses`'s per-output values.
         self.output_loss_trackers = (
-            [keras.metrics.Mean(name=f"{n}_loss") for n in names] if len(names) > 1 else []
+            [keras.metrics.Mean(name=f"{n}_loss") for n, l in zip(names, losses) if l is not None]
+            if len(names) > 1 else []
         )
         self.compiled_metrics: list[tuple[int, bool, keras.metrics.Metric]] = []
         self._read = self._reset = None  # graph calls, see `results`
@@ -164,6 +168,7 @@ class Objective:
         """Updates every tracker with this replica's examples (replica context).
 
         Args:
+          y_true, y_pred: this replica's targets and the model's outputs.
           weights: one weight per example (ones without sample weights).
           losses, per_output: from `per_example_losses`.
           regularization: the model's regularization loss, or None when it has none.

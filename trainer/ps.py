@@ -94,7 +94,7 @@ def run_epochs(
             results = [coordinator.schedule(scheduled_step, args=(iterator,)) for _ in range(n)]
             coordinator.join()  # also re-raises a failed step's error here
             for result in results:
-                objective.update(*tf.nest.map_structure(_as_tensor, result.fetch()))
+                objective.update(*tf.nest.map_structure(tf.convert_to_tensor, result.fetch()))
             # Concurrent workers lose some of Keras's read-modify-write increments; set the true count.
             iterations += n
             model.optimizer.iterations.assign(iterations)
@@ -107,7 +107,3 @@ def run_epochs(
             break
     callbacks.on_train_end(logs)
     return logs
-
-
-def _as_tensor(value: Any) -> tf.Tensor | None:
-    return None if value is None else tf.convert_to_tensor(value)  # None: the model has no regularization

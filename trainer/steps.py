@@ -39,7 +39,8 @@ def _count_and_weights(x: Any, sample_weight: tf.Tensor | None) -> tuple[tf.Tens
 
 def _regularization(model: keras.Model) -> tf.Tensor | None:
     """The model's regularization loss in float32, or None when it has none (known when tracing)."""
-    return tf.cast(tf.add_n(model.losses), "float32") if model.losses else None
+    # Cast each: under mixed precision, activity regularizers give 16-bit losses, weight regularizers float32.
+    return tf.add_n([tf.cast(loss, "float32") for loss in model.losses]) if model.losses else None
 
 
 def _yields_global_batches(iterator) -> bool:
@@ -175,11 +176,14 @@ class Steps:
         losses, per_output = self.objective.per_example_losses(y, y_pred)
         return self._track(y, y_pred, weights, losses, per_output, _regularization(self.model))
 
-    def _track(self, *values):
+    def _track(self, y, y_pred, weights, losses, per_output, regularization):
         if self.replica_metrics:
-            self.objective.update(*values)
+            self.objective.update(y, y_pred, weights, losses, per_output, regularization)
             return ()
-        return values
+        # Returned across replicas, and from parameter-server workers, whose results hold tensors only.
+        if regularization is None:
+            regularization = tf.constant(0.0)
+        return y, y_pred, weights, losses, per_output, regularization
 
     # Cross-replica context ---------------------------------------------------
 
@@ -189,8 +193,6 @@ class Steps:
             self.objective.update(*tf.nest.map_structure(self._concat_replicas, outputs))
 
     def _concat_replicas(self, value):
-        if value is None:  # no regularization
-            return None
         parts = self.strategy.experimental_local_results(value)
         return parts[0] if parts[0].shape.rank == 0 else tf.concat(parts, axis=0)
 
