@@ -9,7 +9,7 @@ over 2 logical CPUs; one untimed epoch each, then interleaved rounds of one
 round. It measures speed only: the generated images are too easy to tell the
 two apart (both reach 100%), so accuracy is compared on the real Fashion-MNIST
 test set with `examples/fashion_mnist.py --mixed-precision mixed_bfloat16`
-(README, Performance).
+(the README's example section; bench/README.md).
 
 Whether bfloat16 pays depends on the CPU: oneDNN runs bfloat16 convolutions
 and matmuls natively on CPUs with AVX512_BF16 or AMX (the JSON records the

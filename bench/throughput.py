@@ -29,7 +29,7 @@ with steps_per_execution > 1) is reported with its error.
 
 Keras's fit and the tutorial read a tf.data iterator, which they destroy at the
 end of each epoch; on TensorFlow 2.21 that can wait 1-2 s for tf.data's
-autotuner (see the README). Their epochs are timed with the wait, as a user
+autotuner (see bench/README.md). Their epochs are timed with the wait, as a user
 meets it, and the wait is also reported on its own, with the Trainer's ratios
 recomputed without it.
 
@@ -172,7 +172,7 @@ def measure(runners: dict, repeats: int) -> dict:
         "errors": errors,
         "overhead_share": {name: statistics.median(v) for name, v in overheads.items()},
         # Seconds per epoch that Keras's fit and the tutorial waited for their tf.data iterator
-        # to be destroyed (TensorFlow's autotuner; see the README), every round.
+        # to be destroyed (TensorFlow's autotuner; see bench/README.md), every round.
         "teardown_seconds": teardowns,
         "trainer_ratio": _ratios(times),
         "trainer_ratio_without_teardown": _ratios(untorn),

@@ -1,5 +1,6 @@
 """The plan printed at the start of fit."""
 
+import pytest
 import tensorflow as tf
 
 from trainer import Plan
@@ -61,3 +62,5 @@ def test_plan_suggests_bfloat16_only_in_float32_on_cpus_that_compute_it_natively
         assert "natively" not in Plan(**{**BASE, "native_bf16": unit, "precision": "mixed_bfloat16"}).describe()
     assert "natively" not in Plan(**BASE).describe()
     assert bf16_hint("AMX") != bf16_hint("AVX512_BF16")  # each unit's own measured speed-up
+    with pytest.raises(ValueError, match="native_bf16=True"):
+        Plan(**{**BASE, "native_bf16": True})

@@ -98,6 +98,10 @@ def cpu_flags() -> frozenset[str]:
         return frozenset()
 
 
+# CPU flag -> the bfloat16 unit oneDNN uses, the faster first (CPUs with AMX have AVX512_BF16 too).
+BF16_UNITS = (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512_BF16"))
+
+
 def cpu_native_bf16(strategy: tf.distribute.Strategy) -> str | None:
     """For the plan: the bfloat16 units of the CPU that oneDNN runs this strategy's replicas on.
 
@@ -111,7 +115,7 @@ def cpu_native_bf16(strategy: tf.distribute.Strategy) -> str | None:
             or not onednn_enabled()):
         return None
     flags = cpu_flags()
-    return next((unit for flag, unit in (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512_BF16")) if flag in flags), None)
+    return next((unit for flag, unit in BF16_UNITS if flag in flags), None)
 
 
 def build(

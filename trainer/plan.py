@@ -18,12 +18,12 @@ _STRATEGY_LABELS = {
 }
 
 
-# Measured with bench/onednn.py (README, Performance).
+# Measured with bench/onednn.py (README, Performance; bench/README.md).
 ONEDNN_HINT = ("oneDNN kernels off in this process; TF_ENABLE_ONEDNN_OPTS=1, set before TensorFlow starts "
                "(on every worker), may be faster: 1.5x for the example's CNN on 2 AVX2 cores; "
                "results round differently")
 
-# Measured with bench/mixed_precision.py and the example on the real data (README, Performance).
+# Measured with bench/mixed_precision.py, and the example on the real data (README; bench/README.md).
 BF16_SPEEDUP = {"AMX": "1.65-1.72x", "AVX512_BF16": "1.40-1.57x"}  # the example's CNN, 2 cores
 
 
@@ -73,6 +73,13 @@ class Plan:
     onednn: bool | None = None  # whether oneDNN's kernels run the CPU replicas; None: nothing to suggest
     precision: str = "float32"  # the dtype policy the model's layers compute in (models.precision)
     native_bf16: str | None = None  # the bfloat16 units ("AMX", "AVX512_BF16") of CPU replicas under oneDNN
+
+    def __post_init__(self):
+        if self.native_bf16 is not None and self.native_bf16 not in BF16_SPEEDUP:
+            raise ValueError(
+                f"`native_bf16` must be None or one of {sorted(BF16_SPEEDUP)}. Received: "
+                f"native_bf16={self.native_bf16!r}. Pass the CPU's bfloat16 unit, as engine.cpu_native_bf16 returns it."
+            )
 
     def last_batch(self) -> str:
         """How the last partial batch is handled, in words."""
