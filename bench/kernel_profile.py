@@ -26,6 +26,17 @@ out the wait for a tf.data iterator's teardown at the end of an epoch, which is
 not a cost per step, see bench/throughput.py.) Where the
 ceiling is below a throughput target, the target is out of reach for reasons
 outside the trainer.
+
+The epochs are profiled after warm-up, when TensorFlow's executor (TF 2.21)
+has found the cheap ops (a few thousand cycles a run) inexpensive and runs them
+inline, and the host tracer no longer records most of them: Adam's per-variable
+arithmetic, the loss's reductions, the metrics' updates. Kernel times leave
+them out (traced before warm-up, the bare step's ops other than convolutions,
+pooling, ReLU gradients and matmuls took 1.2 ms of op time per 10.4 ms step:
+bench/step_cost_profile_epyc_none.json), so the floor's
+kernel time is a lower bound and the ceilings are upper bounds: a target above
+a ceiling is out of reach all the more. bench/step_cost.py profiles before
+warm-up to see every op.
 """
 
 from __future__ import annotations
@@ -59,13 +70,8 @@ NOT_KERNELS = frozenset({
 })
 
 
-def kernel_events(xspace) -> tuple[list[tuple[int, int]], collections.Counter]:
-    """(start_ps, end_ps) of every kernel on the host plane, and the summed time per op type.
-
-    The summed times include the excluded op types too, so that what they
-    cost (a py-function's gather, an iterator read) can be reported.
-    """
-    intervals, per_type = [], collections.Counter()
+def host_op_events(xspace):
+    """(op type, start ps, duration ps) of every op event on the host plane, input pipeline threads left out."""
     for plane in xspace.planes:
         if plane.name != "/host:CPU":
             continue
@@ -74,12 +80,21 @@ def kernel_events(xspace) -> tuple[list[tuple[int, int]], collections.Counter]:
                 continue
             for event in line.events:
                 match = _OP_EVENT.match(plane.event_metadata[event.metadata_id].name)
-                if match is None:
-                    continue
-                per_type[match.group(1)] += event.duration_ps
-                if match.group(1) not in NOT_KERNELS:
-                    start = line.timestamp_ns * 1000 + event.offset_ps
-                    intervals.append((start, start + event.duration_ps))
+                if match is not None:
+                    yield match.group(1), line.timestamp_ns * 1000 + event.offset_ps, event.duration_ps
+
+
+def kernel_events(xspace) -> tuple[list[tuple[int, int]], collections.Counter]:
+    """(start_ps, end_ps) of every kernel on the host plane, and the summed time per op type.
+
+    The summed times include the excluded op types too, so that what they
+    cost (a py-function's gather, an iterator read) can be reported.
+    """
+    intervals, per_type = [], collections.Counter()
+    for op_type, start, duration in host_op_events(xspace):
+        per_type[op_type] += duration
+        if op_type not in NOT_KERNELS:
+            intervals.append((start, start + duration))
     return intervals, per_type
 
 
@@ -94,7 +109,7 @@ def covered_ps(intervals: list[tuple[int, int]]) -> int:
     return total
 
 
-def _read_trace(logdir: str):
+def read_trace(logdir: str):
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     (path,) = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
@@ -119,7 +134,7 @@ def profile_epoch(runner, global_batch: int) -> dict:
     finally:
         tf.profiler.experimental.stop()
     try:
-        intervals, per_type = kernel_events(_read_trace(logdir))
+        intervals, per_type = kernel_events(read_trace(logdir))
     finally:
         shutil.rmtree(logdir, ignore_errors=True)
     start = time.perf_counter()

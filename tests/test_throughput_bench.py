@@ -55,7 +55,7 @@ def test_step_cost_times_every_variant_call_by_call(tmp_path):
     out = tmp_path / "step_cost.json"
     script = os.path.join(os.path.dirname(throughput.__file__), "step_cost.py")
     proc = subprocess.run([sys.executable, script, "--examples", "640", "--rounds", "3", "--steps-per-call", "2",
-                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+                           "--profile-rounds", "1", "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert set(result["all_seconds_per_step"]) == {"trainer", "trainer_no_metrics", "bare_step"}
@@ -63,3 +63,28 @@ def test_step_cost_times_every_variant_call_by_call(tmp_path):
         assert len(times) == 3 and all(t > 0 for t in times)
         ratios = [b / t for t, b in zip(times, result["all_seconds_per_step"]["bare_step"])]
         assert result["speed_over_bare_step"][name] == statistics.median(ratios)
+
+    # The profile finds what the Trainer runs beyond the floor: the accuracy metric's ArgMax only where it is compiled.
+    profiled = result["profile"]["variants"]
+    assert set(profiled) == {"trainer", "trainer_no_metrics", "bare_step"}
+    for variant in profiled.values():
+        assert variant["op_events"] == sum(variant["op_type_events"].values()) > 0
+        assert variant["op_ms"] == sum(variant["op_type_ms"].values()) > 0
+    assert "ArgMax" in profiled["trainer"]["beyond_floor"]["op_types"]
+    assert "ArgMax" not in profiled["trainer_no_metrics"]["beyond_floor"]["op_types"]
+    assert "beyond_floor" not in profiled["bare_step"]
+
+
+def test_beyond_floor_counts_only_op_types_run_more_often():
+    import step_cost
+
+    bare = {"op_type_ms": {"Conv2D": 5.0, "Cast": 0.02}, "op_type_events": {"Conv2D": 2.0, "Cast": 10.0}}
+    trainer = {"op_type_ms": {"Conv2D": 5.5, "Cast": 0.03, "ArgMax": 0.01},
+               "op_type_events": {"Conv2D": 2.0, "Cast": 13.0, "ArgMax": 1.0}}
+    extra = step_cost.beyond_floor(trainer, bare)
+    # Conv2D ran as often in both: its slower time is noise in the kernels, not extra work.
+    assert set(extra["op_types"]) == {"Cast", "ArgMax"}
+    assert extra["op_types"]["Cast"]["events"] == 3.0
+    assert abs(extra["op_types"]["Cast"]["ms"] - 0.01) < 1e-12
+    assert extra["events"] == 4.0
+    assert abs(extra["ms"] - 0.02) < 1e-12
