@@ -32,7 +32,7 @@ has found the cheap ops (a few thousand cycles a run) inexpensive and runs them
 inline, and the host tracer no longer records most of them: Adam's per-variable
 arithmetic, the loss's reductions, the metrics' updates. Kernel times leave
 them out (traced before warm-up, the bare step's ops other than convolutions,
-pooling, ReLU gradients and matmuls took 1.2 ms of op time per 10.4 ms step:
+pooling, ReLU gradients and matmuls took about 1.0 ms of op time per 10.4 ms step:
 bench/step_cost_profile_epyc_none.json), so the floor's
 kernel time is a lower bound and the ceilings are upper bounds: a target above
 a ceiling is out of reach all the more. bench/step_cost.py profiles before
@@ -119,24 +119,32 @@ def read_trace(logdir: str):
     return xspace
 
 
-def profile_epoch(runner, global_batch: int) -> dict:
-    """One profiled epoch, then one plain epoch; per-step milliseconds."""
+def traced(fn):
+    """Runs `fn()` under the TensorFlow profiler (host tracer only); returns its result and the trace (an XSpace)."""
     import tensorflow as tf
 
     options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=2, python_tracer_level=0,
                                                        device_tracer_level=0)
-    logdir = tempfile.mkdtemp(prefix="kernel_profile_")
+    logdir = tempfile.mkdtemp(prefix="trace_")
     tf.profiler.experimental.start(logdir, options=options)
     try:
-        start = time.perf_counter()
-        examples = quietly(runner.epoch)
-        wall = time.perf_counter() - start
+        result = fn()
     finally:
         tf.profiler.experimental.stop()
     try:
-        intervals, per_type = kernel_events(read_trace(logdir))
+        return result, read_trace(logdir)
     finally:
         shutil.rmtree(logdir, ignore_errors=True)
+
+
+def profile_epoch(runner, global_batch: int) -> dict:
+    """One profiled epoch, then one plain epoch; per-step milliseconds."""
+    def epoch():
+        start = time.perf_counter()
+        return quietly(runner.epoch), time.perf_counter() - start
+
+    (examples, wall), xspace = traced(epoch)
+    intervals, per_type = kernel_events(xspace)
     start = time.perf_counter()
     quietly(runner.epoch)
     # Left out: the wait for a tf.data iterator's teardown at the epoch's end (bench/throughput.py), not a step cost.

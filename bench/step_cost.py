@@ -33,9 +33,7 @@ import argparse
 import collections
 import json
 import os
-import shutil
 import statistics
-import tempfile
 import time
 
 import kernel_profile
@@ -85,23 +83,11 @@ def bare_call(strategy, x, y):
 
 def profiled_call(call, count: int) -> dict:
     """One call under the profiler: wall ms per step, and per op type its ms and op events per step."""
-    import tensorflow as tf
-
-    options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=2, python_tracer_level=0,
-                                                       device_tracer_level=0)
-    logdir = tempfile.mkdtemp(prefix="step_cost_")
-    tf.profiler.experimental.start(logdir, options=options)
-    try:
-        ran, seconds = call(count)
-    finally:
-        tf.profiler.experimental.stop()
+    (ran, seconds), xspace = kernel_profile.traced(lambda: call(count))
     ms, events = collections.Counter(), collections.Counter()
-    try:
-        for op_type, _, duration_ps in kernel_profile.host_op_events(kernel_profile.read_trace(logdir)):
-            ms[op_type] += duration_ps / 1e9 / ran
-            events[op_type] += 1 / ran
-    finally:
-        shutil.rmtree(logdir, ignore_errors=True)
+    for op_type, _, duration_ps in kernel_profile.host_op_events(xspace):
+        ms[op_type] += duration_ps / 1e9 / ran
+        events[op_type] += 1 / ran
     return {"wall_ms": 1000 * seconds / ran, "op_type_ms": dict(ms), "op_type_events": dict(events)}
 
 
@@ -113,8 +99,10 @@ def profile(calls: dict, rounds: int, count: int) -> dict:
     them inline, and the host tracer stops recording them (seen on TF 2.21;
     profiled calls do not lower the estimates). So these are the ops and times
     of calls in which every op still goes through the executor's thread pool:
-    an upper bound on what the cheap ops cost once warm. `events_per_round`
-    shows whether each variant's op count stayed the same from round to round.
+    an upper bound on what the cheap ops cost once warm. The first round also
+    pays any first-call costs, which the median over rounds leaves out.
+    `events_per_round` shows whether each variant's op count stayed the same
+    from round to round.
     """
     names = list(calls)
     samples = collections.defaultdict(list)
@@ -176,7 +164,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=40, help="timed calls per variant")
     parser.add_argument("--steps-per-call", type=int, default=32)
     parser.add_argument("--profile-rounds", type=int, default=0,
-                        help="profiled calls per variant after the timed ones (0: no profile)")
+                        help="profiled calls per variant, before warm-up and the timed calls (0: no profile)")
     parser.add_argument("--out", default=None, help="JSON file to write (default: print only)")
     args = parser.parse_args()
     if args.rounds < 3:
