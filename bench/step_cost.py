@@ -152,7 +152,7 @@ def _print_profile(result: dict, rounds: int) -> None:
         if not extra:
             continue
         print(f"{name}: {extra['events']:.1f} op events per step beyond the bare step's, "
-              f"{extra['ms']:.3f} ms of op time ({extra['ms'] / result[name]['wall_ms']:.1%} of its wall time):")
+              f"{extra['ms']:.3f} ms of op time ({extra['ms'] / result[name]['wall_ms']:.1%} of its profiled wall time):")
         ranked = sorted(extra["op_types"].items(), key=lambda item: -item[1]["ms"])
         print("  " + ", ".join(f"{t} +{e['events']:.1f} ({e['ms']:+.3f} ms)" for t, e in ranked))
 
