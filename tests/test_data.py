@@ -130,20 +130,25 @@ def test_on_cpu_replicas_a_dataset_is_read_as_global_batches_each_epoch_a_whole_
     assert expected[0] != expected[1] and sorted(expected[0]) == list(range(37))
 
 
-def test_replica_share_cuts_a_global_batch_as_replica_slices_does():
+def test_replica_share_cuts_a_global_batch_as_the_feed_does():
     from trainer import feed as feed_lib
 
     strategy = mirrored(3)
-    for size in [0, 1, 2, 5, 8, 11]:
+    for size in [1, 2, 5, 8, 11]:
         batch = tf.range(size, dtype=tf.int64)
         shares = strategy.run(lambda b: feed_lib.replica_share(b), args=(batch,))
-        parts, counts = shares
-        starts, sizes = arrays.replica_slices(size, max(size, 1), 3) if size else (np.zeros((1, 3)), np.zeros((1, 3)))
-        for replica, (part, count) in enumerate(zip(strategy.experimental_local_results(parts),
-                                                    strategy.experimental_local_results(counts))):
+        starts, sizes, begins, ends = feed_lib.computed_slices(size, size, 3)
+        local = strategy.experimental_local_results
+        for replica, (part, count, (begin, end)) in enumerate(zip(local(shares.batch), local(shares.global_count),
+                                                                  zip(*map(local, shares.tracked)))):
             start, n = int(starts[0, replica]), int(sizes[0, replica])
             assert part.numpy().tolist() == list(range(start, start + n)), (size, replica)
-            assert float(count) == size
+            assert float(count) == size * (3 if size < 3 else 1)
+            assert (int(begin), int(end)) == (begins[0, replica], ends[0, replica])
+        # The tracked rows are arrays.replica_slices' shares: each example counted once.
+        counted = [part.numpy()[int(b):int(e)].tolist() for part, b, e in
+                   zip(local(shares.batch), local(shares.tracked[0]), local(shares.tracked[1]))]
+        assert sum(counted, []) == list(range(size)), size
 
 
 def test_on_accelerators_a_dataset_is_distributed_once_and_each_epoch_reads_a_whole_pass(monkeypatch):

@@ -16,7 +16,7 @@ def _feed(x, batch, replicas, order=None, **kwargs):
     return feed_lib.ArrayFeed(inp, order, global_batch_size=batch, num_replicas=replicas, **kwargs)
 
 
-@pytest.mark.parametrize("examples,batch,replicas", [(1003, 64, 1), (1003, 64, 3), (37, 8, 4), (5, 8, 4)])
+@pytest.mark.parametrize("examples,batch,replicas", [(1003, 64, 1), (1003, 64, 3), (37, 8, 4), (5, 8, 4), (33, 8, 3)])
 def test_replica_rows_are_the_dataset_pipelines_slices(examples, batch, replicas):
     order = np.random.default_rng(1).permutation(examples)
     x = np.arange(examples, dtype=np.float32)[:, None]
@@ -25,7 +25,7 @@ def test_replica_rows_are_the_dataset_pipelines_slices(examples, batch, replicas
     steps = -(-examples // batch)
     for replica in range(replicas):
         for first, count in [(0, steps), (steps - 1, 1), (0, min(2, steps))]:
-            xs, ys, bounds, counts = feed.replica_rows(first, count, replica)
+            xs, ys, bounds, counts, tracked = feed.replica_rows(first, count, replica)
             for i, step in enumerate(range(first, first + count)):
                 # The replica's contiguous share of the global batch, as arrays.replica_slices computes it.
                 begin = step * batch
@@ -33,10 +33,27 @@ def test_replica_rows_are_the_dataset_pipelines_slices(examples, batch, replicas
                 share = [size // replicas + (r < size % replicas) for r in range(replicas)]
                 start = begin + sum(share[:replica])
                 expected = order[start : start + share[replica]]
-                np.testing.assert_array_equal(xs[bounds[i] : bounds[i + 1], 0], expected)
-                np.testing.assert_array_equal(ys[bounds[i] : bounds[i + 1], 0], -expected)
-                assert counts[i] == size  # the step's global count, known to every replica
+                rows = slice(bounds[i], bounds[i + 1])
+                if size < replicas:  # every replica computes the whole batch and counts its own share
+                    np.testing.assert_array_equal(xs[rows, 0], order[begin : begin + size])
+                    assert counts[i] == size * replicas
+                else:
+                    np.testing.assert_array_equal(xs[rows, 0], order[start : start + share[replica]])
+                    assert counts[i] == size  # the step's global count, known to every replica
+                np.testing.assert_array_equal(xs[rows, 0][tracked[i, 0] : tracked[i, 1]], expected)
+                np.testing.assert_array_equal(ys[rows, 0][tracked[i, 0] : tracked[i, 1]], -expected)
             assert bounds[-1] == len(xs)
+
+
+def test_a_call_never_mixes_steps_of_different_shapes():
+    # 8 steps of 16 (8 per replica) and a last step of 3 (2 and 1): the last one gets a call of its own.
+    feed = _feed((np.zeros((131, 2)), np.zeros(131)), 16, 2)
+    assert list(feed.fetches(100)) == [(0, 8), (8, 1)]
+    # A last step of 1 example on 3 replicas is computed whole by each: still its own call.
+    feed = _feed((np.zeros((33, 2)), np.zeros(33)), 16, 3)
+    assert list(feed.fetches(100)) == [(0, 2), (2, 1)]
+    feed = _feed((np.zeros((32, 2)), np.zeros(32)), 16, 3)
+    assert list(feed.fetches(100)) == [(0, 2)]
 
 
 def test_fetches_split_a_claim_by_bytes():
@@ -80,7 +97,7 @@ def test_replicas_gather_the_global_batch_in_the_epoch_order(replicas):
     rows_a, rows_b, labels, counts = [], [], [], []
     for step_count in (2, 3):  # two calls: steps 0-1, then 2-4
         first, count = feed.claim(step_count)
-        for (xs, ys), global_count in one_call(tf.constant(first, tf.int64), count):
+        for (xs, ys), global_count, _ in one_call(tf.constant(first, tf.int64), count):
             local = strategy.experimental_local_results
             rows_a.extend(np.concatenate([t.numpy() for t in local(xs["a"])]).tolist())
             rows_b.extend(np.concatenate([t.numpy() for t in local(xs["b"])]).tolist())

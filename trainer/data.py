@@ -225,7 +225,7 @@ def iterator_factory(strategy: tf.distribute.Strategy, global_batch_size: int, *
                                       global_batch_size=global_batch_size,
                                       num_replicas=strategy.num_replicas_in_sync, epochs=epochs, start_step=start_step)
         if isinstance(inp, DatasetInput) and feed_lib.supports(strategy) and num_workers == 1:
-            return iter(batched(inp, global_batch_size, start_step))  # the steps split each batch (feed.py)
+            return feed_lib.GlobalBatches(batched(inp, global_batch_size, start_step))  # the steps split each batch
         reusable = isinstance(inp, DatasetInput) and start_step == 0
         for known, dataset in distributed if reusable else ():
             if known is inp:

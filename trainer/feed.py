@@ -17,11 +17,21 @@ plain host iterator, and each replica takes its share of every batch inside
 the step (`replica_share`), cut the same way. TensorFlow's distributed
 iterator would cost ~80 ms to set up each epoch under MirroredStrategy: its
 MultiDeviceIterator traces 6 functions per device for every new iterator.
+
+Both ways give each replica a `Share` of every step. A global batch with fewer
+examples than there are replicas (the last one, say: 2 examples for 3
+replicas) is not split: every replica computes on all of it, and the loss sum
+is divided by the examples times the replicas, so the replicas' summed
+gradients are still the one-device gradient, and synchronized BatchNormalization
+sums as many copies of each example, so its mean and variance are still those of
+the batch. Each replica's metrics count only its own share of the rows. No
+replica ever runs a step on an empty batch: TensorFlow's oneDNN CPU kernels
+abort on the gradient of Conv2D+BiasAdd or MaxPool over zero examples.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -47,6 +57,40 @@ def supports(strategy: tf.distribute.Strategy) -> bool:
 FETCH_BYTES = 8 * 2**20  # rows gathered per step call, at most (unless one step needs more)
 
 
+class Share(NamedTuple):
+    """One replica's part of one global step (replica context).
+
+    Attributes:
+      batch: the rows this replica computes on: its contiguous share of the
+        global batch, or all of a global batch smaller than the replica count.
+      global_count: rows computed on over all replicas (float32), the divisor of
+        the loss sum; the examples in the step times the replicas that compute
+        each of them.
+      tracked: [begin, end) of `batch`, the rows this replica's metrics count;
+        None for all of them.
+    """
+
+    batch: Any
+    global_count: tf.Tensor
+    tracked: tuple[tf.Tensor, tf.Tensor] | None = None
+
+
+def computed_slices(num_examples: int, global_batch_size: int, num_replicas: int) -> tuple[np.ndarray, ...]:
+    """What each replica computes on and counts in every step: four [steps, replicas] arrays.
+
+    Returns (start, size) of the rows each replica computes on, into the epoch
+    order; and (begin, end) of the rows it counts, within those. They are
+    `arrays.replica_slices`, except that a step with fewer examples than
+    replicas is computed whole by every replica (see the module docstring).
+    """
+    starts, sizes = replica_slices(num_examples, global_batch_size, num_replicas)
+    whole = sizes.sum(axis=1, keepdims=True) < num_replicas
+    computed_starts = np.where(whole, starts[:, :1], starts)
+    computed_sizes = np.where(whole, sizes.sum(axis=1, keepdims=True), sizes)
+    tracked_begins = starts - computed_starts
+    return computed_starts, computed_sizes, tracked_begins, tracked_begins + sizes
+
+
 class ArrayFeed:
     """Serves global steps of `epochs` over in-memory arrays, a call's worth at a time.
 
@@ -62,8 +106,10 @@ class ArrayFeed:
     def __init__(self, inp: ArrayInput, order: OrderFn, *, global_batch_size: int, num_replicas: int,
                  epochs: range = range(1), start_step: int = 0):
         self.leaves = tf.nest.flatten(inp.arrays)
-        # [steps, replicas]: where each replica's slice of each step starts in the epoch order, and its size.
-        self._starts, self._sizes = replica_slices(inp.num_examples, global_batch_size, num_replicas)
+        # [steps, replicas]: where the rows each replica computes on start in the epoch order, how many,
+        # and which of them it counts in the metrics.
+        self._starts, self._sizes, self._tracked_begins, self._tracked_ends = computed_slices(
+            inp.num_examples, global_batch_size, num_replicas)
         self.steps_per_epoch = len(self._starts)
         step_bytes = global_batch_size * sum(a[:1].nbytes for a in self.leaves)
         self.steps_per_fetch = max(1, FETCH_BYTES // max(1, step_bytes))
@@ -93,27 +139,40 @@ class ArrayFeed:
         return first, count
 
     def fetches(self, num_steps: int) -> Iterator[tuple[int, int]]:
-        """Claims up to `num_steps` steps and yields them as (first, count) pieces of at most `steps_per_fetch`."""
+        """Claims up to `num_steps` steps and yields them as (first, count) pieces, one per step call.
+
+        A piece holds at most `steps_per_fetch` steps, all with the same
+        per-replica batch sizes: a step call is one `tf.while_loop`, and a
+        collective whose shape changes between its iterations aborts (the
+        all-gather of an Embedding's sparse gradient has a row per example).
+        So the uneven last step of an epoch gets a call of its own.
+        """
         first, count = self.claim(num_steps)
-        for begin in range(first, first + count, self.steps_per_fetch):
-            yield begin, min(self.steps_per_fetch, first + count - begin)
+        end = first + count
+        while first < end:
+            same = np.all(self._sizes[first:end] == self._sizes[first], axis=1)
+            uniform = int(np.argmin(same)) if not same.all() else end - first
+            piece = min(self.steps_per_fetch, uniform)
+            yield first, piece
+            first += piece
 
     def replica_rows(self, first: int, count: int, replica: int) -> list[np.ndarray]:
         """`replica`'s rows of steps first..first+count-1 of the current epoch (NumPy).
 
         Returns the rows of every array, concatenated step after step; then where
         each step's rows begin and end ([count + 1] bounds); then each step's
-        global example count ([count]).
+        `Share.global_count` ([count]); then each step's tracked rows ([count, 2]).
         """
         steps = slice(first, first + count)
         starts, sizes = self._starts[steps, replica], self._sizes[steps, replica]
         rows = np.concatenate([self._rows[s : s + n] for s, n in zip(starts, sizes)])
         bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         global_counts = self._sizes[steps].sum(axis=1).astype(np.float32)
-        return [np.take(a, rows, axis=0) for a in self.leaves] + [bounds, global_counts]
+        tracked = np.stack([self._tracked_begins[steps, replica], self._tracked_ends[steps, replica]], axis=1)
+        return [np.take(a, rows, axis=0) for a in self.leaves] + [bounds, global_counts, tracked.astype(np.int64)]
 
 
-Fetched = list  # the tensors of one `fetch`: rows of every array, step bounds, global counts
+Fetched = list  # the tensors of one `fetch`: rows of every array, step bounds, global counts, tracked rows
 
 
 def fetch(current: Callable[[], ArrayFeed], first: tf.Tensor, count: tf.Tensor, signature: tuple) -> Fetched:
@@ -131,35 +190,89 @@ def fetch(current: Callable[[], ArrayFeed], first: tf.Tensor, count: tf.Tensor, 
     def gather(first, count, replica):
         return current().replica_rows(int(first), int(count), int(replica))
 
-    dtypes = [tf.as_dtype(np.dtype(dtype)) for dtype, _ in leaves] + [tf.int64, tf.float32]
+    dtypes = [tf.as_dtype(np.dtype(dtype)) for dtype, _ in leaves] + [tf.int64, tf.float32, tf.int64]
     # Stateless: a pure function of its inputs within one call, so nothing orders it after other ops.
     tensors = tf.numpy_function(gather, [first, count, replica], dtypes, stateful=False)
     for tensor, (_, shape) in zip(tensors, leaves):
         tensor.set_shape((None, *shape))
+    tensors[-3].set_shape((None,))
     tensors[-2].set_shape((None,))
-    tensors[-1].set_shape((None,))
+    tensors[-1].set_shape((None, 2))
     return tensors
 
 
-def step_batch(fetched: Fetched, i: tf.Tensor, signature: tuple) -> tuple[Any, tf.Tensor]:
-    """Step `i` of a fetch: this replica's batch, and the step's global example count (replica context)."""
+def step_batch(fetched: Fetched, i: tf.Tensor, signature: tuple) -> Share:
+    """Step `i` of a fetch: this replica's `Share` (replica context)."""
     structure, _ = signature
-    *rows, bounds, global_counts = fetched
+    *rows, bounds, global_counts, tracked = fetched
     begin, end = bounds[i], bounds[i + 1]
-    return tf.nest.pack_sequence_as(structure, [r[begin:end] for r in rows]), global_counts[i]
+    batch = tf.nest.pack_sequence_as(structure, [r[begin:end] for r in rows])
+    return Share(batch, global_counts[i], (tracked[i, 0], tracked[i, 1]))
 
 
-def replica_share(batch: Any) -> tuple[Any, tf.Tensor]:
-    """This replica's contiguous share of a whole global batch, and the batch's size (replica context).
+def replica_share(batch: Any) -> Share:
+    """This replica's `Share` of a whole global batch (replica context).
 
-    The shares are cut as `arrays.replica_slices` cuts them: sizes differ by at
-    most one, the first replicas taking the extra examples. Replicas on CPUs
-    share the host's memory, so each reads its rows of the one batch in place.
+    The shares are cut as `computed_slices` cuts them: contiguous, with sizes
+    that differ by at most one, the first replicas taking the extra examples;
+    a batch smaller than the replica count is computed whole by every replica.
+    Replicas on CPUs share the host's memory, so each reads its rows of the one
+    batch in place.
     """
     context = tf.distribute.get_replica_context()
+    replicas = context.num_replicas_in_sync
     replica = tf.cast(context.replica_id_in_sync_group, tf.int32)
     size = tf.shape(tf.nest.flatten(batch)[0])[0]
-    base, extra = size // context.num_replicas_in_sync, size % context.num_replicas_in_sync
+    base, extra = size // replicas, size % replicas
     begin = replica * base + tf.minimum(replica, extra)
     end = begin + base + tf.cast(replica < extra, tf.int32)
-    return tf.nest.map_structure(lambda t: t[begin:end], batch), tf.cast(size, tf.float32)
+    whole = size < replicas
+    first = tf.where(whole, 0, begin)
+    last = tf.where(whole, size, end)
+    global_count = tf.cast(size * tf.where(whole, replicas, 1), tf.float32)
+    return Share(tf.nest.map_structure(lambda t: t[first:last], batch), global_count, (begin - first, end - first))
+
+
+class GlobalBatches:
+    """A plain iterator of a dataset's global batches, which the replicas split (`replica_share`).
+
+    A step call runs steps of one shape only (see `ArrayFeed.fetches`). A batch
+    whose shapes differ from those of the call's first step ends the call unrun:
+    it is `held` here, and it is the first step of the next call.
+    """
+
+    def __init__(self, dataset: tf.data.Dataset):
+        self.iterator = iter(dataset)
+        self.held = tf.experimental.Optional.empty(self.iterator.element_spec)
+
+    def __iter__(self):
+        return self.iterator
+
+
+def shape_key(batch: Any) -> tf.Tensor:
+    """Every dimension of every tensor in `batch`, as one int32 vector (the leading ones only if a rank is unknown)."""
+    leaves = tf.nest.flatten(batch)
+    if any(t.shape.rank is None for t in leaves):
+        return tf.stack([tf.shape(t)[0] for t in leaves])
+    return tf.concat([tf.shape(t) for t in leaves], axis=0)
+
+
+def shape_key_length(element_spec: Any) -> int:
+    """The length of `shape_key` for batches of `element_spec`."""
+    ranks = [spec.shape.rank for spec in tf.nest.flatten(element_spec)]
+    return len(ranks) if None in ranks else sum(ranks)
+
+
+def whole_share(batch: Any) -> Share:
+    """A `Share` of a batch that the replica was handed by a distributed iterator (replica context)."""
+    count = tf.shape(tf.nest.flatten(batch)[0])[0]
+    global_count = tf.distribute.get_replica_context().all_reduce("SUM", tf.cast(count, tf.float32))
+    return Share(batch, global_count)
+
+
+def tracked(share: Share, values: Any) -> Any:
+    """The rows of `values` (computed on `share.batch`) that the replica's metrics count."""
+    if share.tracked is None:
+        return values
+    begin, end = share.tracked
+    return tf.nest.map_structure(lambda t: t[begin:end], values)

@@ -4,7 +4,14 @@ Each train step divides the replica's sample-weighted loss sum by the GLOBAL
 example count (a cross-replica sum), so the gradients that Keras's optimizer
 sums across replicas equal the single-device gradient of the whole batch,
 however unevenly the batch was split. Regularization is divided by the replica
-count, so it is added exactly once per global step.
+count, so it is added exactly once per global step. How a batch is split, and
+a batch smaller than the replica count, are in `feed.Share`.
+
+A fused call is one `tf.while_loop`, and its steps all have the same shapes:
+TensorFlow keys a collective once per graph, so one whose shape changes
+between iterations aborts the job ("Shape mismatch in the collective
+instance"). The all-gather of an Embedding's sparse gradient has a row per
+example, so the uneven last step runs in a call of its own.
 """
 
 from __future__ import annotations
@@ -30,11 +37,11 @@ def unpack(batch: Any) -> tuple[Any, Any, tf.Tensor | None]:
     )
 
 
-def _count_and_weights(x: Any, sample_weight: tf.Tensor | None) -> tuple[tf.Tensor, tf.Tensor]:
+def _weights(x: Any, sample_weight: tf.Tensor | None) -> tf.Tensor:
     count = tf.shape(tf.nest.flatten(x)[0])[0]
     if sample_weight is None:
-        return tf.cast(count, "float32"), tf.ones([count], "float32")
-    return tf.cast(count, "float32"), tf.reshape(tf.cast(sample_weight, "float32"), [count])
+        return tf.ones([count], "float32")
+    return tf.reshape(tf.cast(sample_weight, "float32"), [count])
 
 
 def _regularization(model: keras.Model) -> tf.Tensor | None:
@@ -43,17 +50,20 @@ def _regularization(model: keras.Model) -> tf.Tensor | None:
     return tf.add_n([tf.cast(loss, "float32") for loss in model.losses]) if model.losses else None
 
 
-def _yields_global_batches(iterator) -> bool:
-    """Whether `iterator` is a plain tf.data one, whose whole global batches the replicas split (feed.py)."""
-    return isinstance(iterator, tf.data.Iterator)
+def _on_global_batch(replica_fn):
+    """`replica_fn(share)` -> a replica function of a whole global batch, which it splits."""
+    def on_global_batch(batch):
+        return replica_fn(feed_lib.replica_share(batch))
+
+    return on_global_batch
 
 
-def _on_share(replica_fn):
-    """`replica_fn(batch, global_count)` -> a replica function of a whole global batch."""
-    def on_share(batch):
-        return replica_fn(*feed_lib.replica_share(batch))
+def _on_replica_batch(replica_fn):
+    """`replica_fn(share)` -> a replica function of the batch a distributed iterator handed the replica."""
+    def on_replica_batch(batch):
+        return replica_fn(feed_lib.whole_share(batch))
 
-    return on_share
+    return on_replica_batch
 
 
 class Steps:
@@ -91,6 +101,8 @@ class Steps:
         self._grads = graph_function(self._loss_and_grads, jit_compile=True) if jit_compile else self._loss_and_grads
         self._train_from_iterator = graph_function(self._train_loop)
         self._eval_from_iterator = graph_function(self._eval_loop)
+        self._train_from_global = graph_function(self._train_global_loop)
+        self._eval_from_global = graph_function(self._eval_global_loop)
         # Traced once per feed signature; the feed a call reads is `self._feed` when it runs.
         self._train_from_feed = graph_function(self._train_feed_loop)
         self._eval_from_feed = graph_function(self._eval_feed_loop)
@@ -99,9 +111,14 @@ class Steps:
         self._predict_from_feed = graph_function(self._predict_feed_step)
 
     def train(self, source: Any, num_steps: int) -> int:
-        """Runs up to `num_steps` train steps from a distributed iterator or an `ArrayFeed`; returns how many ran."""
+        """Runs up to `num_steps` train steps; returns how many ran (fewer only when the data ended).
+
+        `source` is an `ArrayFeed`, a `GlobalBatches` or a distributed iterator.
+        """
         if isinstance(source, feed_lib.ArrayFeed):
             return self._run_feed(self._train_from_feed, source, num_steps)
+        if isinstance(source, feed_lib.GlobalBatches):
+            return self._run_global(self._train_from_global, source, num_steps)
         ran = int(self._train_from_iterator(source, tf.constant(num_steps)))
         malloc.raise_threshold()  # reading a tf.data iterator may have made TensorFlow pin it low
         return ran
@@ -110,6 +127,8 @@ class Steps:
         """Runs up to `num_steps` evaluation steps; returns how many ran."""
         if isinstance(source, feed_lib.ArrayFeed):
             return self._run_feed(self._eval_from_feed, source, num_steps)
+        if isinstance(source, feed_lib.GlobalBatches):
+            return self._run_global(self._eval_from_global, source, num_steps)
         ran = int(self._eval_from_iterator(source, tf.constant(num_steps)))
         malloc.raise_threshold()
         return ran
@@ -125,10 +144,20 @@ class Steps:
         return [tf.nest.map_structure(lambda t: t.numpy(), out) for out in outputs]
 
     def _predict_from_iterator(self, iterator):
-        global_batches = _yields_global_batches(iterator)
+        global_batches = isinstance(iterator, feed_lib.GlobalBatches)
         for batch in iterator:
             yield self._predict_batch(batch, global_batches)
             malloc.raise_threshold()
+
+    def _run_global(self, loop_fn, source: feed_lib.GlobalBatches, num_steps: int) -> int:
+        ran = 0
+        while ran < num_steps:
+            executed, source.held = loop_fn(source.iterator, source.held, tf.constant(num_steps - ran))
+            ran += int(executed)
+            if not source.held.has_value():  # the steps ran, or the data ended
+                break
+        malloc.raise_threshold()
+        return ran
 
     def _run_feed(self, loop_fn, feed: feed_lib.ArrayFeed, num_steps: int) -> int:
         self._feed = feed
@@ -153,30 +182,24 @@ class Steps:
         grads = tape.gradient(scaled, model.trainable_variables)
         return y_pred, losses, per_output, regularization, grads
 
-    def train_replica(self, batch, global_count: tf.Tensor | None = None):
-        """One train step on this replica's share of a batch (replica context).
-
-        `global_count`, the examples in the whole global batch, is summed over
-        the replicas unless the caller knows it.
-        """
-        x, y, sample_weight = unpack(batch)
-        count, weights = _count_and_weights(x, sample_weight)
-        if global_count is None:
-            global_count = tf.distribute.get_replica_context().all_reduce("SUM", count)
-        y_pred, losses, per_output, regularization, grads = self._grads(x, y, weights, global_count)
+    def train_replica(self, share: feed_lib.Share):
+        """One train step on this replica's share of a global step (replica context)."""
+        x, y, sample_weight = unpack(share.batch)
+        weights = _weights(x, sample_weight)
+        y_pred, losses, per_output, regularization, grads = self._grads(x, y, weights, share.global_count)
         self.model.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
-        return self._track(y, y_pred, weights, losses, per_output, regularization)
+        return self._track(share, y, y_pred, weights, losses, per_output, regularization)
 
-    def eval_replica(self, batch, global_count: tf.Tensor | None = None):
-        """One evaluation step on this replica's share of a batch (replica context)."""
-        del global_count  # evaluation tracks sums; it needs no global count
-        x, y, sample_weight = unpack(batch)
-        _, weights = _count_and_weights(x, sample_weight)
+    def eval_replica(self, share: feed_lib.Share):
+        """One evaluation step on this replica's share of a global step (replica context)."""
+        x, y, sample_weight = unpack(share.batch)
+        weights = _weights(x, sample_weight)
         y_pred = self.model(x, training=False)
         losses, per_output = self.objective.per_example_losses(y, y_pred)
-        return self._track(y, y_pred, weights, losses, per_output, _regularization(self.model))
+        return self._track(share, y, y_pred, weights, losses, per_output, _regularization(self.model))
 
-    def _track(self, y, y_pred, weights, losses, per_output, regularization):
+    def _track(self, share, y, y_pred, weights, losses, per_output, regularization):
+        y, y_pred, weights, losses, per_output = feed_lib.tracked(share, (y, y_pred, weights, losses, per_output))
         if self.replica_metrics:
             self.objective.update(y, y_pred, weights, losses, per_output, regularization)
             return ()
@@ -218,10 +241,48 @@ class Steps:
         """Runs up to `num_steps` evaluation steps; returns how many ran."""
         return self._fused(self.eval_replica, iterator, num_steps, warmup=False)
 
+    def _train_global_loop(self, iterator, held, num_steps):
+        """Runs up to `num_steps` train steps of one shape; returns how many ran and the batch held back."""
+        return self._fused_global(self.train_replica, iterator, held, num_steps, warmup=self.warmup is not None)
+
+    def _eval_global_loop(self, iterator, held, num_steps):
+        return self._fused_global(self.eval_replica, iterator, held, num_steps, warmup=False)
+
+    def _fused_global(self, replica_fn, iterator, held, num_steps, warmup: bool):
+        # Like `_fused`, on global batches that start with `held` (if any); a batch whose
+        # shapes differ from the first step's ends the call, and is returned unrun.
+        replica_fn = _on_global_batch(replica_fn)
+        none = tf.experimental.Optional.empty(iterator.element_spec)
+        first_shape = tf.zeros([feed_lib.shape_key_length(iterator.element_spec)], tf.int32)
+
+        def step(executed, batch, shape):
+            self._run(replica_fn, batch)
+            if warmup:
+                self._apply_warmup()
+            return executed + 1, shape, tf.constant(False), none
+
+        def on_batch(executed, shape, optional):
+            batch = optional.get_value()
+            batch_shape = feed_lib.shape_key(batch)
+            same = tf.logical_or(tf.equal(executed, 0), tf.reduce_all(tf.equal(batch_shape, shape)))
+            return tf.cond(same, lambda: step(executed, batch, batch_shape),
+                           lambda: (executed, shape, tf.constant(True), optional))
+
+        def body(executed, shape, stop, kept):
+            del stop, kept
+            resume = tf.logical_and(tf.equal(executed, 0), held.has_value())
+            optional = tf.cond(resume, lambda: held, iterator.get_next_as_optional)  # read only when a step is due
+            return tf.cond(optional.has_value(), lambda: on_batch(executed, shape, optional),
+                           lambda: (executed, shape, tf.constant(True), none))
+
+        executed, _, _, kept = tf.while_loop(
+            lambda executed, shape, stop, kept: tf.logical_and(executed < num_steps, tf.logical_not(stop)),
+            body, (tf.constant(0), first_shape, tf.constant(False), none))
+        return executed, kept
+
     def _fused(self, replica_fn, iterator, num_steps, warmup: bool):
         # Several steps in one tf.function call; stops early when the data ends.
-        if _yields_global_batches(iterator):
-            replica_fn = _on_share(replica_fn)
+        replica_fn = _on_replica_batch(replica_fn)
 
         def step(executed, optional):
             self._run(replica_fn, optional.get_value())
@@ -249,7 +310,7 @@ class Steps:
         fetched = self._fetch(signature, first, count)
 
         def step_fn(fetched, i):
-            return replica_fn(*feed_lib.step_batch(fetched, i, signature))
+            return replica_fn(feed_lib.step_batch(fetched, i, signature))
 
         def body(i):
             self._run(step_fn, fetched, i)
@@ -268,16 +329,15 @@ class Steps:
 
     def _predict_step(self, batch, global_batches: bool):
         def predict(x):
-            if global_batches:
-                x, _ = feed_lib.replica_share(x)
-            return self.model(x, training=False)
+            share = feed_lib.replica_share(x) if global_batches else feed_lib.Share(x, None)
+            return feed_lib.tracked(share, self.model(share.batch, training=False))
 
         return self._gathered(self.strategy.run(predict, args=(batch,)))
 
     def _predict_feed_step(self, signature, step):
         def predict(fetched):
-            x, _ = feed_lib.step_batch(fetched, 0, signature)
-            return self.model(x, training=False)
+            share = feed_lib.step_batch(fetched, 0, signature)
+            return feed_lib.tracked(share, self.model(share.batch, training=False))
 
         fetched = self._fetch(signature, step, tf.constant(1, tf.int64))
         return self._gathered(self.strategy.run(predict, args=(fetched,)))
