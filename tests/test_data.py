@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import mirrored
-from trainer import arrays
+from conftest import mirrored, tiny_data, tiny_model
+from trainer import Trainer, arrays
 from trainer import data as data_lib
 
 
@@ -95,7 +95,6 @@ def test_a_dataset_with_steps_per_epoch_is_one_stream_that_starts_again_when_it_
     import keras
 
     from conftest import tiny_model
-    from trainer import Trainer
 
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(100, 8)).astype("float32"), rng.integers(0, 3, 100)
@@ -173,3 +172,32 @@ def test_on_accelerators_a_dataset_is_distributed_once_and_each_epoch_reads_a_wh
         assert seen == order, epoch
     assert expected[0] != expected[1] and sorted(expected[0]) == list(range(37))
     assert len(distribute_calls) == 1
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_a_dataset_batch_of_another_shape_waits_for_the_next_step_call(replicas):
+    """30 examples in global batches of 12: the last batch of 6 is held back from the call that read it."""
+    x, y, _ = tiny_data(30)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y))
+    strategy = mirrored(replicas) if replicas > 1 else "default"
+    trainer = Trainer(strategy=strategy, batch_size=12, steps_per_execution=8, lr_scaling=None, verbose=0)
+    model = tiny_model()
+    trainer.fit(model, dataset)  # builds the engine
+    steps = trainer._engines[0].steps
+    traced, calls = steps._train_from_global, []
+
+    def recorded(iterator, held, num_steps):
+        calls.append(bool(held.has_value()))
+        executed, kept = traced(iterator, held, num_steps)
+        calls.append(int(executed))
+        return executed, kept
+
+    steps._train_from_global = recorded
+    history = trainer.fit(model, dataset, epochs=2)
+    # Per epoch: a call runs the two full steps and reads the third; the next starts with it.
+    assert calls == [False, 2, True, 1] * 2
+    assert traced.experimental_get_tracing_count() == 1
+    reference = tiny_model()
+    reference.fit(dataset.batch(12), epochs=1, verbose=0)
+    keras_history = reference.fit(dataset.batch(12), epochs=2, verbose=0)
+    np.testing.assert_allclose(history.history["loss"], keras_history.history["loss"], rtol=1e-5)

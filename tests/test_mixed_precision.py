@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from conftest import mirrored, tiny_data, tiny_model
-from trainer import Trainer
+from trainer import Trainer, models
 
 
 def _fit(policy, strategy="default"):
@@ -60,9 +60,9 @@ def test_a_reloaded_float16_model_keeps_loss_scaling_and_its_policy(tmp_path, ca
     assert history.model is reloaded  # already in float16: not re-created
 
 
-def _mixed_model_with_float32_head() -> keras.Model:
+def _mixed_model_with_float32_head(policy: str = "mixed_bfloat16") -> keras.Model:
     keras.utils.set_random_seed(0)
-    keras.config.set_dtype_policy("mixed_bfloat16")
+    keras.config.set_dtype_policy(policy)
     try:
         body = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu")])
     finally:
@@ -109,3 +109,15 @@ def test_activity_and_weight_regularization_add_up_in_float32():
     assert {keras.backend.standardize_dtype(loss.dtype) for loss in history.model.losses} == {"bfloat16", "float32"}
     assert np.all(np.isfinite(history.history["loss"]))
     assert history.history["loss"][-1] < history.history["loss"][0]
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_a_float32_output_head_is_kept_when_the_model_is_recreated_in_a_strategys_scope(policy):
+    x, y, w = tiny_data()
+    model = _mixed_model_with_float32_head(policy)
+    trainer = Trainer(strategy=mirrored(2), mixed_precision=policy, verbose=0)
+    history = trainer.fit(model, (x, y, w))
+    assert history.model is not model  # built outside the scope: re-created in it
+    assert models.precision(history.model) == f"float32+{policy}"
+    assert history.model.layers[-1].dtype_policy.name == "float32"
+    assert trainer.predict(history.model, x).dtype == np.float32

@@ -226,3 +226,73 @@ def test_a_model_built_under_another_strategy_continues_under_the_requested_one(
         assert evaluation[key] == pytest.approx(value, rel=1e-5), key
     np.testing.assert_allclose(Trainer(strategy=four, **options).predict(first, x), reference.predict(x, verbose=0),
                                rtol=1e-5, atol=1e-6)
+
+
+def _stateful_model(batch: int = 4) -> keras.Model:
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input(batch_shape=(batch, 5, 2)), keras.layers.LSTM(3, stateful=True),
+                              keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.1), "mse", metrics=[keras.metrics.MeanAbsoluteError()])
+    return model
+
+
+def _sequences(n: int = 16):
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(n, 5, 2)).astype("float32"), rng.normal(size=(n, 1)).astype("float32")
+
+
+def test_a_stateful_rnn_trains_on_one_device_as_model_fit_does():
+    x, y = _sequences()
+    ours, theirs = _stateful_model(), _stateful_model()
+    trainer = Trainer(strategy="default", batch_size=4, shuffle=False, verbose=0)
+    history = trainer.fit(ours, (x, y), epochs=2)
+    keras_history = theirs.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+    assert history.model is ours
+    for key, values in keras_history.history.items():
+        np.testing.assert_allclose(history.history[key], values, rtol=1e-5, err_msg=key)
+    for a, b in zip(ours.get_weights(), theirs.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    # The states carry on from training in both, as each call moves them on.
+    assert trainer.evaluate(ours, (x, y)) == pytest.approx(theirs.evaluate(x, y, batch_size=4, return_dict=True),
+                                                           rel=1e-5)
+    np.testing.assert_allclose(trainer.predict(ours, x), theirs.predict(x, batch_size=4, verbose=0), rtol=1e-5,
+                               atol=1e-6)
+
+
+@pytest.mark.parametrize("trainer_args,rows,message", [
+    (dict(strategy="mirrored2", batch_size=4), 16, "can't split that batch across replicas.*2 replicas"),
+    (dict(strategy="default", batch_size=8), 16, "`batch_size` must be 4.*global batch of 8.*batch_size=4"),
+    (dict(strategy="default", batch_size=4), 14, "multiple of 4 examples.*14 examples.*last batch of 2.*x\\[:12\\]"),
+])
+def test_a_stateful_rnn_is_refused_what_it_cannot_run_before_anything_changes(trainer_args, rows, message):
+    x, y = _sequences(rows)
+    model = _stateful_model()
+    before = [v.copy() for v in model.get_weights()]
+    if trainer_args["strategy"] == "mirrored2":
+        trainer_args = dict(trainer_args, strategy=mirrored(2))
+    with pytest.raises(ValueError, match=message):
+        Trainer(verbose=0, **trainer_args).fit(model, (x, y))
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert int(model.optimizer.iterations.numpy()) == 0
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_a_model_with_a_fixed_batch_shape_trains_as_model_fit_does(replicas):
+    x, y = _sequences(14)
+    x = x[:, 0, :]
+
+    def make():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input(batch_shape=(4, 2))
+        model = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Dense(3, activation="tanh")(inputs)))
+        model.compile(keras.optimizers.SGD(0.1), "mse")
+        return model
+
+    strategy = mirrored(replicas) if replicas > 1 else "default"
+    history = Trainer(strategy=strategy, batch_size=4, shuffle=False, verbose=0).fit(make(), (x, y), epochs=2)
+    reference = make()
+    keras_history = reference.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)  # a last batch of 2
+    np.testing.assert_allclose(history.history["loss"], keras_history.history["loss"], rtol=1e-5)
+    for a, b in zip(history.model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)

@@ -85,3 +85,31 @@ def test_a_dead_peer_gives_a_clear_error_not_a_hang():
             proc.wait()
     assert procs[0].returncode == 1
     assert "RuntimeError: A collective failed in epoch 0 near step 6: a peer worker is probably dead" in out
+
+
+def test_uneven_last_batches_of_datasets_on_two_workers_match_one_process(tmp_path):
+    """Embedding and CNN models on datasets: a last batch split evenly over the workers in a fused call
+    (its sparse gradient's all-gather changes shape), and one smaller than the worker count; oneDNN on."""
+    script = str(TESTS / "multiworker_last_batch_run.py")
+    env = {**ENV, "TF_ENABLE_ONEDNN_OPTS": "1"}
+    (tmp_path / "single").mkdir()
+    single = subprocess.run([sys.executable, script, str(tmp_path / "single"), "default"], capture_output=True,
+                            text=True, env=env, timeout=240)
+    assert single.returncode == 0, single.stderr[-3000:]
+    launched = subprocess.run([sys.executable, "-m", "trainer.launch", "--workers", "2", script, str(tmp_path),
+                               "multi_worker"], capture_output=True, text=True, env=env, timeout=240)
+    assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
+    with open(tmp_path / "single" / "single0.json") as f:
+        reference = json.load(f)
+    reference_weights = np.load(tmp_path / "single" / "single0.npz")
+    assert sorted(reference) == ["cnn/fused", "cnn/tiny", "embedding/fused", "embedding/tiny"]
+    for task in ("worker0", "worker1"):
+        with open(tmp_path / f"{task}.json") as f:
+            result = json.load(f)
+        weights = np.load(tmp_path / f"{task}.npz")
+        for key, run in reference.items():
+            for name, values in run["history"].items():
+                np.testing.assert_allclose(result[key]["history"][name], values, rtol=1e-5, err_msg=f"{key} {name}")
+            for name, value in run["evaluate"].items():
+                np.testing.assert_allclose(result[key]["evaluate"][name], value, rtol=1e-5, err_msg=f"{key} {name}")
+            np.testing.assert_allclose(weights[key], reference_weights[key], rtol=1e-5, atol=1e-6, err_msg=key)

@@ -64,6 +64,40 @@ def check_predict(model, inp) -> Any:
     return _against_model(model, [(inp, "x", False)])
 
 
+def check_fixed_batch(model: keras.Model, inp, *, num_replicas: int, global_batch_size: int) -> None:
+    """Refuses what a model with stateful layers can't run: they take exactly their fixed batch every step.
+
+    Keras's `fit` would crash on the first step of another size, often the
+    last one, after training the epoch. Other models with a fixed batch
+    (`keras.Input(batch_shape=...)`) take any batch size, as in Keras.
+    """
+    stateful = models.stateful_layers(model)
+    batch = models.fixed_batch_size(model)
+    if not stateful or batch is None:
+        return
+    layers = f"stateful layers ({', '.join(layer.name for layer in stateful)})"
+    if num_replicas > 1:
+        raise ValueError(
+            f"`model` has {layers}, which keep a state for each row of a fixed batch of {batch}; a strategy can't "
+            f"split that batch across replicas. Received: a strategy with {num_replicas} replicas. Train it on one "
+            "device (Trainer(strategy=\"default\")), or build the layers with stateful=False."
+        )
+    if global_batch_size != batch:
+        raise ValueError(
+            f"`batch_size` must be {batch}, the fixed batch size of `model`'s {layers}. Received: a global batch "
+            f"of {global_batch_size}. Pass Trainer(batch_size={batch})."
+        )
+    n = getattr(inp, "num_examples", None)
+    if isinstance(inp, data_lib.DatasetInput) and int(inp.dataset.cardinality()) >= 0:
+        n = int(inp.dataset.cardinality())
+    if n is not None and n % batch:
+        raise ValueError(
+            f"The data must hold a multiple of {batch} examples: `model`'s {layers} take exactly {batch} in every "
+            f"step. Received: {n} examples, which leave a last batch of {n % batch}. Drop the last {n % batch} "
+            f"examples (x[:{n - n % batch}]), or pad the data to a multiple of {batch}."
+        )
+
+
 # Model-free checks ---------------------------------------------------------------
 
 

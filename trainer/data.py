@@ -201,9 +201,11 @@ def iterator_factory(strategy: tf.distribute.Strategy, global_batch_size: int, *
                      seed: int) -> Callable[..., Any]:
     """`(inp, epoch=None, start_step=0, until=None)` -> what step calls read from.
 
-    That is an `ArrayFeed` for arrays on CPU replicas; for a dataset on the
-    CPU replicas of one worker, a plain iterator of global batches, which the
-    steps split among the replicas; else a distributed iterator. With `epoch`,
+    That is an `ArrayFeed` for arrays on CPU replicas; for a dataset on CPU
+    replicas, `GlobalBatches`, which the steps split among the replicas (on
+    several workers, unless the dataset sets its own auto-shard policy: every
+    worker then reads all of it, as the DATA policy would have it do); else a
+    distributed iterator. With `epoch`,
     arrays are shuffled per epoch (from `seed`) and one pass covers epochs
     `epoch` to `until` (exclusive; one epoch by default); without it, they are
     read once in input order. `start_step` skips global steps at the start of
@@ -224,7 +226,7 @@ def iterator_factory(strategy: tf.distribute.Strategy, global_batch_size: int, *
             return feed_lib.ArrayFeed(inp, order or (lambda _: np.arange(inp.num_examples)),
                                       global_batch_size=global_batch_size,
                                       num_replicas=strategy.num_replicas_in_sync, epochs=epochs, start_step=start_step)
-        if isinstance(inp, DatasetInput) and feed_lib.supports(strategy) and num_workers == 1:
+        if isinstance(inp, DatasetInput) and feed_lib.supports(strategy) and _whole_on_every_worker(inp, num_workers):
             return feed_lib.GlobalBatches(batched(inp, global_batch_size, start_step))  # the steps split each batch
         reusable = isinstance(inp, DatasetInput) and start_step == 0
         for known, dataset in distributed if reusable else ():
@@ -237,6 +239,12 @@ def iterator_factory(strategy: tf.distribute.Strategy, global_batch_size: int, *
         return iter(dataset)
 
     return make_iterator
+
+
+def _whole_on_every_worker(inp: DatasetInput, num_workers: int) -> bool:
+    """Whether every worker reads all of `inp` and keeps its share: one worker, or no policy set by the user."""
+    chosen = inp.dataset.options().experimental_distribute.auto_shard_policy
+    return num_workers == 1 or chosen == tf.data.experimental.AutoShardPolicy.AUTO
 
 
 def _epoch_order(num_examples: int, shuffle: bool, seed: int, epoch: int) -> np.ndarray:

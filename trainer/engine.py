@@ -14,8 +14,8 @@ import sys
 import keras
 import tensorflow as tf
 
+from trainer import checks, models, ps, scaling
 from trainer import data as data_lib
-from trainer import models, ps, scaling
 from trainer import strategy as strategy_lib
 from trainer.objective import Objective
 from trainer.steps import Steps, unpack
@@ -123,6 +123,7 @@ def build(
     strategy: tf.distribute.Strategy,
     inp: data_lib.Input,
     *,
+    global_batch_size: int,
     seed: int | None,
     jit_compile: bool | str,
     cache: "list[Engine]",
@@ -137,8 +138,10 @@ def build(
         optimizer and settings match.
       mixed_precision: a Keras dtype policy name for the model's layers, or None.
     """
-    x, y, _ = unpack(data_lib.sample_batch(inp))
-    run_model = models.model_in_scope(model, strategy, x, seed, mixed_precision)
+    model = models.from_builder(model, strategy, seed, mixed_precision)
+    x, y, _ = unpack(sample_batch(model, inp, strategy, global_batch_size))
+    states = models.saved_states(model)
+    run_model = models.model_in_scope(model, strategy, x, mixed_precision)
     lr_plan = None
     if lr is not None:
         lr_plan = lr.plan_for(run_model.optimizer)
@@ -160,7 +163,16 @@ def build(
             eval_steps = Steps(eval_strategy, run_model, eval_objective, jit_compile=jit)
         engine = Engine(key, strategy, objective, steps, eval_strategy, eval_steps)
         cache[:] = [engine] + cache[: CACHE_SIZE - 1]  # bounded: engines hold their models
+    models.restore_states(run_model, states)  # the calls on `x` only built the model
     return run_model, engine, lr_plan
+
+
+def sample_batch(model: keras.Model, inp: data_lib.Input, strategy: tf.distribute.Strategy,
+                 global_batch_size: int) -> Any:
+    """A few examples to build `model` on: as many as its fixed batch size, if it has one (checked first)."""
+    checks.check_fixed_batch(model, inp, num_replicas=strategy.num_replicas_in_sync,
+                             global_batch_size=global_batch_size)
+    return data_lib.sample_batch(inp, models.fixed_batch_size(model) or 2)
 
 
 def _same(a: tuple, b: tuple) -> bool:

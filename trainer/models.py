@@ -46,27 +46,35 @@ def _in_scope(strategy: tf.distribute.Strategy, variables) -> bool:
     return all(strategy.extended.variable_created_in_scope(v.value) for v in variables)
 
 
+def from_builder(model: ModelOrBuilder, strategy: tf.distribute.Strategy, seed: int | None,
+                 mixed_precision: str | None = None) -> keras.Model:
+    """A builder's compiled model, made in `strategy`'s scope after seeding Keras; a model as it is.
+
+    Seeding makes a builder's initial weights reproducible.
+    """
+    if isinstance(model, keras.Model):
+        return model
+    with strategy.scope(), _dtype_policy(mixed_precision):
+        if seed is not None:
+            keras.utils.set_random_seed(seed)
+        model = model()
+    check_compiled(model, arg="model()")
+    return model
+
+
 def model_in_scope(
-    model: ModelOrBuilder,
+    model: keras.Model,
     strategy: tf.distribute.Strategy,
     sample_x: Any,
-    seed: int | None,
     mixed_precision: str | None = None,
 ) -> keras.Model:
     """Returns a compiled, built model whose variables live in `strategy`'s scope.
 
-    A builder is called inside the scope (after seeding Keras, so its initial
-    weights are reproducible). A model built elsewhere, or with another dtype
-    policy than `mixed_precision` asks for, is re-created from its config; the
-    returned object is then a different one from `model`.
+    A model built elsewhere, or with another dtype policy than
+    `mixed_precision` asks for, is re-created from its config; the returned
+    object is then a different one from `model`.
     """
-    if not isinstance(model, keras.Model):
-        with strategy.scope(), _dtype_policy(mixed_precision):
-            if seed is not None:
-                keras.utils.set_random_seed(seed)
-            model = model()
-        check_compiled(model, arg="model()")
-    elif model.weights and not _ready(model, strategy, mixed_precision):
+    if model.weights and not _ready(model, strategy, mixed_precision):
         clone, copied_from = _CLONES.get(model, (None, None))
         compiled_as = _compiled_as(model)
         if clone is not None and _ready(clone, strategy, mixed_precision) and copied_from == compiled_as:
@@ -78,6 +86,50 @@ def model_in_scope(
     with strategy.scope():
         model(sample_x, training=False)  # creates any variables not built yet
     return model
+
+
+def fixed_batch_size(model: keras.Model) -> int | None:
+    """The batch size that the model's inputs declare (`keras.Input(batch_shape=...)`), or None."""
+    try:
+        inputs = model.inputs or []
+    except (AttributeError, ValueError):  # a subclassed model has no symbolic inputs
+        return None
+    return next((t.shape[0] for t in inputs if t.shape[0] is not None), None)
+
+
+def stateful_layers(model: keras.Model) -> list[keras.layers.Layer]:
+    """The layers that keep a state per batch row from one call to the next (stateful RNNs)."""
+    found = []
+    for layer in model.layers:
+        if isinstance(layer, keras.Model):
+            found += stateful_layers(layer)
+        elif getattr(layer, "stateful", False) or getattr(getattr(layer, "forward_layer", None), "stateful", False):
+            found.append(layer)
+    return found
+
+
+def _state_variables(model: keras.Model) -> list:
+    layers = stateful_layers(model)
+    for wrapper in [layer for layer in layers if hasattr(layer, "forward_layer")]:
+        layers += [wrapper.forward_layer, wrapper.backward_layer]
+    return [v for layer in layers for v in (getattr(layer, "states", None) or []) if v is not None]
+
+
+def saved_states(model: keras.Model) -> list[tuple[Any, Any]]:
+    """The states of `model`'s stateful layers, for `restore_states`."""
+    return [(v, v.numpy()) for v in _state_variables(model)]
+
+
+def restore_states(model: keras.Model, saved: list[tuple[Any, Any]]) -> None:
+    """Undoes what calls that built `model` did to the states of its stateful layers.
+
+    The trainer calls a model on a sample batch to build it, which a stateful
+    RNN takes as a step: its states move on. Keras's `fit` builds symbolically,
+    so training starts from the states as they were (`saved`), or from zeros
+    for states the calls created (in a copy of the model, say).
+    """
+    for variable in _state_variables(model):
+        variable.assign(next((value for v, value in saved if v is variable), tf.zeros_like(variable)))
 
 
 def _compiled_as(model: keras.Model) -> tuple:
@@ -148,6 +200,8 @@ def _with_policy(config: Any, policy: str | None) -> Any:
 def _recreate(
     model: keras.Model, strategy: tf.distribute.Strategy, sample_x: Any, mixed_precision: str | None = None
 ) -> keras.Model:
+    if mixed_precision in layer_policies(model):
+        mixed_precision = None  # already in it: any layers kept in float32 (a head) stay so
     try:
         config = _with_policy(model.get_config(), mixed_precision)
         with strategy.scope(), _dtype_policy(mixed_precision):

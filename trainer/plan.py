@@ -86,14 +86,17 @@ class Plan:
         if self.repeated_data:
             return "none: each worker repeats its shard, so every batch is full; an epoch is a step count"
         if self.num_examples is None:
-            return "kept if partial; replicas share it unevenly and losses are divided by the true global count"
+            return ("kept if partial, in a step call of its own; replicas share it unevenly (all compute one smaller "
+                    "than the replica count) and losses are divided by the true global count")
         rest = self.num_examples % self.global_batch_size
         if rest == 0:
             return f"none: {self.num_examples} examples fill {self.steps_per_epoch} full batches"
-        kept = f"kept, not dropped or padded: {rest} examples"
+        kept = f"kept, not dropped or padded, in a step call of its own: {rest} examples"
         if self.num_replicas > 1:
             share, extra = divmod(rest, self.num_replicas)
-            if extra:
+            if not share:
+                kept += f" (fewer than the replicas: each of the {self.num_replicas} computes them all, counted once)"
+            elif extra:
                 kept += f" ({extra} replica(s) get {share + 1}, {self.num_replicas - extra} get {share})"
             else:
                 kept += f" ({share} per replica)"

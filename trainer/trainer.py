@@ -245,8 +245,11 @@ class Trainer:
         inp = data_lib.as_input(x, arg="x", with_targets=False)
         model = checks.check_predict(model, inp)
         batch = self._batch_plan(strategy)
-        sample_x = data_lib.sample_batch(inp)
-        run_model = models.model_in_scope(model, strategy, sample_x, self.seed, self.mixed_precision)
+        model = models.from_builder(model, strategy, self.seed, self.mixed_precision)
+        sample_x = engine_lib.sample_batch(model, inp, strategy, batch.global_batch_size)
+        states = models.saved_states(model)
+        run_model = models.model_in_scope(model, strategy, sample_x, self.mixed_precision)
+        models.restore_states(run_model, states)
         if ps.is_parameter_server(strategy):
             strategy = tf.distribute.get_strategy()  # inline on the coordinator
         held = [self._iterator_factory(strategy, batch)(inp)]  # see loop.release
@@ -298,7 +301,8 @@ class Trainer:
         return int(round(self.warmup_epochs * steps_per_epoch))
 
     def _build(self, model, strategy, inp, lr: engine_lib.LRSettings | None = None):
-        return engine_lib.build(model, strategy, inp, seed=self.seed, jit_compile=self.jit_compile,
+        return engine_lib.build(model, strategy, inp, global_batch_size=self._batch_plan(strategy).global_batch_size,
+                                seed=self.seed, jit_compile=self.jit_compile,
                                 cache=self._engines, lr=lr, mixed_precision=self.mixed_precision)
 
     def _fusion(self, compiled: engine_lib.Engine, batch: scaling.BatchPlan, steps_per_epoch: int | None,
