@@ -166,3 +166,16 @@ def test_fit_is_the_same_when_each_call_is_split_into_several_gathers(monkeypatc
         np.testing.assert_allclose(values, split.history[key], rtol=1e-6, err_msg=key)
     for a, b in zip(whole.model.get_weights(), split.model.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_where_tf_data_splits_arrays_the_uneven_last_step_gets_a_call_of_its_own(monkeypatch):
+    monkeypatch.setattr(feed_lib, "supports", lambda strategy: False)  # as on GPUs: TF's distributed iterator
+    x, y, _ = tiny_data(30)  # global batches of 12: steps of 12, 12 and 6
+    trainer = Trainer(strategy=mirrored(2), batch_size=12, steps_per_execution=8, lr_scaling=None, verbose=0)
+    model = tiny_model()
+    trainer.fit(model, (x, y))
+    steps = trainer._engines[0].steps
+    traced, calls = steps._train_from_iterator, []
+    steps._train_from_iterator = lambda iterator, n: calls.append(int(n)) or traced(iterator, n)
+    trainer.fit(model, (x, y), epochs=2)
+    assert calls == [2, 1, 2, 1]

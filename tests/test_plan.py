@@ -24,8 +24,17 @@ def test_plan_names_every_decision():
 def test_last_batch_wording():
     assert Plan(**{**BASE, "num_examples": 1024}).last_batch().startswith("none: 1024 examples fill 16 full batches")
     one = Plan(**{**BASE, "num_replicas": 1}).last_batch()
-    assert one == "kept, not dropped or padded: 43 examples; weighted by its true size"
+    assert one == "kept, not dropped or padded, in a step call of its own: 43 examples; weighted by its true size"
     assert "unevenly" in Plan(**{**BASE, "num_examples": None, "steps_per_epoch": None}).last_batch()
+    tiny = Plan(**{**BASE, "num_examples": 1026}).last_batch()  # 2 examples left, 4 replicas
+    assert "2 examples (fewer than the replicas: each of the 4 computes them all, counted once)" in tiny
+
+
+def test_no_call_runs_the_uneven_last_step_with_full_ones():
+    plan = Plan(**BASE)  # 1003 examples: 15 full steps, then step 15 of 43 examples
+    assert [plan.steps_of_one_shape(step, 16) for step in (0, 8, 14, 15)] == [15, 7, 1, 16]
+    assert Plan(**{**BASE, "num_examples": 1024}).steps_of_one_shape(0, 100) == 100
+    assert Plan(**{**BASE, "num_examples": None}).steps_of_one_shape(3, 8) == 8
 
 
 def test_no_scaling_and_warmup_wording():

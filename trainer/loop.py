@@ -169,7 +169,7 @@ def _train_epoch(steps: Steps, context: TrainContext, callbacks, iterator, batch
     """
     per_epoch, first_step = context.plan.steps_per_epoch, context.step
     while per_epoch is None or context.step < per_epoch:
-        n = context.fusion.steps
+        n = context.plan.steps_of_one_shape(context.step, context.fusion.steps)
         if per_epoch is not None:
             n = min(n, per_epoch - context.step)
         callbacks.on_train_batch_begin(context.step)

@@ -81,6 +81,18 @@ class Plan:
                 f"native_bf16={self.native_bf16!r}. Pass the CPU's bfloat16 unit, as engine.cpu_native_bf16 returns it."
             )
 
+    def steps_of_one_shape(self, step: int, steps: int) -> int:
+        """At most `steps` steps from `step` of an epoch, stopping before its uneven last step if it lies ahead.
+
+        A step call is one `tf.while_loop`, and a collective whose shape changes
+        inside it aborts (see trainer/steps.py), so the last step gets a call of
+        its own wherever the trainer knows where it is.
+        """
+        if self.num_examples is None or self.repeated_data or not self.num_examples % self.global_batch_size:
+            return steps
+        last = self.num_examples // self.global_batch_size
+        return min(steps, last - step) if step < last else steps
+
     def last_batch(self) -> str:
         """How the last partial batch is handled, in words."""
         if self.repeated_data:

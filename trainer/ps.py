@@ -19,6 +19,7 @@ import keras
 import tensorflow as tf
 
 from trainer import data as data_lib
+from trainer import feed as feed_lib
 from trainer.loop import TrainContext, end_epoch
 from trainer.steps import Steps
 from trainer.tracing import graph_function
@@ -74,7 +75,8 @@ def run_epochs(
     @graph_function
     def scheduled_step(per_worker):
         # Returns the step's labels, outputs and losses, for exact metrics on the coordinator.
-        return steps.strategy.run(steps.train_replica, args=(next(per_worker),))
+        return steps.strategy.run(lambda batch: steps.train_replica(feed_lib.whole_share(batch)),
+                                  args=(next(per_worker),))
 
     # Training metrics are kept on the coordinator (see Steps.replica_metrics), in
     # the evaluation trackers, which validation only resets after the train logs are read.
