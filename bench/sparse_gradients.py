@@ -16,7 +16,9 @@ batch 64, each variant's best of `--rounds` passes of 64 steps):
   sparse_32    sparse reduction, 32 steps of one shape per call (what the trainer does)
   dense_32     dense reduction, 32 steps per call
 
-The variants alternate within each round, in one process.
+The variants alternate within each round, in one process per vocabulary
+(a second MirroredStrategy in one process would collide with the first's
+collective keys).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
 import time
 
 SEQUENCE, GLOBAL_BATCH = 64, 64
@@ -95,14 +99,22 @@ def main() -> None:
     parser.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", default=None, help="JSON file to write (default: print only)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one vocabulary, in this process
     args = parser.parse_args()
-    import tensorflow as tf
+    if args.child:
+        import tensorflow as tf
 
-    tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
-                                               [tf.config.LogicalDeviceConfiguration()] * 2)
+        tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
+                                                   [tf.config.LogicalDeviceConfiguration()] * 2)
+        print(json.dumps(measure(args.vocab[0], args.dim, args.optimizer, args.rounds)))
+        return
     results = []
     for vocab in args.vocab:
-        ms = measure(vocab, args.dim, args.optimizer, args.rounds)
+        command = [sys.executable, __file__, "--child", "--vocab", str(vocab), "--dim", str(args.dim),
+                   "--optimizer", args.optimizer, "--rounds", str(args.rounds)]
+        child = subprocess.run(command, capture_output=True, text=True, check=True,
+                               env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        ms = json.loads(child.stdout.strip().splitlines()[-1])
         row = {"vocab": vocab, "dim": args.dim, "optimizer": args.optimizer, "ms_per_step": ms,
                "dense_32_over_sparse_32": ms["dense_32"] / ms["sparse_32"],
                "sparse_1_over_sparse_32": ms["sparse_1"] / ms["sparse_32"]}

@@ -12,9 +12,11 @@ are exactly those of `arrays.array_dataset_fn` (which GPUs and TPUs still
 use): the global order depends on the seed and the epoch only, and each
 replica, on any worker, gathers its own contiguous share of each batch.
 
-A tf.data dataset on one worker is read as whole global batches from one
-plain host iterator, and each replica takes its share of every batch inside
-the step (`replica_share`), cut the same way. TensorFlow's distributed
+A tf.data dataset is read as whole global batches from one plain host
+iterator per worker (`GlobalBatches`; on several workers, unless the dataset
+sets a shard policy of its own, every worker reads all of it, as TensorFlow's
+DATA policy does), and each replica takes its share of every batch inside the
+step (`replica_share`), cut the same way. TensorFlow's distributed
 iterator would cost ~80 ms to set up each epoch under MirroredStrategy: its
 MultiDeviceIterator traces 6 functions per device for every new iterator.
 
