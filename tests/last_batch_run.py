@@ -1,8 +1,9 @@
 """Trains the model families of the uneven-last-batch tests under one device layout; saves what came out.
 
-Usage: python last_batch_run.py STRATEGY NUM_DEVICES OUT.npz
+Usage: python last_batch_run.py STRATEGY NUM_DEVICES OUT.npz [FAMILY,...]
   STRATEGY: "none" (no strategy, the reference) or "mirrored" over NUM_DEVICES
   logical CPUs with TensorFlow's default cross-device ops (collectives).
+  FAMILY: the families to run (default: all of families.FAMILIES).
 The caller sets TF_ENABLE_ONEDNN_OPTS: TensorFlow reads it once, at start-up.
 
 Every family is an Embedding, recurrent or convolutional model, fitted with
@@ -27,6 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 strategy_name, num_devices, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+chosen = sys.argv[4].split(",") if len(sys.argv) > 4 else None
 tf.config.set_logical_device_configuration(
     tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * num_devices
 )
@@ -40,7 +42,7 @@ strategy = (tf.distribute.get_strategy() if strategy_name == "none"
             else tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(num_devices)]))
 trainer = Trainer(strategy=strategy, batch_size=BATCH, lr_scaling=None, seed=0, verbose=0)
 results, arrays = {}, {}
-for family in FAMILIES:
+for family in chosen or FAMILIES:
     val_x, val_y = make_data(family, 9, seed=1)
     model = make_model(family)
     for case, form in [("fused", "dataset"), ("fused", "arrays"), ("tiny", "dataset"), ("tiny", "arrays")]:

@@ -7,7 +7,9 @@ batch that shares a fused call with full steps and is split unevenly, and on a
 last batch smaller than the replica count; from arrays and from datasets
 (tests/last_batch_run.py). Each layout runs in its own process, with oneDNN's
 CPU kernels on and off (their gradients of Conv2D and MaxPool abort on an
-empty batch), and is compared with the same run on one device.
+empty batch): every family on 1, 2 and 3 replicas with them on, and on 3 with
+them off; the CNN families, whose kernels they change, on 1 and 2 with them off
+too. Each run is compared with the same run on one device.
 """
 
 import concurrent.futures
@@ -21,16 +23,19 @@ import pytest
 
 from conftest import TESTS
 
-ONEDNN_ON = [("none", 1), ("mirrored", 1), ("mirrored", 2), ("mirrored", 3)]
-ONEDNN_OFF = [("none", 1), ("mirrored", 3)]  # the kernels only decide whether a step crashes
-RUNS = [(layout, "1") for layout in ONEDNN_ON] + [(layout, "0") for layout in ONEDNN_OFF]
+FAMILIES = ["embedding", "gru", "lstm", "siamese", "cnn", "cnn_syncbn"]
+CNNS = ["cnn", "cnn_syncbn"]  # oneDNN's kernels differ from TensorFlow's own in convolutions and pooling
+# (layout, TF_ENABLE_ONEDNN_OPTS, families)
+RUNS = [(("none", 1), "1", FAMILIES), (("mirrored", 1), "1", FAMILIES), (("mirrored", 2), "1", FAMILIES),
+        (("mirrored", 3), "1", FAMILIES), (("none", 1), "0", FAMILIES), (("mirrored", 3), "0", FAMILIES),
+        (("mirrored", 1), "0", CNNS), (("mirrored", 2), "0", CNNS)]
 
 
-def _run(layout, onednn, path):
+def _run(layout, onednn, families, path):
     name, devices = layout
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": onednn}
-    proc = subprocess.run([sys.executable, str(TESTS / "last_batch_run.py"), name, str(devices), str(path)],
-                          capture_output=True, text=True, env=env, timeout=600)
+    command = [sys.executable, str(TESTS / "last_batch_run.py"), name, str(devices), str(path), ",".join(families)]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, f"{layout} oneDNN={onednn} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1]), dict(np.load(path))
 
@@ -40,24 +45,20 @@ def runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("last_batch")
     # Two at a time: most of each run is single-threaded tracing.
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {run: pool.submit(_run, *run, folder / f"{run[0][0]}{run[0][1]}_{run[1]}.npz") for run in RUNS}
+        futures = {run[:2]: pool.submit(_run, *run, folder / f"{run[0][0]}{run[0][1]}_{run[1]}.npz") for run in RUNS}
         return {run: future.result() for run, future in futures.items()}
 
 
-def _keys(runs):
-    result, _ = runs[(("none", 1), "1")]
-    return [key for key in result["results"] if not key.endswith("/keras")]
-
-
 @pytest.mark.parametrize("run", [run for run in RUNS if run[0][0] != "none"],
-                         ids=lambda run: f"{run[0][1]}replicas-onednn{run[1]}")
+                         ids=lambda run: f"{run[0][1]}replicas-onednn{run[1]}-{len(run[2])}families")
 def test_uneven_last_batches_give_the_one_device_numbers(runs, run):
-    layout, onednn = run
-    result, arrays = runs[run]
+    layout, onednn, families = run
+    result, arrays = runs[run[:2]]
     reference, reference_arrays = runs[(("none", 1), onednn)]
     assert result["replicas"] == layout[1]
-    keys = _keys(runs)
-    assert len(keys) == 6 * 4  # families x (fused, tiny) x (arrays, dataset)
+    keys = [f"{family}/{case}/{form}" for family in families for case in ("fused", "tiny")
+            for form in ("arrays", "dataset")]
+    assert sorted(result["results"]) == sorted(keys)
     for key in keys:
         ours, theirs = result["results"][key], reference["results"][key]
         assert ours["history"].keys() == theirs["history"].keys(), key
@@ -74,7 +75,7 @@ def test_uneven_last_batches_give_the_one_device_numbers(runs, run):
 @pytest.mark.parametrize("onednn", ["1", "0"])
 def test_one_device_reference_is_keras_fit_and_it_trained(runs, onednn):
     result, arrays = runs[(("none", 1), onednn)]
-    for family in ["embedding", "gru", "lstm", "siamese", "cnn", "cnn_syncbn"]:
+    for family in FAMILIES:
         ours, keras_run = result["results"][f"{family}/fused/dataset"], result["results"][f"{family}/keras"]
         for name, values in keras_run["history"].items():
             np.testing.assert_allclose(ours["history"][name], values, rtol=1e-5, err_msg=f"{family} {name}")
