@@ -87,9 +87,7 @@ def check_fixed_batch(model: keras.Model, inp, *, num_replicas: int, global_batc
             f"`batch_size` must be {batch}, the fixed batch size of `model`'s {layers}. Received: a global batch "
             f"of {global_batch_size}. Pass Trainer(batch_size={batch})."
         )
-    n = getattr(inp, "num_examples", None)
-    if isinstance(inp, data_lib.DatasetInput) and int(inp.dataset.cardinality()) >= 0:
-        n = int(inp.dataset.cardinality())
+    n = data_lib.num_examples(inp)
     if n is not None and n % batch:
         raise ValueError(
             f"The data must hold a multiple of {batch} examples: `model`'s {layers} take exactly {batch} in every "

@@ -164,14 +164,20 @@ def feature_signature(inp: Input) -> Any:
     return None
 
 
-def num_steps(inp: Input, global_batch_size: int) -> int | None:
-    """Global steps in one pass over `inp`, or None when unknown."""
+def num_examples(inp: Input) -> int | None:
+    """Examples in one pass over `inp`, or None when unknown."""
     if isinstance(inp, ArrayInput):
-        return -(-inp.num_examples // global_batch_size)
+        return inp.num_examples
     if isinstance(inp, DatasetInput):
         n = int(inp.dataset.cardinality())
-        return -(-n // global_batch_size) if n >= 0 else None
+        return n if n >= 0 else None
     return None
+
+
+def num_steps(inp: Input, global_batch_size: int) -> int | None:
+    """Global steps in one pass over `inp`, or None when unknown."""
+    n = num_examples(inp)
+    return None if n is None else -(-n // global_batch_size)
 
 
 def shard_policy(dataset: tf.data.Dataset, num_workers: int) -> tuple[Any, str]:
