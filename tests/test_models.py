@@ -46,7 +46,7 @@ def test_builder_is_called_in_scope_and_history_has_the_model(data):
     assert isinstance(history.model.weights[0].value, tf.distribute.DistributedValues)
 
 
-class _NoConfig(keras.Model):
+class NoConfigModel(keras.Model):
     def __init__(self, units, **kwargs):
         super().__init__(**kwargs)
         self.hidden = keras.layers.Dense(units, activation="relu")
@@ -57,7 +57,7 @@ class _NoConfig(keras.Model):
 
 
 def _compiled_subclass():
-    model = _NoConfig(16)
+    model = NoConfigModel(16)
     model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     return model
 
@@ -105,8 +105,10 @@ def test_multi_output_losses_are_weighted_per_output(data):
     logits = pred["cls"] - pred["cls"].max(axis=1, keepdims=True)
     ce = -(logits - np.log(np.exp(logits).sum(axis=1, keepdims=True)))[np.arange(len(y)), y]
     mse = ((pred["reg"] - targets["reg"]) ** 2).mean(axis=1)
-    np.testing.assert_allclose(result["cls_loss"], ce.mean(), rtol=1e-5)
-    np.testing.assert_allclose(result["reg_loss"], mse.mean(), rtol=1e-5)
+    # As model.evaluate logs them: each output's loss averages the batches' means, unweighted.
+    batch_mean = lambda v: np.mean([v[i:i + 32].mean() for i in range(0, len(v), 32)])  # noqa: E731
+    np.testing.assert_allclose(result["cls_loss"], batch_mean(ce), rtol=1e-5)
+    np.testing.assert_allclose(result["reg_loss"], batch_mean(mse), rtol=1e-5)
     np.testing.assert_allclose(result["loss"], ce.mean() + 0.5 * mse.mean(), rtol=1e-5)
     np.testing.assert_allclose(result["cls_accuracy"], np.mean(pred["cls"].argmax(1) == y), rtol=1e-6)
     out = trainer.predict(model, x)
@@ -299,3 +301,27 @@ def test_a_model_with_a_fixed_batch_shape_trains_as_model_fit_does(replicas):
     np.testing.assert_allclose(history.history["loss"], keras_history.history["loss"], rtol=1e-5)
     for a, b in zip(history.model.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_per_replica_batch_norm_is_named_in_a_warning(data):
+    x, y, w = data
+
+    def build():
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4), keras.layers.BatchNormalization(name="bn"),
+                                  keras.layers.Dense(3)])
+        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    with pytest.warns(UserWarning, match="bn normalize each replica's share"):
+        Trainer(strategy=mirrored(2), batch_size=32, verbose=0).fit(build, (x, y), epochs=1)
+
+
+def test_adapted_lookup_layer_is_refused_rather_than_copied_without_its_vocabulary():
+    lookup = keras.layers.StringLookup(name="words")
+    lookup.adapt(np.array(["a", "b", "c"]))
+    inputs = keras.Input((1,), dtype="string")
+    model = keras.Model(inputs, keras.layers.Dense(2)(keras.ops.cast(lookup(inputs), "float32")))
+    model.compile("sgd", "mse")
+    x, y = np.array([["a"], ["b"], ["c"], ["a"]]), np.zeros((4, 2), "float32")
+    with pytest.raises(ValueError, match=r"words \(StringLookup\) keep their vocabulary.*builds, adapts"):
+        Trainer(strategy=mirrored(2), batch_size=4, verbose=0).fit(model, (x, y))

@@ -73,3 +73,11 @@ def test_plan_suggests_bfloat16_only_in_float32_on_cpus_that_compute_it_natively
     assert bf16_hint("AMX") != bf16_hint("AVX512_BF16")  # each unit's own measured speed-up
     with pytest.raises(ValueError, match="native_bf16=True"):
         Plan(**{**BASE, "native_bf16": True})
+
+
+def test_plan_says_whose_step_runs_and_names_per_replica_batch_norm():
+    text = Plan(**BASE, step="the model's own train_step, per replica", batch_norm=("bn_1",)).describe()
+    assert "train step" in text and "the model's own train_step, per replica" in text
+    assert "bn_1 normalize each replica's share by its own mean and variance" in text
+    assert "synchronized=True" in text
+    assert "batch norm" not in Plan(**{**BASE, "num_replicas": 1}, batch_norm=("bn_1",)).describe()

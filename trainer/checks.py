@@ -137,18 +137,18 @@ def check_data(inp, arg: str, *, steps_arg: str | None, steps: int | None, with_
 
 
 def _check_sample_weight(weights: Any, arg: str, *, per_example: bool) -> None:
-    """One weight per example: arrays of shape (n,) or (n, 1); dataset elements of shape () or (1,)."""
+    """Weights as model.fit takes them: per example ((n,) or (n, 1)), or per example and time step ((n, t))."""
     shape = getattr(weights, "shape", None)  # none for a dict of weights
     dims = None if shape is None else list(shape)[0 if per_example else 1:]
-    if dims is not None and (dims == [] or dims == [1]):
+    if dims is not None and len(dims) <= 1:
         return
     got = (f"a {type(weights).__name__}" if shape is None
            else f"shape {tuple(shape)}" + (" per element" if per_example else ""))
     raise ValueError(
-        f"`{arg}`'s sample_weight must be one weight per example: an array of shape (examples,)"
-        f"{' (a scalar per dataset element)' if per_example else ''}. Received: sample_weight with {got}. "
-        "Per-output or per-timestep weights are not supported: weight the examples, or put the weighting "
-        "into the loss."
+        f"`{arg}`'s sample_weight must hold one weight per example, or one per example and time step: "
+        f"an array of shape (examples,) or (examples, timesteps)"
+        f"{' (a scalar or a vector per dataset element)' if per_example else ''}. Received: sample_weight "
+        f"with {got}. Weight the examples or their time steps, or put other weighting into the loss."
     )
 
 

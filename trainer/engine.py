@@ -139,11 +139,12 @@ def build(
       mixed_precision: a Keras dtype policy name for the model's layers, or None.
     """
     model = models.from_builder(model, strategy, seed, mixed_precision)
-    x, y, _ = unpack(sample_batch(model, inp, strategy, global_batch_size))
+    batch = sample_batch(model, inp, strategy, global_batch_size)
+    x, _, _ = unpack(batch)
     states = models.saved_states(model)
     run_model = models.model_in_scope(model, strategy, x, mixed_precision)
     lr_plan = None
-    if lr is not None:
+    if lr is not None and run_model.optimizer is not None:  # a GAN keeps its optimizers elsewhere
         lr_plan = lr.plan_for(run_model.optimizer)
         models.optimizer_in_scope(run_model, strategy, factor=lr_plan.factor, warmup_steps=lr.warmup_steps)
     jit = jit_for(strategy, jit_compile)
@@ -151,16 +152,12 @@ def build(
     key = (run_model, strategy, run_model.optimizer, jit, warmup)
     engine = next((e for e in cache if _same(e.key, key)), None)
     if engine is None:
-        # Read outside the scope: the optimizer given to compile may belong to another strategy.
-        config = run_model.get_compile_config() or {}
-        with strategy.scope():
-            objective = Objective(run_model, y, run_model(x, training=False), config)
+        objective = Objective(run_model, strategy, batch)
         steps = Steps(strategy, run_model, objective, jit_compile=jit, warmup=warmup)
         eval_strategy, eval_steps = strategy, steps
         if ps.is_parameter_server(strategy):
             eval_strategy = tf.distribute.get_strategy()  # inline on the coordinator
-            eval_objective = Objective(run_model, y, run_model(x, training=False), config)
-            eval_steps = Steps(eval_strategy, run_model, eval_objective, jit_compile=jit)
+            eval_steps = Steps(eval_strategy, run_model, objective, jit_compile=jit)
         engine = Engine(key, strategy, objective, steps, eval_strategy, eval_steps)
         cache[:] = [engine] + cache[: CACHE_SIZE - 1]  # bounded: engines hold their models
     models.restore_states(run_model, states)  # the calls on `x` only built the model

@@ -151,7 +151,8 @@ def end_epoch(epoch: int, objective, eval_steps: Steps, make_iterator: MakeItera
     """Reads the epoch's train logs, validates, and calls `on_epoch_end`; returns the logs."""
     logs = objective.results()
     optimizer = eval_steps.model.optimizer
-    logs["learning_rate"] = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+    if optimizer is not None:
+        logs["learning_rate"] = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
     if val is not None:
         held = [make_iterator(val)]
         val_logs = run_eval(eval_steps, held[0], callbacks)

@@ -15,6 +15,7 @@ import keras
 import tensorflow as tf
 
 from trainer import scaling
+from trainer.objective import overridden
 
 ModelOrBuilder = keras.Model | Callable[[], keras.Model]
 
@@ -29,16 +30,28 @@ _CLONES: "weakref.WeakKeyDictionary[keras.Model, tuple[keras.Model, tuple]]" = w
 
 
 def check_compiled(model: Any, arg: str = "model") -> None:
-    """Raises unless `model` is a compiled Keras model."""
+    """Raises unless `model` is a Keras model compiled for training as `model.fit` needs it.
+
+    A model with its own `train_step` needs only `compile()` to have been
+    called (a GAN compiles its own optimizers); one with its own `compute_loss`
+    needs an optimizer; any other needs an optimizer and a loss.
+    """
     if not isinstance(model, keras.Model):
         raise TypeError(
             f"`{arg}` must be a keras.Model or a zero-argument function returning one. "
             f"Received: {arg} of type {type(model).__name__}."
         )
-    if getattr(model, "optimizer", None) is None or getattr(model, "loss", None) is None:
+    owns_step, owns_loss = overridden(model, "train_step"), overridden(model, "compute_loss")
+    missing = [] if getattr(model, "compiled", False) else ["compile()"]
+    if not owns_step and getattr(model, "optimizer", None) is None:
+        missing.append("an optimizer")
+    if not (owns_step or owns_loss) and getattr(model, "loss", None) is None:
+        missing.append("a loss")
+    if missing:
         raise ValueError(
-            f"`{arg}` must be compiled with an optimizer and a loss. Received: an uncompiled "
-            f"{type(model).__name__}. Call model.compile(optimizer=..., loss=...) first."
+            f"`{arg}` must be compiled with {' and '.join(missing)}. Received: a {type(model).__name__} without. "
+            "Call model.compile(optimizer=..., loss=...) first (a model with its own train_step or "
+            "compute_loss may leave out what its step does not use)."
         )
 
 
@@ -106,6 +119,17 @@ def stateful_layers(model: keras.Model) -> list[keras.layers.Layer]:
         elif getattr(layer, "stateful", False) or getattr(getattr(layer, "forward_layer", None), "stateful", False):
             found.append(layer)
     return found
+
+
+def per_replica_batch_norm(model: keras.Model) -> list[str]:
+    """The BatchNormalization layers that normalize each replica's share by its own statistics."""
+    names = []
+    for layer in model.layers:
+        if isinstance(layer, keras.Model):
+            names += per_replica_batch_norm(layer)
+        elif isinstance(layer, keras.layers.BatchNormalization) and not getattr(layer, "synchronized", False):
+            names.append(layer.name)
+    return names
 
 
 def _state_variables(model: keras.Model) -> list:
@@ -197,9 +221,33 @@ def _with_policy(config: Any, policy: str | None) -> Any:
     return config
 
 
+# Layers whose state is not in their weights (an adapted vocabulary lives in a lookup table),
+# so a copy made from config and weights would lose it.
+TABLE_LAYERS = ("TextVectorization", "StringLookup", "IntegerLookup")
+
+
+def _table_layers(model: keras.Model) -> list[keras.layers.Layer]:
+    found = []
+    for layer in model.layers:
+        if isinstance(layer, keras.Model):
+            found += _table_layers(layer)
+        elif type(layer).__name__ in TABLE_LAYERS:
+            found.append(layer)
+    return found
+
+
 def _recreate(
     model: keras.Model, strategy: tf.distribute.Strategy, sample_x: Any, mixed_precision: str | None = None
 ) -> keras.Model:
+    tables = _table_layers(model)
+    if tables:
+        names = ", ".join(f"{layer.name} ({type(layer).__name__})" for layer in tables)
+        raise ValueError(
+            f"`model` was built outside the strategy's scope, and its layer(s) {names} keep their vocabulary in "
+            "a lookup table, not in weights, so a copy made inside the scope would lose it. Pass a function "
+            "that builds, adapts and compiles the model instead: Trainer.fit(lambda: make_model(), ...); or "
+            "build the model inside `strategy.scope()`."
+        )
     if mixed_precision in layer_policies(model):
         mixed_precision = None  # already in it: any layers kept in float32 (a head) stay so
     try:

@@ -1,223 +1,269 @@
-"""The model's compiled loss and metrics, evaluated per example inside replicas.
+"""The model's own loss and metrics, as `model.fit` computes them, exact across replicas.
 
-Keras reduces a loss to a per-replica mean, which is wrong once replicas hold
-different numbers of examples. Here the loss is kept per example; the step
-divides its weighted sum by the global example count, and the reported loss is
-the sample-weighted mean over every example seen, tracked by `Mean` metrics
-whose variables tf.distribute sums across replicas on read.
+The loss is whatever `model.compute_loss` returns: compile's losses with
+their masks, sample weights (per example or per time step), loss weights and
+reductions, plus `model.losses` (weight and activity regularizers, `add_loss`),
+or the model's own override. The metrics are the model's own
+(`model.compute_metrics` updates them; `model.metrics` lists them), so their
+names, and the callbacks that look them up by name, are Keras's.
+
+What changes across replicas is only how a replica's loss is weighed. Keras
+scales each replica's loss by 1/replicas, which is the replica's share of the
+batch only when the shares are equal. Here `compute_loss` runs as on one
+device (`_compat.replica_share(1.0)`), so it gives the mean over the replica's
+own examples, and the step weighs it by the replica's share of the global batch,
+n_r / N. The replicas' sum is then the one-device loss of the whole batch for any
+term that is a mean over the batch (compiled losses, activity regularizers, a
+VAE's KL term) or does not depend on it (weight regularizers). Masks make a
+mean's divisor the count of unmasked entries, so for a masked output the
+replicas add up their counts first (one all-reduce per step), and each
+replica's loss is re-weighted by its count over the global one.
+
+A term that sums over the batch (`add_loss(ops.sum(...))`) is weighed like a
+mean too: on R replicas it counts about 1/R as much as on one device. Write
+such a term as a mean, scaled by a constant, to keep the one-device numbers.
+
+The loss tracker adds each replica's mean times its tracked examples, so the
+logged loss is what `model.fit` logs: every batch's loss weighted by its
+examples, sum(w * loss) / N for an unmasked loss.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import keras
 import tensorflow as tf
 
+from trainer import _compat
 from trainer.tracing import graph_function
 
-
-def _per_example(loss: Any):
-    """A callable (y_true, y_pred) -> per-example losses of shape (batch,).
-
-    `Loss.call` gives the unreduced values; the inputs are converted as
-    `Loss.__call__` would. Loss objects are not copied: Keras copies go through
-    serialization, which fails for unregistered custom losses.
-    """
-    if not isinstance(loss, keras.losses.Loss):
-        loss = keras.losses.get(loss)
-
-    def call(y_true, y_pred):
-        if isinstance(loss, keras.losses.Loss):
-            dtype = loss.dtype or "float32"
-            values = loss.call(tf.cast(y_true, dtype), tf.cast(y_pred, dtype))
-        else:
-            values = loss(*_same_rank(y_true, y_pred))
-        if values.shape.rank and values.shape.rank > 1:  # e.g. per time step
-            values = tf.reduce_mean(values, axis=list(range(1, values.shape.rank)))
-        return tf.cast(values, "float32")
-
-    return call
+MODEL_STEPS = ("train_step", "test_step", "predict_step", "compute_loss", "compute_metrics")
 
 
-def _same_rank(y_true, y_pred):
-    """Adds the trailing axis of size 1 that a plain loss function expects on y_true."""
-    y_true, y_pred = tf.convert_to_tensor(y_true), tf.convert_to_tensor(y_pred)
-    if y_true.shape.rank == y_pred.shape.rank - 1 and y_pred.shape[-1] == 1:
-        y_true = tf.expand_dims(y_true, -1)
-    return tf.cast(y_true, y_pred.dtype) if y_pred.dtype.is_floating else y_true, y_pred
+def overridden(model: keras.Model, name: str) -> bool:
+    """Whether `model`'s class (not Keras) defines the method `name`."""
+    for klass in type(model).__mro__:
+        if name in vars(klass):
+            return not klass.__module__.startswith("keras.")
+    return False
 
 
-def _by_output(spec: Any, names: list[str], what: str) -> list[Any]:
-    """Spreads a loss or metrics spec (single, list or dict) over the outputs."""
-    if isinstance(spec, dict):
-        unknown = set(spec) - set(names)
-        if unknown:
-            raise ValueError(
-                f"The compiled {what} names outputs {sorted(unknown)} that the model does not "
-                f"have. Model outputs: {names}. Recompile with the model's output names."
-            )
-        return [spec.get(n) for n in names]
-    if isinstance(spec, (list, tuple)) and len(names) > 1 and len(spec) == len(names):
-        # A loss or loss-weight list has one entry per output; a metrics list is per output
-        # only when its entries are lists (else it is metrics for every output).
-        if "metrics" not in what or all(isinstance(s, (list, tuple)) or s is None for s in spec):
-            return list(spec)
-    return [spec] * len(names)
+def model_steps(model: keras.Model) -> tuple[str, ...]:
+    """The methods of `MODEL_STEPS` that the model's class overrides, in that order."""
+    return tuple(name for name in MODEL_STEPS if overridden(model, name))
 
 
-def _metric(identifier: Any, y_true: tf.Tensor, y_pred: tf.Tensor) -> keras.metrics.Metric:
-    """Builds a fresh metric object; "accuracy" is resolved from the shapes as Keras does."""
-    if isinstance(identifier, dict):
-        return keras.saving.deserialize_keras_object(identifier)
-    if isinstance(identifier, keras.metrics.Metric):
-        return identifier.__class__.from_config(identifier.get_config())
-    if str(identifier).lower() in ("accuracy", "acc"):
-        if y_pred.shape[-1] == 1:
-            return keras.metrics.BinaryAccuracy(name=identifier)
-        if y_true.shape.rank < y_pred.shape.rank or (y_true.shape[-1] == 1 and y_pred.shape[-1] > 1):
-            return keras.metrics.SparseCategoricalAccuracy(name=identifier)
-        return keras.metrics.CategoricalAccuracy(name=identifier)
-    obj = keras.metrics.get(identifier)
-    if not isinstance(obj, keras.metrics.Metric):
-        name = identifier if isinstance(identifier, str) else getattr(obj, "__name__", "metric")
-        obj = keras.metrics.MeanMetricWrapper(obj, name=name)
-    return obj
+@dataclasses.dataclass(frozen=True)
+class ModelSteps:
+    """Which of its steps the model's class brings: the trainer runs those instead of its own."""
+
+    train: bool = False
+    test: bool = False
+    predict: bool = False
+    loss: bool = False
+    metrics: bool = False
+
+    @classmethod
+    def of(cls, model: keras.Model) -> "ModelSteps":
+        return cls(*(overridden(model, name) for name in MODEL_STEPS))
+
+    def describe(self) -> str:
+        """For the plan: whose step runs."""
+        owned = [name for name, flag in zip(MODEL_STEPS, dataclasses.astuple(self)) if flag]
+        if self.train:
+            return (f"the model's own {_names(owned)}, per replica as Keras runs it; Keras's losses "
+                    "scaled by each replica's share of the batch")
+        if owned:
+            return f"the trainer's, calling the model's own {_names(owned)}"
+        return "the trainer's (Keras's loss and metrics, each replica weighed by its share of the batch)"
+
+    @staticmethod
+    def check_logs(method: str, logs: Any, model: keras.Model) -> None:
+        """Raises unless what the model's step returned is read from `model.metrics` (at trace time).
+
+        The trainer logs `model.get_metrics_result()`, read across replicas after
+        each call, which is what `model.fit` logs when the step returns its metrics.
+        """
+        returned = set(_flat_keys(logs)) if isinstance(logs, dict) else None
+        names = set(metric_names(model))
+        if returned is not None and returned <= names:
+            return
+        raise ValueError(
+            f"{type(model).__name__}.{method} returned {sorted(returned) if returned is not None else type(logs)}, "
+            f"which are not all the model's metrics ({sorted(names)}). The trainer logs the metrics in "
+            "`model.metrics`, summed over every replica. Track each value in a keras.metrics.Metric (a Mean "
+            "for a loss), list it in the model's `metrics` property, and return "
+            "{m.name: m.result() for m in self.metrics}, as the Keras guide's custom train_step does."
+        )
 
 
-def _identifiers(spec: Any) -> list[Any]:
-    """A metrics spec for one output -> its identifiers (a config dict is one identifier)."""
-    if spec is None:
-        return []
-    return list(spec) if isinstance(spec, (list, tuple)) else [spec]
+def _names(methods: list[str]) -> str:
+    return ", ".join(methods[:-1]) + " and " + methods[-1] if len(methods) > 1 else methods[0]
 
 
-def _as_list(outputs: Any, names: list[str]) -> list[Any]:
-    if isinstance(outputs, dict):
-        return [outputs[n] for n in names]
-    return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+def _flat_keys(logs: dict) -> list[str]:
+    keys = []
+    for key, value in logs.items():
+        keys += _flat_keys(value) if isinstance(value, dict) else [key]
+    return keys
+
+
+def metric_names(model: keras.Model) -> list[str]:
+    """The keys of `model.get_metrics_result()`, without reading any variable."""
+    names = []
+    for metric in model.metrics:
+        inner = _compat.compiled_metric_list(metric)
+        names += [m.name for m in inner] if inner is not None else [metric.name]
+    return names
+
+
+def flat_masks(y_pred: Any) -> list[Any]:
+    return [_compat.get_keras_mask(t) for t in tf.nest.flatten(y_pred)]
+
+
+def rows(x: Any) -> tf.Tensor:
+    """The number of examples in a batch `x`, as float32."""
+    return tf.cast(tf.shape(next(t for t in tf.nest.flatten(x) if t is not None))[0], tf.float32)
+
+
+def slice_rows(values: Any, begin: tf.Tensor, end: tf.Tensor) -> Any:
+    """values[begin:end] for every tensor in `values`, keeping their Keras masks."""
+    def cut(t):
+        if t is None:
+            return None
+        part = t[begin:end]
+        mask = _compat.get_keras_mask(t)
+        if mask is not None:
+            _compat.set_keras_mask(part, mask[begin:end])
+        return part
+
+    return tf.nest.map_structure(cut, values)
 
 
 class Objective:
-    """Per-example loss plus exact, replica-summed loss and metric trackers.
-
-    Build it inside `strategy.scope()` so the trackers' variables are
-    distributed. `update` runs inside a replica; `results` in cross-replica
-    context.
+    """The model's loss and metrics for one strategy: per-replica loss weights, trackers, results.
 
     Args:
-      model: a compiled, built Keras model.
-      y_true: a sample of targets, to resolve "accuracy" and output order.
-      y_pred: the model's output on the matching inputs.
-      compile_config: `model.get_compile_config()`, read outside any strategy scope
-        (the optimizer given to compile may belong to another strategy).
+      model: the compiled model, in `strategy`'s scope.
+      strategy: the strategy whose replicas run the steps.
+      data_batch: a sample `(x, y[, sample_weight])` batch; the compiled losses'
+        and metrics' state is built from its shapes, in `strategy`'s scope.
     """
 
-    def __init__(self, model: keras.Model, y_true: Any, y_pred: Any, compile_config: dict | None = None):
-        config = compile_config if compile_config is not None else model.get_compile_config() or {}
-        names = list(getattr(model, "output_names", None) or ["output"])
-        if len(_as_list(y_pred, names)) != len(names):
-            names = [f"output_{i}" for i in range(len(_as_list(y_pred, names)))]
-        self.output_names = names
-        losses = _by_output(model.loss, names, "loss")
-        weights = config.get("loss_weights")
-        self._loss_weights = _by_output(weights, names, "loss_weights") if weights else [1.0] * len(names)
-        self._losses = [_per_example(l) if l is not None else None for l in losses]
+    def __init__(self, model: keras.Model, strategy: tf.distribute.Strategy, data_batch: Any):
+        self.model = model
+        self.strategy = strategy
+        with strategy.scope():
+            _compat.symbolic_build(model, data_batch)
+        self.loss_tracker = _compat.loss_tracker(model)
+        self.model_steps = ModelSteps.of(model)
+        self._read = self._reset = None
 
-        prefix = (lambda n: f"{n}_") if len(names) > 1 else (lambda n: "")
-        self.loss_tracker = keras.metrics.Mean(name="loss")
-        self.regularization_tracker = keras.metrics.Mean(name="regularization")
-        # One per output with a loss, in the order of `per_example_losses`'s per-output values.
-        self.output_loss_trackers = (
-            [keras.metrics.Mean(name=f"{n}_loss") for n, l in zip(names, losses) if l is not None]
-            if len(names) > 1 else []
-        )
-        self.compiled_metrics: list[tuple[int, bool, keras.metrics.Metric]] = []
-        self._read = self._reset = None  # graph calls, see `results`
-        yt, yp = _as_list(y_true, names), _as_list(y_pred, names)
-        for weighted, key in ((False, "metrics"), (True, "weighted_metrics")):
-            for i, spec in enumerate(_by_output(config.get(key), names, key)):
-                for identifier in _identifiers(spec):
-                    metric = _metric(identifier, tf.convert_to_tensor(yt[i]), yp[i])
-                    metric.name = prefix(names[i]) + metric.name
-                    if weighted and metric.name in {m.name for _, _, m in self.compiled_metrics}:
-                        metric.name = prefix(names[i]) + "weighted_" + metric.name[len(prefix(names[i])):]
-                    self.compiled_metrics.append((i, weighted, metric))
+    # Replica context ------------------------------------------------------------------
+
+    def replica_loss(self, x, y, y_pred, sample_weight, global_count, training: bool):
+        """(this replica's part of the global batch's loss, the replica's own mean loss).
+
+        The parts sum to the one-device loss of the global batch over the
+        replicas; `global_count` is `feed.Share.global_count`.
+        """
+        count = rows(x)
+        sample_weight = self._mask_weights(y_pred, sample_weight, count, global_count)
+        # Keras's per-output loss trackers (multi-output models) add one value per batch,
+        # unweighted: R values, each R * count / global_count times this replica's mean, add up
+        # to R times the batch's mean.
+        replicas = tf.distribute.get_replica_context().num_replicas_in_sync
+        with _compat.replica_share(unscale=replicas * count / global_count):
+            if self.model_steps.loss:
+                local = _compat.compute_loss(self.model, x, y, y_pred, sample_weight, training)
+            else:
+                local = self._compute_loss(y, y_pred, sample_weight)
+        local = tf.cast(local, tf.float32)
+        return local * (count / global_count), local
+
+    def _compute_loss(self, y, y_pred, sample_weight):
+        """`Model.compute_loss` as Keras has it, with every term cast to float32 before the sum.
+
+        Under mixed precision an activity regularizer's loss is 16-bit and a
+        weight regularizer's float32; Keras's own sum fails on the mix.
+        """
+        terms = []
+        compiled = _compat.compile_loss(self.model)
+        if compiled is not None:
+            value = compiled(y, y_pred, sample_weight)
+            if value is not None:
+                terms.append(value)
+        terms += list(self.model.losses)
+        if not terms:
+            raise ValueError("No loss to compute. Provide a `loss` argument in `compile()`.")
+        return tf.add_n([tf.reduce_sum(tf.cast(t, tf.float32)) for t in terms])
+
+    def _mask_weights(self, y_pred, sample_weight, count, global_count):
+        """Sample weights that make each masked output's mean a mean over the global unmasked count."""
+        masks = flat_masks(y_pred)
+        if all(m is None for m in masks):
+            return sample_weight
+        valid = tf.stack([tf.reduce_sum(tf.cast(m, tf.float32)) if m is not None else count for m in masks])
+        context = tf.distribute.get_replica_context()
+        global_valid = context.all_reduce("SUM", valid) if context.num_replicas_in_sync > 1 else valid
+        # mean over this replica's unmasked entries * factor * count / global_count = sum / global unmasked
+        factors = tf.math.divide_no_nan(valid * global_count, count * global_valid)
+        base = 1.0 if sample_weight is None else sample_weight
+        outputs = tf.nest.flatten(y_pred)
+        if len(outputs) == 1:
+            return base * factors[0]
+        weights = [base * factors[i] for i in range(len(outputs))]
+        if isinstance(y_pred, dict):
+            return dict(zip(sorted(y_pred), weights))  # tf.nest flattens dicts in sorted key order
+        return weights
+
+    def track(self, x, y, y_pred, sample_weight, local_loss, tracked) -> None:
+        """Updates the loss tracker and the model's metrics with the rows this replica counts.
+
+        Args:
+          local_loss: the replica's own mean loss (`replica_loss`'s second value).
+          tracked: [begin, end) of the rows the replica counts (`feed.Share.tracked`), or None for all.
+        """
+        if tracked is not None:
+            x, y, y_pred, sample_weight = slice_rows((x, y, y_pred, sample_weight), *tracked)
+        self.track_loss(local_loss * rows(y_pred), rows(y_pred))
+        self.model.compute_metrics(x, y, y_pred, sample_weight)
+
+    def track_loss(self, weighted_sum, count) -> None:
+        # What `Mean.update_state(loss, sample_weight=count)` adds, without its shape handling.
+        self.loss_tracker.total.assign_add(tf.cast(weighted_sum, self.loss_tracker.total.dtype))
+        self.loss_tracker.count.assign_add(tf.cast(count, self.loss_tracker.count.dtype))
+
+    # Cross-replica context --------------------------------------------------------------
 
     @property
     def metrics(self) -> list[keras.metrics.Metric]:
-        """Every tracker, in the order of the logs."""
-        return (
-            [self.loss_tracker, self.regularization_tracker]
-            + self.output_loss_trackers
-            + [m for _, _, m in self.compiled_metrics]
-        )
-
-    def per_example_losses(self, y_true: Any, y_pred: Any) -> tuple[tf.Tensor, list[tf.Tensor]]:
-        """Total loss per example (loss weights applied) and each output's losses."""
-        yt, yp = _as_list(y_true, self.output_names), _as_list(y_pred, self.output_names)
-        yp = [_float32(p) for p in yp]  # mixed precision: losses in float32, as Keras computes them
-        per_output = [
-            fn(t, p) for fn, t, p in zip(self._losses, yt, yp) if fn is not None
-        ]
-        weights = [w for fn, w in zip(self._losses, self._loss_weights) if fn is not None]
-        total = tf.add_n([w * l for w, l in zip(weights, per_output)])
-        return total, per_output
-
-    def update(self, y_true, y_pred, weights, losses, per_output, regularization) -> None:
-        """Updates every tracker with this replica's examples (replica context).
-
-        Args:
-          y_true, y_pred: this replica's targets and the model's outputs.
-          weights: one weight per example (ones without sample weights).
-          losses, per_output: from `per_example_losses`.
-          regularization: the model's regularization loss, or None when it has none.
-        """
-        weight_sum = tf.reduce_sum(weights)
-        _accumulate(self.loss_tracker, tf.reduce_sum(losses * weights), weight_sum)
-        if regularization is not None:
-            count = tf.cast(tf.shape(losses)[0], "float32")
-            _accumulate(self.regularization_tracker, regularization * count, count)
-        for tracker, values in zip(self.output_loss_trackers, per_output):
-            _accumulate(tracker, tf.reduce_sum(values * weights), weight_sum)
-        yt, yp = _as_list(y_true, self.output_names), _as_list(y_pred, self.output_names)
-        for i, weighted, metric in self.compiled_metrics:
-            metric.update_state(yt[i], yp[i], sample_weight=weights if weighted else None)
+        return self.model.metrics
 
     def reset(self) -> None:
         if self._reset is None:
-            self._reset = graph_function(lambda: [m.reset_state() for m in self.metrics] and None)
+            self._reset = graph_function(lambda: self.model.reset_metrics())
         self._reset()
 
-    def results(self) -> dict[str, float]:
-        """Exact results over every example since `reset`, as Python floats."""
+    def results(self) -> dict[str, Any]:
+        """The model's metrics over every example since `reset`, by Keras's names, as Python values."""
         if self._read is None:
-            # One graph call reads every tracker (and one resets them): eager reads of
-            # distributed variables cost ~1 ms each, and the loop reads after every step call.
-            self._read = graph_function(lambda: [m.result() for m in self.metrics])
-        loss, regularization, *others = self._read()
-        logs = {"loss": float(loss) + float(regularization)}
-        for metric, value in zip(self.metrics[2:], others):
-            logs[metric.name] = _to_float(value)
-        return logs
+            # One graph call reads every tracker: eager reads of distributed variables cost
+            # ~1 ms each, and the loop reads after every step call.
+            self._read = graph_function(lambda: tf.nest.map_structure(_read, self.model.get_metrics_result()))
+        return {name: _to_python(value) for name, value in self._read().items()}
 
 
-def _accumulate(tracker: keras.metrics.Mean, total: tf.Tensor, count: tf.Tensor) -> None:
-    """Adds a weighted sum and its total weight to a `Mean`.
-
-    What `Mean.update_state(values, sample_weight)` adds, without its per-call
-    shape handling: every step runs this, and the sums are at hand.
-    """
-    tracker.total.assign_add(total)
-    tracker.count.assign_add(count)
+def _read(value: Any) -> Any:
+    # A metric may return a variable as its result; converting a replica-synced one as the
+    # graph's output would read one replica's copy, so read it here, summed.
+    return value.read_value() if hasattr(value, "read_value") else value
 
 
-def _to_float(value: Any) -> Any:
+def _to_python(value: Any) -> Any:
     try:
         return float(value)
     except TypeError:  # a metric with a non-scalar result, e.g. per-class values
         return keras.ops.convert_to_numpy(value).tolist()
-
-
-def _float32(tensor: tf.Tensor) -> tf.Tensor:
-    return tf.cast(tensor, "float32") if tensor.dtype in (tf.float16, tf.bfloat16) else tensor

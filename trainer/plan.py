@@ -73,6 +73,8 @@ class Plan:
     onednn: bool | None = None  # whether oneDNN's kernels run the CPU replicas; None: nothing to suggest
     precision: str = "float32"  # the dtype policy the model's layers compute in (models.precision)
     native_bf16: str | None = None  # the bfloat16 units ("AMX", "AVX512_BF16") of CPU replicas under oneDNN
+    step: str = "the trainer's"  # whose train step runs (objective.ModelSteps.describe)
+    batch_norm: tuple[str, ...] = ()  # BatchNormalization layers with per-replica statistics
 
     def __post_init__(self):
         if self.native_bf16 is not None and self.native_bf16 not in BF16_SPEEDUP:
@@ -147,7 +149,18 @@ class Plan:
             ("execution", f"{self.fusion()}, XLA {'on' if self.jit_compile else 'off'}"),
             ("precision", self.precision_text()),
         ]
+        rows.insert(1, ("train step", self.step))
+        if self.batch_norm and self.num_replicas > 1:
+            rows.append(("batch norm", batch_norm_note(self.batch_norm, self.num_replicas)))
         if self.onednn is False:
             rows.append(("cpu kernels", ONEDNN_HINT))
         width = max(len(k) for k, _ in rows)
         return "Training plan\n" + "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+
+
+def batch_norm_note(layers: tuple[str, ...] | list[str], num_replicas: int) -> str:
+    """What per-replica BatchNormalization does to the numbers, and the fix, in words."""
+    named = ", ".join(layers[:4]) + (f" and {len(layers) - 4} more" if len(layers) > 4 else "")
+    return (f"{named} normalize each replica's share by its own mean and variance, so training differs from "
+            f"one device (and from another replica count than {num_replicas}); "
+            "BatchNormalization(synchronized=True) gives the one-device statistics")

@@ -96,7 +96,7 @@ def run_epochs(
             results = [coordinator.schedule(scheduled_step, args=(iterator,)) for _ in range(n)]
             coordinator.join()  # also re-raises a failed step's error here
             for result in results:
-                objective.update(*tf.nest.map_structure(tf.convert_to_tensor, result.fetch()))
+                eval_steps.track_gathered(**tf.nest.map_structure(tf.convert_to_tensor, result.fetch()))
             # Concurrent workers lose some of Keras's read-modify-write increments; set the true count.
             iterations += n
             model.optimizer.iterations.assign(iterations)

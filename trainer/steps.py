@@ -16,13 +16,15 @@ example, so the uneven last step runs in a call of its own.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import keras
 import tensorflow as tf
 
+from trainer import _compat, malloc
 from trainer import feed as feed_lib
-from trainer import malloc
+from trainer import objective as objective_lib
 from trainer.objective import Objective
 from trainer.tracing import graph_function
 
@@ -37,17 +39,21 @@ def unpack(batch: Any) -> tuple[Any, Any, tf.Tensor | None]:
     )
 
 
-def _weights(x: Any, sample_weight: tf.Tensor | None) -> tf.Tensor:
-    count = tf.shape(tf.nest.flatten(x)[0])[0]
-    if sample_weight is None:
-        return tf.ones([count], "float32")
-    return tf.reshape(tf.cast(sample_weight, "float32"), [count])
+def _step_function(fn, **kwargs):
+    """`graph_function(fn)`, traced with Keras's replica loss scaling open to `_compat.replica_share`."""
+    @functools.wraps(fn)
+    def traced(*args):
+        with _compat.replica_loss_scaling():  # the body runs only while TensorFlow traces it
+            return fn(*args)
+
+    return graph_function(traced, **kwargs)
 
 
-def _regularization(model: keras.Model) -> tf.Tensor | None:
-    """The model's regularization loss in float32, or None when it has none (known when tracing)."""
-    # Cast each: under mixed precision, activity regularizers give 16-bit losses, weight regularizers float32.
-    return tf.add_n([tf.cast(loss, "float32") for loss in model.losses]) if model.losses else None
+def _with_masks(y_pred, masks):
+    for tensor, mask in zip(tf.nest.flatten(y_pred), masks):
+        if mask is not None:
+            _compat.set_keras_mask(tensor, mask)
+    return y_pred
 
 
 def _on_global_batch(replica_fn):
@@ -98,17 +104,24 @@ class Steps:
         # instead, and the metrics are updated once, away from the replicas.
         self.replica_metrics = not isinstance(
             strategy, (tf.distribute.experimental.CentralStorageStrategy, tf.distribute.ParameterServerStrategy))
+        self.model_steps = objective_lib.ModelSteps.of(model)
+        if self.model_steps.train and not self.replica_metrics:
+            raise ValueError(
+                f"{type(model).__name__} has its own train_step, which updates its metrics inside each replica; "
+                f"under {type(strategy).__name__} those updates are not kept exactly. Use MirroredStrategy or "
+                "MultiWorkerMirroredStrategy, or move the step's logic into compute_loss."
+            )
         self._grads = graph_function(self._loss_and_grads, jit_compile=True) if jit_compile else self._loss_and_grads
-        self._train_from_iterator = graph_function(self._train_loop)
-        self._eval_from_iterator = graph_function(self._eval_loop)
-        self._train_from_global = graph_function(self._train_global_loop)
-        self._eval_from_global = graph_function(self._eval_global_loop)
+        self._train_from_iterator = _step_function(self._train_loop)
+        self._eval_from_iterator = _step_function(self._eval_loop)
+        self._train_from_global = _step_function(self._train_global_loop)
+        self._eval_from_global = _step_function(self._eval_global_loop)
         # Traced once per feed signature; the feed a call reads is `self._feed` when it runs.
-        self._train_from_feed = graph_function(self._train_feed_loop)
-        self._eval_from_feed = graph_function(self._eval_feed_loop)
+        self._train_from_feed = _step_function(self._train_feed_loop)
+        self._eval_from_feed = _step_function(self._eval_feed_loop)
         self._feed: feed_lib.ArrayFeed | None = None
-        self._predict_batch = graph_function(self._predict_step, reduce_retracing=True)
-        self._predict_from_feed = graph_function(self._predict_feed_step)
+        self._predict_batch = _step_function(self._predict_step, reduce_retracing=True)
+        self._predict_from_feed = _step_function(self._predict_feed_step)
 
     def train(self, source: Any, num_steps: int) -> int:
         """Runs up to `num_steps` train steps; returns how many ran (fewer only when the data ended).
@@ -169,51 +182,85 @@ class Steps:
 
     # Replica context -------------------------------------------------------
 
-    def _loss_and_grads(self, x, y, weights, global_count):
+    def _loss_and_grads(self, x, y, sample_weight, global_count):
         model, optimizer = self.model, self.model.optimizer
         with tf.GradientTape() as tape:
             y_pred = model(x, training=True)
-            losses, per_output = self.objective.per_example_losses(y, y_pred)
-            regularization = _regularization(model)
-            loss = tf.reduce_sum(losses * weights) / global_count
-            if regularization is not None:
-                loss += regularization / self.strategy.num_replicas_in_sync
+            loss, local = self.objective.replica_loss(x, y, y_pred, sample_weight, global_count, training=True)
             scaled = optimizer.scale_loss(loss)
         grads = tape.gradient(scaled, model.trainable_variables)
-        return y_pred, losses, per_output, regularization, grads
+        # Masks do not cross a tf.function boundary (with jit_compile); `_with_masks` puts them back.
+        return y_pred, objective_lib.flat_masks(y_pred), local, grads
 
     def train_replica(self, share: feed_lib.Share):
         """One train step on this replica's share of a global step (replica context)."""
+        if self.model_steps.train:
+            return self._model_step(self.model.train_step, share)
         x, y, sample_weight = unpack(share.batch)
-        weights = _weights(x, sample_weight)
-        y_pred, losses, per_output, regularization, grads = self._grads(x, y, weights, share.global_count)
+        y_pred, masks, local, grads = self._grads(x, y, sample_weight, share.global_count)
         self.model.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
-        return self._track(share, y, y_pred, weights, losses, per_output, regularization)
+        return self._track(share, x, y, _with_masks(y_pred, masks), sample_weight, local)
 
     def eval_replica(self, share: feed_lib.Share):
         """One evaluation step on this replica's share of a global step (replica context)."""
+        if self.model_steps.test:
+            return self._model_step(self.model.test_step, share)
         x, y, sample_weight = unpack(share.batch)
-        weights = _weights(x, sample_weight)
         y_pred = self.model(x, training=False)
-        losses, per_output = self.objective.per_example_losses(y, y_pred)
-        return self._track(share, y, y_pred, weights, losses, per_output, _regularization(self.model))
+        _, local = self.objective.replica_loss(x, y, y_pred, sample_weight, share.global_count, training=False)
+        return self._track(share, x, y, y_pred, sample_weight, local)
 
-    def _track(self, share, y, y_pred, weights, losses, per_output, regularization):
-        y, y_pred, weights, losses, per_output = feed_lib.tracked(share, (y, y_pred, weights, losses, per_output))
+    def _model_step(self, method, share: feed_lib.Share):
+        """The model's own `train_step` or `test_step`, run as Keras runs it in a replica.
+
+        As under `model.fit` with a strategy, each replica steps on its own
+        rows only (none, when a batch has fewer examples than there are
+        replicas). Keras's losses give the mean over the replica's rows, and
+        Keras's optimizer weighs each replica's gradients by its share of the
+        global batch before it sums them (`_compat.replica_share`): the
+        one-device gradient, also when the shares differ. The metrics are read
+        from `model.metrics` across replicas after the call; what the step
+        returns must be among them.
+        """
+        batch = share.batch
+        if share.tracked is not None:
+            batch = objective_lib.slice_rows(batch, *share.tracked)
+        count = objective_lib.rows(batch)
+        context = tf.distribute.get_replica_context()
+        total = context.all_reduce("SUM", count) if context.num_replicas_in_sync > 1 else count
+        with _compat.replica_share(gradients=tf.math.divide_no_nan(count, total)):
+            logs = method(batch)
+        self.model_steps.check_logs(method.__name__, logs, self.model)
+        return ()
+
+    def _track(self, share, x, y, y_pred, sample_weight, local):
         if self.replica_metrics:
-            self.objective.update(y, y_pred, weights, losses, per_output, regularization)
+            self.objective.track(x, y, y_pred, sample_weight, local, share.tracked)
             return ()
         # Returned across replicas, and from parameter-server workers, whose results hold tensors only.
-        if regularization is None:
-            regularization = tf.constant(0.0)
-        return y, y_pred, weights, losses, per_output, regularization
+        if share.tracked is not None:
+            y, y_pred, sample_weight = objective_lib.slice_rows((y, y_pred, sample_weight), *share.tracked)
+        count = objective_lib.rows(y_pred)
+        gathered = {"y": y, "y_pred": y_pred, "loss_sum": local * count, "count": count,
+                    "masks": {i: m for i, m in enumerate(objective_lib.flat_masks(y_pred)) if m is not None}}
+        if sample_weight is not None:
+            gathered["sample_weight"] = sample_weight
+        return gathered
+
+    def track_gathered(self, y, y_pred, loss_sum, count, masks, sample_weight=None) -> None:
+        """Updates the trackers with what `_track` returned from the replicas (cross-replica context)."""
+        outputs = tf.nest.flatten(y_pred)
+        for i, mask in masks.items():
+            _compat.set_keras_mask(outputs[i], mask)
+        self.objective.track_loss(tf.reduce_sum(loss_sum), tf.reduce_sum(count))
+        self.model.compute_metrics(None, y, y_pred, sample_weight)
 
     # Cross-replica context ---------------------------------------------------
 
     def _run(self, replica_fn, *args):
         outputs = self.strategy.run(replica_fn, args=args)
         if not self.replica_metrics:
-            self.objective.update(*tf.nest.map_structure(self._concat_replicas, outputs))
+            self.track_gathered(**tf.nest.map_structure(self._concat_replicas, outputs))
 
     def _concat_replicas(self, value):
         parts = self.strategy.experimental_local_results(value)
@@ -327,17 +374,22 @@ class Steps:
 
         return self.strategy.run(fetch)
 
+    def _predict_replica(self, share: feed_lib.Share):
+        if self.model_steps.predict:
+            outputs = self.model.predict_step((share.batch,))  # Keras hands it `(x,)` for arrays
+        else:
+            outputs = self.model(share.batch, training=False)
+        return feed_lib.tracked(share, outputs)
+
     def _predict_step(self, batch, global_batches: bool):
         def predict(x):
-            share = feed_lib.replica_share(x) if global_batches else feed_lib.Share(x, None)
-            return feed_lib.tracked(share, self.model(share.batch, training=False))
+            return self._predict_replica(feed_lib.replica_share(x) if global_batches else feed_lib.Share(x, None))
 
         return self._gathered(self.strategy.run(predict, args=(batch,)))
 
     def _predict_feed_step(self, signature, step):
         def predict(fetched):
-            share = feed_lib.step_batch(fetched, 0, signature)
-            return feed_lib.tracked(share, self.model(share.batch, training=False))
+            return self._predict_replica(feed_lib.step_batch(fetched, 0, signature))
 
         fetched = self._fetch(signature, step, tf.constant(1, tf.int64))
         return self._gathered(self.strategy.run(predict, args=(fetched,)))

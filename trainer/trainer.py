@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import warnings
 from typing import Any, Sequence
 
 import keras
@@ -17,7 +18,8 @@ from trainer import strategy as strategy_lib
 from trainer.cluster import strategy_cluster_info
 from trainer.fusion import StepFusion
 from trainer.history import History
-from trainer.plan import Plan, strategy_label
+from trainer.objective import ModelSteps
+from trainer.plan import Plan, batch_norm_note, strategy_label
 from trainer.steps import Steps
 
 
@@ -197,6 +199,9 @@ class Trainer:
         verbose = self.verbose if verbose is None else verbose
         if verbose and context.is_chief:
             print(plan.describe(), flush=True)
+        if plan.batch_norm and plan.num_replicas > 1:
+            warnings.warn(f"Per-replica BatchNormalization: {batch_norm_note(plan.batch_norm, plan.num_replicas)}.",
+                          stacklevel=2)
         history = History()
         callback_list = self._callback_list(callbacks + [history], context, run_model, verbose)
         self._train(compiled, context, callback_list, train, val, batch,
@@ -319,7 +324,11 @@ class Trainer:
         num_workers = strategy_cluster_info(strategy).num_workers
         parameter_server = ps.is_parameter_server(strategy)
         policy, why = data_lib.sharding(inp, num_workers, parameter_server=parameter_server)
-        base_lr, scaled_lr = lr_plan.describe()
+        if lr_plan is None:  # no model.optimizer: a model whose train_step uses optimizers of its own
+            lr_plan = scaling.LRPlan(None, 0.0, 1.0, 0)
+            base_lr, scaled_lr = "the model's own optimizers", "unchanged"
+        else:
+            base_lr, scaled_lr = lr_plan.describe()
         return Plan(
             strategy=strategy_label(strategy),
             num_replicas=batch.num_replicas,
@@ -342,6 +351,8 @@ class Trainer:
             onednn=engine_lib.cpu_onednn(strategy),
             precision=models.precision(model),
             native_bf16=engine_lib.cpu_native_bf16(strategy),
+            step=ModelSteps.of(model).describe(),
+            batch_norm=tuple(models.per_replica_batch_norm(model)),
         )
 
     def _callback_list(self, callbacks: list, context: loop.TrainContext, model, verbose: int):

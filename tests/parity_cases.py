@@ -1,0 +1,324 @@
+"""Everyday Keras training patterns, one row each, for the Keras-parity test.
+
+Each case builds a compiled model (unseeded: the runner seeds before each
+build) and data, and is fitted twice: by `model.fit` on one device, and by
+`Trainer.fit` on 1, 2 or 3 replicas, with the same global batch and no
+shuffling. 29 examples in batches of 8 leave a last batch of 5, split 3+2 on
+two replicas and 2+2+1 on three.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import keras
+import numpy as np
+from keras import ops
+
+N, BATCH, EPOCHS = 29, 8, 2
+
+
+@dataclasses.dataclass
+class Case:
+    build: Callable[[], keras.Model]
+    data: Callable[[], tuple]  # (x, y, sample_weight or None)
+    callbacks: Callable[[], list] = list
+    validation: bool = False  # validate on the first 9 examples each epoch
+    # History keys that may differ on several replicas, with why: what the model's own code
+    # computes per replica, which the trainer cannot make exact (final weights, evaluate
+    # and predict are still checked).
+    per_replica: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def _rng(seed=0):
+    return np.random.RandomState(seed)
+
+
+def _regression():
+    x = _rng(0).rand(N, 5).astype("float32")
+    return x, (x @ _rng(1).rand(5, 1) + 0.1 * _rng(2).rand(N, 1)).astype("float32"), None
+
+
+def _binary():
+    x = _rng(0).rand(N, 5).astype("float32")
+    return x, (x.sum(axis=1, keepdims=True) > 2.5).astype("float32"), None
+
+
+def _classes():
+    x = _rng(0).rand(N, 5).astype("float32")
+    return x, (x[:, :3].argmax(axis=1)).astype("int32"), None
+
+
+def _class_column():
+    x, y, _ = _classes()
+    return x, y[:, None], None  # (examples, 1), the shape CategoricalTruePositives compares with
+
+
+def _dense(units=1, activation=None, **kwargs):
+    return keras.Sequential([keras.Input((5,)), keras.layers.Dense(4, activation="relu", **kwargs),
+                             keras.layers.Dense(units, activation=activation)])
+
+
+def _compiled(model, loss="mse", metrics=None, optimizer=None, **kwargs):
+    model.compile(optimizer or keras.optimizers.SGD(0.1), loss=loss, metrics=metrics, **kwargs)
+    return model
+
+
+# Models that bring their own steps (the Keras guide "Customizing what happens in fit()") ----
+
+
+class GuideCustomModel(keras.Model):
+    """The guide's first example: its own train_step, through compute_loss and self.metrics."""
+
+    def train_step(self, data):
+        import tensorflow as tf
+
+        x, y = data[:2]
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(y=y, y_pred=y_pred)
+        gradients = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply(gradients, self.trainable_variables)
+        for metric in self.metrics:
+            if metric.name == "loss":
+                metric.update_state(loss)
+            else:
+                metric.update_state(y, y_pred)
+        return {m.name: m.result() for m in self.metrics}
+
+
+class LowLevelModel(keras.Model):
+    """Compiled without a loss: its own loss object, tracker and optimizer step (GAN-style)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden = keras.layers.Dense(4, activation="relu")
+        self.out = keras.layers.Dense(1)
+        self.loss_fn = keras.losses.MeanSquaredError()
+        self.loss_tracker = keras.metrics.Mean(name="loss")
+        self.mae_metric = keras.metrics.MeanAbsoluteError(name="mae")
+
+    def call(self, x):
+        return self.out(self.hidden(x))
+
+    @property
+    def metrics(self):
+        return [self.loss_tracker, self.mae_metric]
+
+    def train_step(self, data):
+        import tensorflow as tf
+
+        x, y = data[:2]
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.loss_fn(y, y_pred)
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply(grads, self.trainable_variables)
+        self.loss_tracker.update_state(_unscaled(loss), sample_weight=ops.shape(x)[0])
+        self.mae_metric.update_state(y, y_pred)
+        return {"loss": self.loss_tracker.result(), "mae": self.mae_metric.result()}
+
+    def test_step(self, data):
+        x, y = data[:2]
+        y_pred = self(x, training=False)
+        self.loss_tracker.update_state(_unscaled(self.loss_fn(y, y_pred)), sample_weight=ops.shape(x)[0])
+        self.mae_metric.update_state(y, y_pred)
+        return {m.name: m.result() for m in self.metrics}
+
+
+def _unscaled(loss):
+    # Under a strategy Keras's losses come scaled by the replica's share of the batch; Keras's
+    # own train_step unscales them before its loss tracker sees them, and so does this one.
+    from keras.src.losses.loss import unscale_loss_for_distribution
+
+    return unscale_loss_for_distribution(loss)
+
+
+class PenaltyModel(keras.Sequential):
+    """compute_loss adds a penalty on the outputs to the compiled loss."""
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        loss = super().compute_loss(x, y, y_pred, sample_weight, training)
+        return loss + 0.5 * ops.mean(ops.square(y_pred))
+
+
+class HalfTestLossModel(keras.Sequential):
+    """test_step logs half the compiled loss (so evaluate differs from fit's loss)."""
+
+    def test_step(self, data):
+        x, y = data[:2]
+        y_pred = self(x, training=False)
+        loss = self.compute_loss(x, y, y_pred, training=False)
+        for metric in self.metrics:
+            if metric.name == "loss":
+                metric.update_state(0.5 * _unscaled(loss), sample_weight=ops.shape(x)[0])
+            else:
+                metric.update_state(y, y_pred)
+        return {m.name: m.result() for m in self.metrics}
+
+
+class ExtraMetricModel(keras.Sequential):
+    """compute_metrics updates a metric of its own besides the compiled ones."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.max_error = keras.metrics.Mean(name="mean_abs_pred")
+
+    def compute_metrics(self, x, y, y_pred, sample_weight=None):
+        self.max_error.update_state(ops.abs(y_pred))
+        return super().compute_metrics(x, y, y_pred, sample_weight)
+
+
+# Custom objects, never registered with Keras --------------------------------------------
+
+
+class CustomMSE(keras.losses.Loss):
+    """The Keras guide's: mean squared error plus a regularization factor on the predictions."""
+
+    def __init__(self, regularization_factor=0.1, name="custom_mse"):
+        super().__init__(name=name)
+        self.regularization_factor = regularization_factor
+
+    def call(self, y_true, y_pred):
+        mse = ops.mean(ops.square(y_true - y_pred), axis=-1)
+        reg = ops.mean(ops.square(0.5 - y_pred), axis=-1)
+        return mse + reg * self.regularization_factor
+
+
+class CategoricalTruePositives(keras.metrics.Metric):
+    """The Keras guide's: counts the examples whose argmax is the label."""
+
+    def __init__(self, name="categorical_true_positives", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.true_positives = self.add_variable(shape=(), name="ctp", initializer="zeros")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        y_pred = ops.reshape(ops.argmax(y_pred, axis=1), (-1, 1))
+        values = ops.cast(ops.cast(y_true, "int32") == ops.cast(y_pred, "int32"), "float32")
+        self.true_positives.assign_add(ops.sum(values))
+
+    def result(self):
+        return self.true_positives
+
+    def reset_state(self):
+        self.true_positives.assign(0.0)
+
+
+def plain_loss(y_true, y_pred):
+    return ops.mean(ops.abs(y_true - y_pred), axis=-1)
+
+
+class MeanPenalty(keras.layers.Layer):
+    """add_loss of a per-batch mean, as a VAE's KL term is."""
+
+    def call(self, x):
+        self.add_loss(0.3 * ops.mean(ops.square(x)))
+        return x
+
+
+# Sequences and masks ----------------------------------------------------------------------
+
+
+def _padded_tokens():
+    rng = _rng(3)
+    lengths = rng.randint(1, 7, N)
+    tokens = np.zeros((N, 6), "int32")
+    for i, n in enumerate(lengths):
+        tokens[i, :n] = rng.randint(1, 20, n)
+    tags = np.where(tokens > 0, tokens % 3, 0).astype("int32")
+    return tokens, tags, None
+
+
+def _tagger():
+    return keras.Sequential([keras.Input((6,), dtype="int32"), keras.layers.Embedding(20, 4, mask_zero=True),
+                             keras.layers.GRU(4, return_sequences=True), keras.layers.Dense(3)])
+
+
+def _masked_sequences():
+    x = _rng(4).rand(N, 5, 2).astype("float32")
+    lengths = _rng(5).randint(1, 6, N)
+    for i, n in enumerate(lengths):
+        x[i, n:] = 0.0
+    y = _rng(6).rand(N, 5, 1).astype("float32")
+    return x, y, None
+
+
+def _time_weighted():
+    x, y, _ = _masked_sequences()
+    return x, y, _rng(7).rand(N, 5).astype("float32")
+
+
+def _timedistributed(mask: bool):
+    layers = [keras.Input((5, 2))] + ([keras.layers.Masking(0.0)] if mask else [])
+    return keras.Sequential(layers + [keras.layers.TimeDistributed(keras.layers.Dense(1))])
+
+
+def _weighted_classes():
+    x, y, _ = _classes()
+    return x, y, np.where(y == 0, 0.01, 1.0).astype("float32")
+
+
+def _two_outputs():
+    inputs = keras.Input((5,))
+    hidden = keras.layers.Dense(4, activation="relu")(inputs)
+    model = keras.Model(inputs, {"a": keras.layers.Dense(1, name="a")(hidden),
+                                 "b": keras.layers.Dense(3, name="b")(hidden)})
+    model.compile(keras.optimizers.SGD(0.1), loss={"a": "mse", "b": keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True)}, loss_weights={"a": 1.0, "b": 0.5}, metrics={"a": ["mae"], "b": ["accuracy"]})
+    return model
+
+
+def _two_output_data():
+    x, y, _ = _regression()
+    return x, {"a": y, "b": (x[:, :3].argmax(axis=1)).astype("int32")}, None
+
+
+CASES: dict[str, Case] = {
+    "dense_l2_mae": Case(lambda: _compiled(_dense(kernel_regularizer="l2"), metrics=["mae"]), _regression),
+    "class_weighted_loss": Case(lambda: _compiled(_dense(3), keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True), metrics=["accuracy"]), _weighted_classes),
+    "activity_regularizer": Case(lambda: _compiled(_dense(activity_regularizer=keras.regularizers.L2(0.1))),
+                                 _regression),
+    "add_loss_mean": Case(lambda: _compiled(keras.Sequential([keras.Input((5,)), keras.layers.Dense(4),
+                                                              MeanPenalty(), keras.layers.Dense(1)])),
+                          _regression),
+    "masking_timedistributed": Case(lambda: _compiled(_timedistributed(True), metrics=["mae"]), _masked_sequences),
+    "embedding_mask_zero_tagger": Case(lambda: _compiled(_tagger(), keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True), metrics=["accuracy"]), _padded_tokens),
+    "per_timestep_sample_weight": Case(lambda: _compiled(_timedistributed(False), weighted_metrics=["mae"]),
+                                       _time_weighted),
+    "two_outputs_dict": Case(_two_outputs, _two_output_data),
+    "metric_names": Case(lambda: _compiled(_dense(1, "sigmoid"), "binary_crossentropy",
+                                           metrics=["mae", "precision", "acc"]), _binary, validation=True),
+    "custom_loss_and_metric_unregistered": Case(
+        lambda: _compiled(_dense(3), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                          metrics=[CategoricalTruePositives()]), _class_column),
+    "custom_loss_class_unregistered": Case(lambda: _compiled(_dense(), CustomMSE()), _regression),
+    "plain_loss_function": Case(lambda: _compiled(_dense(), plain_loss, metrics=[plain_loss]), _regression),
+    "early_stopping_val_mae": Case(
+        lambda: _compiled(_dense(), metrics=["mae"]), _regression, validation=True,
+        callbacks=lambda: [keras.callbacks.EarlyStopping(monitor="val_mae", patience=0, min_delta=10.0)]),
+    "checkpoint_best_val_accuracy": Case(
+        lambda: _compiled(_dense(3), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                          metrics=["accuracy"]), _classes, validation=True,
+        callbacks=lambda: [keras.callbacks.ModelCheckpoint("{tmp}/best.keras", monitor="val_accuracy",
+                                                           save_best_only=True)]),
+    "train_step_guide_custom_model": Case(
+        lambda: _compiled(_guide_model(), metrics=["mae"]), _regression,
+        per_replica={"loss": "its loss tracker averages each replica's mean loss unweighted, as under Keras's "
+                             "own fit with a strategy; the uneven last batch's replicas then count alike"}),
+    "own_steps_no_compiled_loss": Case(lambda: _compiled(LowLevelModel(), loss=None), _regression),
+    "compute_loss_penalty": Case(lambda: _compiled(PenaltyModel(_dense().layers), metrics=["mae"]), _regression),
+    "test_step_override": Case(lambda: _compiled(HalfTestLossModel(_dense().layers), metrics=["mae"]), _regression,
+                               validation=True),
+    "compute_metrics_override": Case(lambda: _compiled(ExtraMetricModel(_dense().layers), metrics=["mae"]),
+                                     _regression),
+}
+
+
+def _guide_model():
+    inputs = keras.Input((5,))
+    outputs = keras.layers.Dense(1)(keras.layers.Dense(4, activation="relu")(inputs))
+    return GuideCustomModel(inputs, outputs)
+

@@ -1,0 +1,111 @@
+"""Runs tests/parity_cases.py through model.fit on one device and Trainer.fit on N replicas.
+
+Usage: parity_run.py REPLICAS CASE[,CASE...]. Prints one JSON line: for each
+case, what differs from model.fit ("problems"), or the error.
+"""
+
+import json
+import os
+import sys
+import tempfile
+import traceback
+
+import tensorflow as tf
+
+REPLICAS = int(sys.argv[1])
+tf.config.set_logical_device_configuration(
+    tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * max(REPLICAS, 1))
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import parity_cases  # noqa: E402
+from trainer import Trainer  # noqa: E402
+
+RTOL, ATOL = 1e-5, 1e-6
+# One strategy for every case: new MirroredStrategies in one process reuse collective keys.
+STRATEGY = "auto" if REPLICAS == 1 else tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(REPLICAS)])
+
+
+def _first(tree, n):
+    return tf.nest.map_structure(lambda a: a[:n], tree)
+
+
+def _with_tmp(callbacks, folder):
+    for cb in callbacks:
+        if hasattr(cb, "filepath"):
+            cb.filepath = cb.filepath.format(tmp=folder)
+    return callbacks
+
+
+def _keras_run(case, folder):
+    x, y, w = case.data()
+    keras.utils.set_random_seed(0)
+    model = case.build()
+    val = {"validation_data": (_first(x, 9), _first(y, 9))} if case.validation else {}
+    history = model.fit(x, y, sample_weight=w, batch_size=parity_cases.BATCH, epochs=parity_cases.EPOCHS,
+                        shuffle=False, verbose=0, callbacks=_with_tmp(case.callbacks(), folder), **val)
+    evaluated = model.evaluate(x, y, sample_weight=w, batch_size=parity_cases.BATCH, return_dict=True, verbose=0)
+    predicted = model.predict(x, batch_size=parity_cases.BATCH, verbose=0)
+    return history.history, model.get_weights(), evaluated, predicted
+
+
+def _trainer_run(case, folder):
+    x, y, w = case.data()
+    trainer = Trainer(strategy=STRATEGY, batch_size=parity_cases.BATCH, lr_scaling=None, shuffle=False,
+                      seed=0, verbose=0)
+    data = (x, y) if w is None else (x, y, w)
+    val = {"validation_data": (_first(x, 9), _first(y, 9))} if case.validation else {}
+    history = trainer.fit(case.build, data, epochs=parity_cases.EPOCHS, callbacks=_with_tmp(case.callbacks(), folder),
+                          **val)
+    model = history.model
+    evaluated = trainer.evaluate(model, data)
+    predicted = trainer.predict(model, x)
+    return history.history, model.get_weights(), evaluated, predicted
+
+
+def _close(a, b) -> bool:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return a.shape == b.shape and np.allclose(a, b, rtol=RTOL, atol=ATOL)
+
+
+def compare(reference, result, per_replica=()) -> list[str]:
+    (ref_hist, ref_w, ref_ev, ref_pred), (hist, w, ev, pred) = reference, result
+    problems = []
+    for key, values in ref_hist.items():
+        if REPLICAS > 1 and key in per_replica:
+            if key not in hist or not np.allclose(values, hist[key], rtol=0.1):
+                problems.append(f"history[{key!r}] is not even close: {values} vs {hist.get(key)}")
+        elif key not in hist:
+            problems.append(f"history lacks {key!r} (has {sorted(hist)})")
+        elif not _close(values, hist[key]):
+            problems.append(f"history[{key!r}]: model.fit {values}, trainer {hist[key]}")
+    if len(ref_w) != len(w) or not all(_close(a, b) for a, b in zip(ref_w, w)):
+        problems.append("final weights differ")
+    for key, value in ref_ev.items():
+        if key not in ev:
+            problems.append(f"evaluate lacks {key!r} (has {sorted(ev)})")
+        elif not _close(value, ev[key]):
+            problems.append(f"evaluate[{key!r}]: model.evaluate {value}, trainer {ev[key]}")
+    ref_flat, flat = tf.nest.flatten(ref_pred), tf.nest.flatten(pred)
+    if len(ref_flat) != len(flat) or not all(_close(a, b) for a, b in zip(ref_flat, flat)):
+        problems.append("predict differs")
+    return problems
+
+
+def main():
+    results = {}
+    for name in sys.argv[2].split(","):
+        case = parity_cases.CASES[name]
+        with tempfile.TemporaryDirectory() as folder:
+            try:
+                results[name] = {"problems": compare(_keras_run(case, folder), _trainer_run(case, folder),
+                                                     case.per_replica)}
+            except Exception:  # reported per case, so one crash does not hide the others
+                results[name] = {"error": traceback.format_exc()[-3000:]}
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    main()
