@@ -325,3 +325,17 @@ def test_adapted_lookup_layer_is_refused_rather_than_copied_without_its_vocabula
     x, y = np.array([["a"], ["b"], ["c"], ["a"]]), np.zeros((4, 2), "float32")
     with pytest.raises(ValueError, match=r"words \(StringLookup\) keep their vocabulary.*builds, adapts"):
         Trainer(strategy=mirrored(2), batch_size=4, verbose=0).fit(model, (x, y))
+
+
+def test_model_built_outside_the_scope_keeps_unregistered_custom_loss_and_metric(data):
+    import parity_cases  # the Keras guide's CustomMSE and CategoricalTruePositives, never registered
+
+    x, y, w = data
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(3)])
+    model.compile(keras.optimizers.SGD(0.05), loss=parity_cases.CustomMSE(),
+                  metrics=[parity_cases.CategoricalTruePositives()])
+    targets = keras.utils.to_categorical(y, 3)
+    history = Trainer(strategy=mirrored(2), batch_size=32, lr_scaling=None, verbose=0).fit(model, (x, targets))
+    assert set(history.history) >= {"loss", "categorical_true_positives"}
+    assert np.isfinite(history.history["loss"][0])

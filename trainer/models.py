@@ -14,7 +14,7 @@ from typing import Any, Callable
 import keras
 import tensorflow as tf
 
-from trainer import scaling
+from trainer import _compat, scaling
 from trainer.objective import overridden
 
 ModelOrBuilder = keras.Model | Callable[[], keras.Model]
@@ -42,17 +42,18 @@ def check_compiled(model: Any, arg: str = "model") -> None:
             f"Received: {arg} of type {type(model).__name__}."
         )
     owns_step, owns_loss = overridden(model, "train_step"), overridden(model, "compute_loss")
-    missing = [] if getattr(model, "compiled", False) else ["compile()"]
-    if not owns_step and getattr(model, "optimizer", None) is None:
-        missing.append("an optimizer")
-    if not (owns_step or owns_loss) and getattr(model, "loss", None) is None:
-        missing.append("a loss")
-    if missing:
-        raise ValueError(
-            f"`{arg}` must be compiled with {' and '.join(missing)}. Received: a {type(model).__name__} without. "
-            "Call model.compile(optimizer=..., loss=...) first (a model with its own train_step or "
-            "compute_loss may leave out what its step does not use)."
-        )
+    needs = [] if owns_step else ["an optimizer"] if owns_loss else ["an optimizer", "a loss"]
+    missing = [need for need, attr in (("an optimizer", "optimizer"), ("a loss", "loss"))
+               if need in needs and getattr(model, attr, None) is None]
+    if getattr(model, "compiled", False) and not missing:
+        return
+    got = f"a {type(model).__name__} compiled without {' or '.join(missing)}" if getattr(model, "compiled", False) \
+        else f"an uncompiled {type(model).__name__}"
+    raise ValueError(
+        f"`{arg}` must be compiled{' with ' + ' and '.join(needs) if needs else ''}. Received: {got}. "
+        "Call model.compile(optimizer=..., loss=...) first (a model with its own train_step or compute_loss "
+        "may leave out what its step does not use)."
+    )
 
 
 def _in_scope(strategy: tf.distribute.Strategy, variables) -> bool:
@@ -264,31 +265,36 @@ def _recreate(
     clone.set_weights(model.get_weights())
     if model.optimizer is None:  # predict-only use
         return clone
-    compile_config = model.get_compile_config()
+    specs = _compat.compiled_specs(model)
     with strategy.scope():  # compile creates Keras's own trackers
         clone.compile(
             optimizer=model.optimizer,  # replaced in scope by `optimizer_in_scope`
-            loss=model.loss,
-            loss_weights=compile_config.get("loss_weights"),
-            metrics=_deserialize(compile_config.get("metrics")),
-            weighted_metrics=_deserialize(compile_config.get("weighted_metrics")),
+            loss=specs["loss"],
+            loss_weights=specs["loss_weights"],
+            metrics=_fresh_metrics(specs["metrics"]),
+            weighted_metrics=_fresh_metrics(specs["weighted_metrics"]),
         )
     return clone
+
+
+def _fresh_metrics(spec: Any) -> Any:
+    """The user's compiled metrics with each metric object copied (its variables live outside the scope).
+
+    Copied through the class's own `from_config`, which needs no registration
+    with Keras; names, strings and functions are kept as they are.
+    """
+    if isinstance(spec, keras.metrics.Metric):
+        return type(spec).from_config(spec.get_config())
+    if isinstance(spec, dict):
+        return {k: _fresh_metrics(v) for k, v in spec.items()}
+    if isinstance(spec, (list, tuple)):
+        return [_fresh_metrics(s) for s in spec]
+    return spec
 
 
 def _first_line(err: Exception) -> str:
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     return f"{type(err).__name__}: {lines[0] if lines else ''}"
-
-
-def _deserialize(spec: Any) -> Any:
-    if isinstance(spec, dict) and "class_name" in spec:
-        return keras.saving.deserialize_keras_object(spec)
-    if isinstance(spec, dict):
-        return {k: _deserialize(v) for k, v in spec.items()}
-    if isinstance(spec, (list, tuple)):
-        return [_deserialize(s) for s in spec]
-    return spec
 
 
 def base_learning_rate(optimizer: keras.optimizers.Optimizer) -> Any:
