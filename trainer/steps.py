@@ -241,7 +241,8 @@ class Steps:
         if share.tracked is not None:
             y, y_pred, sample_weight = objective_lib.slice_rows((y, y_pred, sample_weight), *share.tracked)
         count = objective_lib.rows(y_pred)
-        gathered = {"y": y, "y_pred": y_pred, "loss_sum": local * count, "count": count,
+        # Rank 1, so that the replicas' values are concatenated (`_concat_replicas` keeps one scalar).
+        gathered = {"y": y, "y_pred": y_pred, "loss_sum": tf.reshape(local * count, [1]), "count": tf.reshape(count, [1]),
                     "masks": {i: m for i, m in enumerate(objective_lib.flat_masks(y_pred)) if m is not None}}
         if sample_weight is not None:
             gathered["sample_weight"] = sample_weight
