@@ -177,8 +177,11 @@ def main() -> None:
 
     from fashion_mnist import build_model
 
-    no_metrics = build_model()
-    no_metrics.compile(optimizer=keras.optimizers.Adam(1e-3), loss=no_metrics.loss)
+    # The same layers, compiled without metrics. (Re-compiling a compiled model without `metrics`
+    # keeps its metrics, as Keras does, and `clone_model` copies them too.)
+    with_metrics = build_model()
+    no_metrics = keras.Sequential.from_config(with_metrics.get_config())
+    no_metrics.compile(optimizer=keras.optimizers.Adam(1e-3), loss=with_metrics.loss)
     calls = throughput.quietly(lambda: {
         "trainer": trainer_call(strategy, x, y, build_model()),
         "trainer_no_metrics": trainer_call(strategy, x, y, no_metrics),
