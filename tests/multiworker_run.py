@@ -47,7 +47,8 @@ if os.environ.get("KILL_TASK") == task:  # dies at epoch 1, step 8: a crashed wo
 
     callbacks.append(Die())
 epochs = int(os.environ.get("EPOCHS", "2"))
-history = trainer.fit(tiny_model(), (x, y, w), epochs=epochs, validation_data=(x[:301], y[:301], w[:301]),
+# Global clipping and gradient accumulation: exact only if applied to the workers' summed gradient.
+history = trainer.fit(tiny_model(global_clipnorm=0.5, gradient_accumulation_steps=2), (x, y, w), epochs=epochs, validation_data=(x[:301], y[:301], w[:301]),
                       callbacks=callbacks)
 evaluation = trainer.evaluate(history.model, (x, y, w))
 predictions = trainer.predict(history.model, x)

@@ -21,8 +21,14 @@ evaluation = trainer.evaluate(history.model, (x, y, w))
 logits = trainer.predict(history.model, x)
 # A model without regularization losses: its steps return no regularization term of their own.
 plain = trainer.fit(lambda: tiny_model(lr=0.05, regularized=False), (x, y, w), epochs=1, steps_per_epoch=8)
+# Optimizer options that Keras applies inside a `cond` (accumulation, EMA overwrite), with global clipping.
+options = dict(gradient_accumulation_steps=2, global_clipnorm=1.0, use_ema=True, ema_overwrite_frequency=3)
+accumulated = trainer.fit(lambda: tiny_model(lr=0.05, **options), (x, y, w), epochs=1, steps_per_epoch=8)
 with open(out, "w") as f:
     json.dump({"history": history.history, "evaluate": evaluation, "logits": logits.tolist(),
                "iterations": int(history.model.optimizer.iterations.numpy()),
-               "plain_loss": plain.history["loss"]}, f)
+               "plain_loss": plain.history["loss"],
+               "accumulated": {"loss": accumulated.history["loss"],
+                               "updates": int(accumulated.model.optimizer.iterations.numpy()),
+                               "steps": int(accumulated.model.optimizer._iterations.numpy())}}, f)
 print("done")

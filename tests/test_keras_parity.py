@@ -28,7 +28,8 @@ ALL = list(parity_cases.CASES)
 # Three replicas split 8 as 3+3+2 and the last 5 as 2+2+1: the rows where that matters.
 UNEVEN = ["class_weighted_loss", "activity_regularizer", "add_loss_mean", "masking_timedistributed",
           "embedding_mask_zero_tagger", "per_timestep_sample_weight", "two_outputs_dict",
-          "own_steps_no_compiled_loss", "compute_loss_penalty"]
+          "own_steps_no_compiled_loss", "compute_loss_penalty", "global_clipnorm", "gradient_accumulation",
+          "train_step_global_clipnorm"]
 LAYOUTS = {1: ALL, 2: ALL, 3: UNEVEN}
 
 
@@ -53,6 +54,9 @@ def test_trainer_fit_gives_model_fit_numbers(results, replicas, case):
     result = results[replicas][case]
     assert "error" not in result, result.get("error")
     assert result["problems"] == []
+    if parity_cases.CASES[case].keras_differs_on_replicas and replicas == 2:
+        # The row can fail: Keras's own fit under this strategy gives other weights than one device.
+        assert result["keras_under_strategy_differs"] is True
 
 
 def test_the_table_covers_each_item_of_the_issue():
@@ -61,5 +65,7 @@ def test_the_table_covers_each_item_of_the_issue():
                  "test_step_override", "compute_metrics_override", "masking_timedistributed",
                  "embedding_mask_zero_tagger", "per_timestep_sample_weight", "class_weighted_loss", "metric_names",
                  "early_stopping_val_mae", "checkpoint_best_val_accuracy", "custom_loss_and_metric_unregistered",
-                 "custom_loss_class_unregistered", "plain_loss_function", "add_loss_mean", "activity_regularizer"]:
+                 "custom_loss_class_unregistered", "plain_loss_function", "add_loss_mean", "activity_regularizer",
+                 "clipnorm", "global_clipnorm", "clipvalue", "gradient_accumulation", "ema_overwrite",
+                 "ema_final_weights", "train_step_global_clipnorm", "train_step_gradient_accumulation"]:
         assert name in parity_cases.CASES

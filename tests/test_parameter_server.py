@@ -59,3 +59,11 @@ def test_a_model_without_regularization_trains(results):
     for run in (default, ps):
         (loss,) = run["plain_loss"]
         assert 0.0 < loss < np.log(3) + 0.5  # a finite cross-entropy over 3 classes, from random weights
+
+
+def test_gradient_accumulation_and_ema_overwrite_run_on_the_workers(results):
+    # Keras applies both inside a `cond`, through a merge call that a worker's replica cannot make
+    # in a graph; the trainer applies them once, in cross-replica context. 8 steps make 4 updates.
+    _, ps, _ = results
+    assert ps["accumulated"]["steps"] == 8 and ps["accumulated"]["updates"] == 4
+    assert np.isfinite(ps["accumulated"]["loss"][0])

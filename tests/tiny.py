@@ -13,8 +13,12 @@ def tiny_data(n: int = 203, seed: int = 0):
     return x, y, w
 
 
-def tiny_model(lr: float = 0.05, optimizer: str = "sgd", seed: int = 0, regularized: bool = True) -> keras.Model:
-    """A compiled two-layer classifier with L2 regularization (unless not `regularized`) and fixed initial weights."""
+def tiny_model(lr: float = 0.05, optimizer: str = "sgd", seed: int = 0, regularized: bool = True,
+               **optimizer_options) -> keras.Model:
+    """A compiled two-layer classifier with L2 regularization (unless not `regularized`) and fixed initial weights.
+
+    `optimizer_options` go to the optimizer (`global_clipnorm=...`, `gradient_accumulation_steps=...`).
+    """
     keras.utils.set_random_seed(seed)
     model = keras.Sequential([
         keras.Input((8,)),
@@ -22,7 +26,10 @@ def tiny_model(lr: float = 0.05, optimizer: str = "sgd", seed: int = 0, regulari
                            kernel_regularizer=keras.regularizers.L2(1e-3) if regularized else None),
         keras.layers.Dense(3),
     ])
-    opt = keras.optimizers.SGD(lr, momentum=0.9) if optimizer == "sgd" else keras.optimizers.Adam(lr)
+    if optimizer == "sgd":
+        opt = keras.optimizers.SGD(lr, momentum=0.9, **optimizer_options)
+    else:
+        opt = keras.optimizers.Adam(lr, **optimizer_options)
     model.compile(
         optimizer=opt,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),

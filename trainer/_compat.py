@@ -24,6 +24,15 @@ try:  # keras/src/backend/tensorflow/optimizer.py (3.0-3.15): sums the replicas'
 except ImportError:  # pragma: no cover
     _TFOptimizer = None
 
+try:  # keras/src/optimizers/base_optimizer.py (3.0-3.15): `apply` and `_clip_gradients`
+    from keras.src.optimizers.base_optimizer import BaseOptimizer as _BaseOptimizer
+except ImportError:  # pragma: no cover
+    _BaseOptimizer = None
+
+# tensorflow/python/distribute/merge_call_interim.py (2.9-2.21), which Keras's TF optimizer calls as
+# `tf.__internal__.distribute.interim.maybe_merge_call`.
+_interim = getattr(getattr(getattr(tf, "__internal__", None), "distribute", None), "interim", None)
+
 try:  # keras/src/backend/common/masking.py (3.5+); older Keras sets `_keras_mask` itself
     from keras.src.backend import get_keras_mask, set_keras_mask
 except ImportError:  # pragma: no cover
@@ -37,7 +46,7 @@ except ImportError:  # pragma: no cover
             pass
 
 
-# Replica shares -------------------------------------------------------------
+# Replica shares ----------------------------------------------------------------
 #
 # Keras scales every reduced loss inside a replica by 1/replicas
 # (`scale_loss_for_distribution`), its loss trackers undo it
@@ -46,10 +55,22 @@ except ImportError:  # pragma: no cover
 # replica's share of the global batch only when every replica holds as many
 # examples. While the trainer traces a step, the three read the factors that
 # the trainer set for the replica thread that traces (`replica_share`); code
-# outside `replica_share`, or traced outside `replica_loss_scaling`, sees Keras's own.
+# outside `replica_share`, or traced outside `replica_hooks`, sees Keras's own.
+#
+# Keras's optimizer is also wrong in a replica of several in two ways, which
+# the same hooks put right:
+# - It clips (`clipnorm`, `clipvalue`, `global_clipnorm`) each replica's
+#   gradient, before the sum. `_clip_gradients` sums them first, so the global
+#   gradient is clipped, as on one device; the sum then is not taken again.
+# - Gradient accumulation and `ema_overwrite_frequency` update variables
+#   inside a `cond`, through `merge_call`, which a replica cannot do in a graph
+#   ("merge_call called while defining a new graph"), and the EMA update fails
+#   under CentralStorageStrategy. With those options `apply` sums the replicas'
+#   gradients and applies them once, in cross-replica context, where Keras's
+#   merge calls (`maybe_merge_call`) are plain calls.
 
-_share = threading.local()  # .factors: {"scale", "unscale", "gradients"} for this replica thread, or unset
-_installed = [0]  # nesting depth of `replica_loss_scaling`
+_share = threading.local()  # .factors: {"scale", "unscale", "gradients"}; .summed: gradients already summed
+_installed = [0]  # nesting depth of `replica_hooks`
 _originals: dict[str, Callable] = {}
 
 
@@ -59,7 +80,7 @@ def _factor(name: str):
 
 
 def _times(value, factor):
-    if isinstance(factor, float) and factor == 1.0:
+    if factor is None or (isinstance(factor, float) and factor == 1.0):
         return value
     if isinstance(value, tf.IndexedSlices):
         return tf.IndexedSlices(value.values * tf.cast(factor, value.values.dtype), value.indices, value.dense_shape)
@@ -77,45 +98,126 @@ def _unscale(value):
 
 
 def _all_reduce_sum_gradients(self, grads_and_vars):
+    if getattr(_share, "summed", False):  # `_clip_gradients` summed them
+        _share.summed = False
+        return grads_and_vars
     factor = _factor("gradients")
     if factor is not None:
         grads_and_vars = [(None if g is None else _times(g, factor), v) for g, v in grads_and_vars]
     return _originals["gradients"](self, grads_and_vars)
 
 
+def _replicas():
+    """The replica context of a replica of several, else None."""
+    context = tf.distribute.get_replica_context()
+    return context if context is not None and context.num_replicas_in_sync > 1 else None
+
+
+def _summed(context, grads):
+    """The replicas' gradients, each weighed by `replica_share(gradients=...)`, summed (None stays None)."""
+    present = [i for i, g in enumerate(grads) if g is not None]
+    factor = _factor("gradients")
+    summed = context.all_reduce(tf.distribute.ReduceOp.SUM, [_times(grads[i], factor) for i in present])
+    out = list(grads)
+    for i, g in zip(present, summed):
+        out[i] = g
+    return out
+
+
+def _clips(optimizer) -> bool:
+    return any(getattr(optimizer, name, None) for name in ("clipnorm", "clipvalue", "global_clipnorm"))
+
+
+def _clip_gradients(self, grads):
+    context = _replicas()
+    if context is not None and _clips(self):
+        grads = _summed(context, grads)
+        _share.summed = True
+    return _originals["clip"](self, grads)
+
+
+def needs_one_apply(optimizer) -> bool:
+    """Whether Keras's `apply` cannot run in a replica of several: gradient accumulation and
+    EMA overwrite update inside a `cond`, and the EMA update writes a variable that
+    CentralStorageStrategy aggregates."""
+    return bool(getattr(optimizer, "gradient_accumulation_steps", None) or getattr(optimizer, "use_ema", False))
+
+
+def _apply(self, grads, trainable_variables=None):
+    # Under any strategy, also one replica per parameter-server worker (which merge-calls too).
+    context = tf.distribute.get_replica_context() if tf.distribute.has_strategy() else None
+    if context is None or not needs_one_apply(self):
+        return _originals["apply"](self, grads, trainable_variables)
+    grads = list(grads)
+    present = [i for i, g in enumerate(grads) if g is not None]
+    summed = _summed(context, grads)
+
+    def apply_once(strategy, *present_grads):
+        # The replicas hold the same sums; replica 0's are applied to every copy of each variable.
+        full = [None] * len(grads)
+        for i, g in zip(present, present_grads):
+            full[i] = strategy.experimental_local_results(g)[0]
+        with _merge_calls_inline():
+            _originals["apply"](self, full, trainable_variables)
+
+    context.merge_call(apply_once, args=tuple(summed[i] for i in present))
+
+
+def _maybe_merge_call(fn, strategy, *args, **kwargs):
+    if tf.distribute.in_cross_replica_context():  # a merge call from cross-replica context is the call
+        return fn(strategy, *args, **kwargs)
+    return _originals["merge_call"](fn, strategy, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def _merge_calls_inline():
+    _interim.maybe_merge_call = _maybe_merge_call
+    try:
+        yield
+    finally:
+        _interim.maybe_merge_call = _originals["merge_call"]
+
+
 _HOOKS = (  # (key, owner, attribute, replacement)
     ("scale", _loss_module, "scale_loss_for_distribution", _scale),
     ("unscale", _loss_module, "unscale_loss_for_distribution", _unscale),
     ("gradients", _TFOptimizer, "_all_reduce_sum_gradients", _all_reduce_sum_gradients),
+    ("clip", _BaseOptimizer, "_clip_gradients", _clip_gradients),
+    ("apply", _BaseOptimizer, "apply", _apply),
+    ("merge_call", _interim, "maybe_merge_call", None),  # replaced only inside `_apply`'s cross-replica call
 )
 
 
-def loss_scaling_supported() -> bool:
+def replica_hooks_supported() -> bool:
     return all(owner is not None and hasattr(owner, attribute) for _, owner, attribute, _ in _HOOKS)
 
 
 @contextlib.contextmanager
-def replica_loss_scaling():
-    """While tracing step functions: Keras's replica scaling reads `replica_share`'s factors.
+def replica_hooks():
+    """While tracing step functions: Keras's replica scaling reads `replica_share`'s factors,
+    and its optimizer clips and accumulates the replicas' summed gradients.
 
     Installed only for the duration (Keras's functions are put back after), and
     only the threads inside `replica_share` see other factors than Keras's.
     """
-    if not loss_scaling_supported():  # pragma: no cover - checked on Keras 3.8 and 3.15
+    if not replica_hooks_supported():  # pragma: no cover - checked on Keras 3.8 and 3.15
         yield
         return
     if _installed[0] == 0:
         for key, owner, attribute, replacement in _HOOKS:
             _originals[key] = getattr(owner, attribute)
-            setattr(owner, attribute, replacement)
+            if replacement is not None:
+                setattr(owner, attribute, replacement)
     _installed[0] += 1
     try:
         yield
     finally:
         _installed[0] -= 1
         if _installed[0] == 0:
-            for key, owner, attribute, _ in _HOOKS:
-                setattr(owner, attribute, _originals.pop(key))
+            for key, owner, attribute, replacement in _HOOKS:
+                original = _originals.pop(key)
+                if replacement is not None:
+                    setattr(owner, attribute, original)
 
 
 @contextlib.contextmanager
@@ -131,6 +233,11 @@ def replica_share(*, scale=1.0, unscale=1.0, gradients=None):
         yield
     finally:
         _share.factors = previous
+
+
+def step_counter(optimizer) -> Any:
+    """The variable that counts `apply` calls; `optimizer.iterations` divides it by the accumulation steps."""
+    return getattr(optimizer, "_iterations", optimizer.iterations)
 
 
 # Compiled losses and metrics ---------------------------------------------------

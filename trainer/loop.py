@@ -126,9 +126,16 @@ def run_epochs(
         logs = end_epoch(epoch, objective, steps, make_iterator, val, callbacks)
         if model.stop_training:
             break
-    callbacks.on_train_end(logs)
+    end_training(model, context, callbacks, logs)
     release(held)
     return logs
+
+
+def end_training(model: keras.Model, context: TrainContext, callbacks: keras.callbacks.CallbackList, logs) -> None:
+    """Ends training as `model.fit` does: the optimizer's final values (EMA weights), then `on_train_end`."""
+    if isinstance(model.optimizer, keras.optimizers.Optimizer) and context.epochs > 0:
+        model.optimizer.finalize_variable_values(model.trainable_weights)
+    callbacks.on_train_end(logs)
 
 
 def release(held: list) -> None:

@@ -75,6 +75,7 @@ class Plan:
     native_bf16: str | None = None  # the bfloat16 units ("AMX", "AVX512_BF16") of CPU replicas under oneDNN
     step: str = "the trainer's"  # whose train step runs (objective.ModelSteps.describe)
     batch_norm: tuple[str, ...] = ()  # BatchNormalization layers with per-replica statistics
+    optimizer: str | None = None  # its clipping, accumulation and EMA, in words (optimizer_note)
 
     def __post_init__(self):
         if self.native_bf16 is not None and self.native_bf16 not in BF16_SPEEDUP:
@@ -150,6 +151,8 @@ class Plan:
             ("precision", self.precision_text()),
         ]
         rows.insert(1, ("train step", self.step))
+        if self.optimizer:
+            rows.append(("optimizer", self.optimizer))
         if self.batch_norm and self.num_replicas > 1:
             rows.append(("batch norm", batch_norm_note(self.batch_norm, self.num_replicas)))
         if self.onednn is False:
@@ -164,3 +167,24 @@ def batch_norm_note(layers: tuple[str, ...] | list[str], num_replicas: int) -> s
     return (f"{named} normalize each replica's share by its own mean and variance, so training differs from "
             f"one device (and from another replica count than {num_replicas}); "
             "BatchNormalization(synchronized=True) gives the one-device statistics")
+
+
+def optimizer_note(optimizer, num_replicas: int) -> str | None:
+    """The optimizer options that act on the global gradient, in words; None if it has none."""
+    parts = []
+    for name in ("clipnorm", "global_clipnorm", "clipvalue"):
+        value = getattr(optimizer, name, None)
+        if value:
+            where = " of the replicas' summed gradient" if num_replicas > 1 else ""
+            parts.append(f"{name}={value:g}{where}")
+    accumulate = getattr(optimizer, "gradient_accumulation_steps", None)
+    if accumulate:
+        parts.append(f"gradients accumulated over {accumulate} steps")
+    if getattr(optimizer, "use_ema", False):
+        every = getattr(optimizer, "ema_overwrite_frequency", None)
+        parts.append(f"EMA of the weights (momentum {optimizer.ema_momentum:g})"
+                     + (f", written to the model every {every} steps" if every else "")
+                     + "; the model holds the averages after fit")
+    if not parts:
+        return None
+    return f"{type(optimizer).__name__}: " + "; ".join(parts)

@@ -18,10 +18,11 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from trainer import _compat
 from trainer import data as data_lib
 from trainer import feed as feed_lib
-from trainer.loop import TrainContext, end_epoch
-from trainer.steps import Steps
+from trainer.loop import TrainContext, end_epoch, end_training
+from trainer.steps import Steps, step_function
 from trainer.tracing import graph_function
 
 
@@ -72,7 +73,7 @@ def run_epochs(
             "Pass steps_per_epoch to fit()."
         )
 
-    @graph_function
+    @step_function
     def scheduled_step(per_worker):
         # Returns the step's labels, outputs and losses, for exact metrics on the coordinator.
         return steps.strategy.run(lambda batch: steps.train_replica(feed_lib.whole_share(batch)),
@@ -84,7 +85,8 @@ def run_epochs(
     model.stop_training = False
     callbacks.on_train_begin()
     steps.sync_warmup()
-    iterations = int(model.optimizer.iterations.numpy())
+    counter = _compat.step_counter(model.optimizer)
+    iterations = int(counter.numpy())
     logs: dict[str, Any] = {}
     for epoch in range(context.initial_epoch, context.epochs):
         context.epoch, context.step = epoch, context.initial_step if epoch == context.initial_epoch else 0
@@ -99,7 +101,7 @@ def run_epochs(
                 eval_steps.track_gathered(**tf.nest.map_structure(tf.convert_to_tensor, result.fetch()))
             # Concurrent workers lose some of Keras's read-modify-write increments; set the true count.
             iterations += n
-            model.optimizer.iterations.assign(iterations)
+            counter.assign(iterations)
             steps.sync_warmup()  # a float LR's warmup moves once per call here
             context.examples_seen += context.examples_in(n, context.step)
             context.step += n
@@ -107,5 +109,5 @@ def run_epochs(
         logs = end_epoch(epoch, objective, eval_steps, make_eval_iterator, val, callbacks)
         if model.stop_training:
             break
-    callbacks.on_train_end(logs)
+    end_training(model, context, callbacks, logs)
     return logs

@@ -39,11 +39,11 @@ def unpack(batch: Any) -> tuple[Any, Any, tf.Tensor | None]:
     )
 
 
-def _step_function(fn, **kwargs):
-    """`graph_function(fn)`, traced with Keras's replica loss scaling open to `_compat.replica_share`."""
+def step_function(fn, **kwargs):
+    """`graph_function(fn)`, traced with `_compat.replica_hooks` installed (replica shares, global clipping, one apply)."""
     @functools.wraps(fn)
     def traced(*args):
-        with _compat.replica_loss_scaling():  # the body runs only while TensorFlow traces it
+        with _compat.replica_hooks():  # the body runs only while TensorFlow traces it
             return fn(*args)
 
     return graph_function(traced, **kwargs)
@@ -112,16 +112,16 @@ class Steps:
                 "MultiWorkerMirroredStrategy, or move the step's logic into compute_loss."
             )
         self._grads = graph_function(self._loss_and_grads, jit_compile=True) if jit_compile else self._loss_and_grads
-        self._train_from_iterator = _step_function(self._train_loop)
-        self._eval_from_iterator = _step_function(self._eval_loop)
-        self._train_from_global = _step_function(self._train_global_loop)
-        self._eval_from_global = _step_function(self._eval_global_loop)
+        self._train_from_iterator = step_function(self._train_loop)
+        self._eval_from_iterator = step_function(self._eval_loop)
+        self._train_from_global = step_function(self._train_global_loop)
+        self._eval_from_global = step_function(self._eval_global_loop)
         # Traced once per feed signature; the feed a call reads is `self._feed` when it runs.
-        self._train_from_feed = _step_function(self._train_feed_loop)
-        self._eval_from_feed = _step_function(self._eval_feed_loop)
+        self._train_from_feed = step_function(self._train_feed_loop)
+        self._eval_from_feed = step_function(self._eval_feed_loop)
         self._feed: feed_lib.ArrayFeed | None = None
-        self._predict_batch = _step_function(self._predict_step, reduce_retracing=True)
-        self._predict_from_feed = _step_function(self._predict_feed_step)
+        self._predict_batch = step_function(self._predict_step, reduce_retracing=True)
+        self._predict_from_feed = step_function(self._predict_feed_step)
 
     def train(self, source: Any, num_steps: int) -> int:
         """Runs up to `num_steps` train steps; returns how many ran (fewer only when the data ended).

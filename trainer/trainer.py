@@ -19,7 +19,7 @@ from trainer.cluster import strategy_cluster_info
 from trainer.fusion import StepFusion
 from trainer.history import History
 from trainer.objective import ModelSteps
-from trainer.plan import Plan, batch_norm_note, strategy_label
+from trainer.plan import Plan, batch_norm_note, optimizer_note, strategy_label
 from trainer.steps import Steps
 
 
@@ -353,6 +353,7 @@ class Trainer:
             native_bf16=engine_lib.cpu_native_bf16(strategy),
             step=ModelSteps.of(model).describe(),
             batch_norm=tuple(models.per_replica_batch_norm(model)),
+            optimizer=optimizer_note(model.optimizer, strategy.num_replicas_in_sync),
         )
 
     def _callback_list(self, callbacks: list, context: loop.TrainContext, model, verbose: int):
