@@ -32,6 +32,7 @@ class Case:
     # Keras's own fit under the same MirroredStrategy gives other final weights (the row is
     # where the trainer gives one device's numbers and Keras does not); checked on 2 replicas.
     keras_differs_on_replicas: bool = False
+    evaluate: bool = True  # compare evaluate() (a GAN's has nothing to report)
 
 
 def _rng(seed=0):
@@ -128,6 +129,57 @@ class LowLevelModel(keras.Model):
         self.loss_tracker.update_state(_unscaled(self.loss_fn(y, y_pred)), sample_weight=ops.shape(x)[0])
         self.mae_metric.update_state(y, y_pred)
         return {m.name: m.result() for m in self.metrics}
+
+
+class TwoOptimizerGAN(keras.Model):
+    """The Keras guide's GAN pattern: compile(d_optimizer, g_optimizer, loss_fn), its own
+    train_step with two optimizers, and its own trackers. The generator's input is drawn
+    from the real rows, not at random, so every replica count gives the same numbers."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.generator = keras.Sequential([keras.Input((3,)), keras.layers.Dense(5, activation="tanh")])
+        self.discriminator = keras.Sequential([keras.Input((5,)), keras.layers.Dense(4, activation="relu"),
+                                               keras.layers.Dense(1)])
+        self.d_loss_tracker = keras.metrics.Mean(name="d_loss")
+        self.g_loss_tracker = keras.metrics.Mean(name="g_loss")
+
+    def compile(self, d_optimizer, g_optimizer, loss_fn):
+        super().compile()
+        self.d_optimizer, self.g_optimizer, self.loss_fn = d_optimizer, g_optimizer, loss_fn
+
+    @property
+    def metrics(self):
+        return [self.d_loss_tracker, self.g_loss_tracker]
+
+    def call(self, x):
+        return self.discriminator(x)
+
+    def train_step(self, data):
+        import tensorflow as tf
+
+        real = data[0] if isinstance(data, tuple) else data
+        count = ops.shape(real)[0]
+        latent = ops.sin(3.0 * real[:, :3])
+        labels = ops.concatenate([ops.ones((count, 1)), ops.zeros((count, 1))], axis=0)
+        with tf.GradientTape() as tape:
+            d_loss = self.loss_fn(labels, self.discriminator(ops.concatenate([self.generator(latent), real], 0)))
+        grads = tape.gradient(d_loss, self.discriminator.trainable_weights)
+        self.d_optimizer.apply_gradients(zip(grads, self.discriminator.trainable_weights))
+        with tf.GradientTape() as tape:
+            g_loss = self.loss_fn(ops.zeros((count, 1)), self.discriminator(self.generator(latent)))
+        grads = tape.gradient(g_loss, self.generator.trainable_weights)
+        self.g_optimizer.apply_gradients(zip(grads, self.generator.trainable_weights))
+        self.d_loss_tracker.update_state(_unscaled(d_loss), sample_weight=count)
+        self.g_loss_tracker.update_state(_unscaled(g_loss), sample_weight=count)
+        return {"d_loss": self.d_loss_tracker.result(), "g_loss": self.g_loss_tracker.result()}
+
+
+def _gan():
+    model = TwoOptimizerGAN()
+    model.compile(d_optimizer=keras.optimizers.Adam(0.01), g_optimizer=keras.optimizers.Adam(0.01, global_clipnorm=0.1),
+                  loss_fn=keras.losses.BinaryCrossentropy(from_logits=True))
+    return model
 
 
 def _unscaled(loss):
@@ -317,6 +369,7 @@ CASES: dict[str, Case] = {
                                validation=True),
     "compute_metrics_override": Case(lambda: _compiled(ExtraMetricModel(_dense().layers), metrics=["mae"]),
                                      _regression),
+    "gan_two_optimizers": Case(_gan, lambda: (_regression()[0], _regression()[0][:, :1], None), evaluate=False),
     # Optimizer options: clipping acts on the global gradient (Keras's own fit under a strategy
     # clips each replica's), and the options that update inside a `cond` work on every layout.
     "clipnorm": Case(lambda: _compiled(_dense(), optimizer=_sgd(clipnorm=0.05)), _regression,

@@ -45,7 +45,8 @@ def _keras_run(case, folder):
     val = {"validation_data": (_first(x, 9), _first(y, 9))} if case.validation else {}
     history = model.fit(x, y, sample_weight=w, batch_size=parity_cases.BATCH, epochs=parity_cases.EPOCHS,
                         shuffle=False, verbose=0, callbacks=_with_tmp(case.callbacks(), folder), **val)
-    evaluated = model.evaluate(x, y, sample_weight=w, batch_size=parity_cases.BATCH, return_dict=True, verbose=0)
+    evaluated = (model.evaluate(x, y, sample_weight=w, batch_size=parity_cases.BATCH, return_dict=True, verbose=0)
+                 if case.evaluate else {})
     predicted = model.predict(x, batch_size=parity_cases.BATCH, verbose=0)
     return history.history, model.get_weights(), evaluated, predicted
 
@@ -59,7 +60,7 @@ def _trainer_run(case, folder):
     history = trainer.fit(case.build, data, epochs=parity_cases.EPOCHS, callbacks=_with_tmp(case.callbacks(), folder),
                           **val)
     model = history.model
-    evaluated = trainer.evaluate(model, data)
+    evaluated = trainer.evaluate(model, data) if case.evaluate else {}
     predicted = trainer.predict(model, x)
     return history.history, model.get_weights(), evaluated, predicted
 

@@ -339,3 +339,21 @@ def test_model_built_outside_the_scope_keeps_unregistered_custom_loss_and_metric
     history = Trainer(strategy=mirrored(2), batch_size=32, lr_scaling=None, verbose=0).fit(model, (x, targets))
     assert set(history.history) >= {"loss", "categorical_true_positives"}
     assert np.isfinite(history.history["loss"][0])
+
+
+def test_a_model_with_its_own_compile_asks_for_a_builder_when_it_must_be_recreated(data):
+    # A GAN's compile(d_optimizer=..., g_optimizer=...) can't be repeated on a copy; a builder can.
+    import sys
+
+    from conftest import TESTS
+
+    sys.path.insert(0, str(TESTS))
+    import parity_cases
+
+    x, _, _ = parity_cases._regression()
+    with pytest.raises(ValueError, match=r"(?s)TwoOptimizerGAN has its own compile\(\).*Pass a function that builds"):
+        Trainer(verbose=0).fit(parity_cases._gan(), (x, x[:, :1]))
+    history = Trainer(batch_size=8, verbose=0).fit(parity_cases._gan, (x, x[:, :1]), epochs=1)
+    assert {"d_loss", "g_loss"} <= set(history.history) and np.isfinite(history.history["d_loss"][0])
+    ours = parity_cases._gan()
+    assert Trainer(strategy="default", batch_size=8, verbose=0).fit(ours, (x, x[:, :1]), epochs=1).model is ours

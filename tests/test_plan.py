@@ -81,3 +81,20 @@ def test_plan_says_whose_step_runs_and_names_per_replica_batch_norm():
     assert "bn_1 normalize each replica's share by its own mean and variance" in text
     assert "synchronized=True" in text
     assert "batch norm" not in Plan(**{**BASE, "num_replicas": 1}, batch_norm=("bn_1",)).describe()
+
+
+def test_plan_names_the_optimizer_options_that_act_on_the_global_gradient():
+    import keras
+
+    from trainer.plan import optimizer_note
+
+    assert optimizer_note(keras.optimizers.SGD(0.1), 2) is None
+    assert optimizer_note(None, 2) is None  # a model whose own train_step needs no optimizer
+    note = optimizer_note(keras.optimizers.Adam(global_clipnorm=1.0, gradient_accumulation_steps=4, use_ema=True,
+                                                ema_momentum=0.9, ema_overwrite_frequency=100), 2)
+    assert note == ("Adam: global_clipnorm=1 of the replicas' summed gradient; gradients accumulated over 4 steps; "
+                    "EMA of the weights (momentum 0.9), written to the model every 100 steps; "
+                    "the model holds the averages after fit")
+    assert optimizer_note(keras.optimizers.SGD(clipvalue=0.5), 1) == "SGD: clipvalue=0.5"
+    text = Plan(**BASE, optimizer=note).describe()
+    assert "  optimizer" in text and note in text

@@ -144,6 +144,14 @@ def needs_one_apply(optimizer) -> bool:
 
 
 def _apply(self, grads, trainable_variables=None):
+    if not self.built and trainable_variables is not None:
+        # An optimizer the trainer did not build (a GAN's own) builds on its first apply, inside
+        # the step; its variables are created eagerly, outside the step's loop and conds, so that
+        # MirroredStrategy can initialize their copies.
+        trainable_variables = list(trainable_variables)
+        with tf.init_scope():
+            self.build(trainable_variables)
+        self.built = True
     # Under any strategy, also one replica per parameter-server worker (which merge-calls too).
     context = tf.distribute.get_replica_context() if tf.distribute.has_strategy() else None
     if context is None or not needs_one_apply(self):

@@ -249,6 +249,13 @@ def _recreate(
             "that builds, adapts and compiles the model instead: Trainer.fit(lambda: make_model(), ...); or "
             "build the model inside `strategy.scope()`."
         )
+    if model.optimizer is not None and type(model).compile is not keras.Model.compile:
+        raise ValueError(
+            f"`model` was built outside the strategy's scope, and {type(model).__name__} has its own compile() "
+            "(a GAN's compile(d_optimizer=..., g_optimizer=...), say), whose arguments the trainer cannot know to "
+            "compile a copy inside the scope. Pass a function that builds and compiles the model instead: "
+            "Trainer.fit(lambda: make_model(), ...); or build and compile it inside `strategy.scope()`."
+        )
     if mixed_precision in layer_policies(model):
         mixed_precision = None  # already in it: any layers kept in float32 (a head) stay so
     try:
