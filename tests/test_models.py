@@ -66,7 +66,7 @@ def test_subclassed_model_without_config_asks_for_a_builder(data):
     x, y, w = data
     model = _compiled_subclass()
     model(x[:2])  # built outside any scope
-    with pytest.raises(ValueError, match=r"(?s)can't be re-created inside.*Pass a function that builds"):
+    with pytest.raises(ValueError, match=r"(?s)can't be re-created inside.*pass a function that builds"):
         Trainer(strategy=mirrored(2), verbose=0).fit(model, (x, y))
 
 
@@ -357,3 +357,53 @@ def test_a_model_with_its_own_compile_asks_for_a_builder_when_it_must_be_recreat
     assert {"d_loss", "g_loss"} <= set(history.history) and np.isfinite(history.history["d_loss"][0])
     ours = parity_cases._gan()
     assert Trainer(strategy="default", batch_size=8, verbose=0).fit(ours, (x, x[:, :1]), epochs=1).model is ours
+
+
+class _Scale(keras.layers.Layer):  # unregistered, no get_config of its own
+    def build(self, shape):
+        self.w = self.add_weight(shape=(shape[-1],), initializer="ones")
+
+    def call(self, x):
+        return x * self.w
+
+
+class _Factor(keras.layers.Layer):  # unregistered; Keras records `factor` from __init__
+    def __init__(self, factor, **kwargs):
+        super().__init__(**kwargs)
+        self.factor = factor
+
+    def call(self, x):
+        return x * self.factor
+
+
+class _Opaque(keras.layers.Layer):  # its get_config leaves out an __init__ argument
+    def __init__(self, table, **kwargs):
+        super().__init__(**kwargs)
+        self.table = table
+
+    def get_config(self):
+        return super().get_config()
+
+    def call(self, x):
+        return x * self.table[0]
+
+
+def _functional(layer):
+    inputs = keras.Input((8,))
+    model = keras.Model(inputs, keras.layers.Dense(3)(layer(inputs)))
+    model.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def test_unregistered_custom_layers_are_recreated_from_the_models_own_classes(data):
+    x, y, w = data
+    model = _functional(_Factor(0.5))
+    history = Trainer(strategy=mirrored(2), per_replica_batch_size=16, verbose=0).fit(model, (x, y), epochs=1)
+    assert history.model is not model and isinstance(history.model.layers[1], _Factor)
+    assert history.model.layers[1].factor == 0.5
+    for trained, user in zip(history.model.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(trained, user)
+    scaled = _functional(_Scale())
+    assert Trainer(strategy=mirrored(2), verbose=0).fit(scaled, (x, y), epochs=1).model is not scaled
+    with pytest.raises(ValueError, match=r"(?s)each custom class \(_Opaque\) a get_config\(\) that returns its __init__"):
+        Trainer(strategy=mirrored(2), verbose=0).fit(_functional(_Opaque([2.0])), (x, y))

@@ -248,6 +248,17 @@ def step_counter(optimizer) -> Any:
     return getattr(optimizer, "_iterations", optimizer.iterations)
 
 
+def all_layers(model: keras.Model) -> list:
+    """The model and every layer inside it, nested ones included (`Layer._flatten_layers`, 3.0-3.15)."""
+    flatten = getattr(model, "_flatten_layers", None)
+    if flatten is not None:
+        return list(flatten(include_self=True, recursive=True))
+    found = [model]  # pragma: no cover - the public, shallower walk
+    for layer in getattr(model, "layers", []):
+        found += all_layers(layer) if isinstance(layer, keras.Model) else [layer]
+    return found
+
+
 # Compiled losses and metrics ---------------------------------------------------
 
 

@@ -258,16 +258,21 @@ def _recreate(
         )
     if mixed_precision in layer_policies(model):
         mixed_precision = None  # already in it: any layers kept in float32 (a head) stay so
+    # The model's own layer classes, so that custom layers need no registration with Keras.
+    classes = {type(layer).__name__: type(layer) for layer in _compat.all_layers(model)}
     try:
         config = _with_policy(model.get_config(), mixed_precision)
-        with strategy.scope(), _dtype_policy(mixed_precision):
+        with strategy.scope(), _dtype_policy(mixed_precision), keras.saving.custom_object_scope(classes):
             clone = model.__class__.from_config(config)
             clone(sample_x, training=False)
     except (NotImplementedError, TypeError, ValueError) as err:
+        custom = sorted(name for name, cls in classes.items() if not cls.__module__.startswith("keras."))
         raise ValueError(
             f"`model` was built outside the strategy's scope and can't be re-created inside "
-            f"it: {type(model).__name__}.get_config()/from_config() failed ({_first_line(err)}). Pass a "
-            "function that builds and compiles the model instead: Trainer.fit(lambda: make_model(), ...)."
+            f"it: {type(model).__name__}.get_config()/from_config() failed ({_first_line(err)}). Give "
+            f"{'each custom class (' + ', '.join(custom) + ')' if custom else 'it'} a get_config() that returns "
+            "its __init__ arguments, or pass a function that builds and compiles the model instead: "
+            "Trainer.fit(lambda: make_model(), ...)."
         ) from err
     clone.set_weights(model.get_weights())
     if model.optimizer is None:  # predict-only use
