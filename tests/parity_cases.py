@@ -285,6 +285,26 @@ def _padded_tokens():
     return tokens, tags, None
 
 
+def _padded_pairs():
+    """Source and target token sequences of their own lengths, zero-padded; the target shifted for teacher forcing."""
+    source, _, _ = _padded_tokens()
+    rng = _rng(4)
+    target = np.zeros((N, 6), "int32")
+    for i, n in enumerate(rng.randint(2, 7, N)):
+        target[i, 0], target[i, 1:n] = 1, rng.randint(2, 20, n - 1)  # 1 starts every target
+    return {"source": source, "target_in": target[:, :-1]}, target[:, 1:], None
+
+
+def _seq2seq():
+    """A padded encoder-decoder: masks from both embeddings reach the GRUs and the loss."""
+    source, target_in = keras.Input((6,), dtype="int32", name="source"), keras.Input((5,), dtype="int32",
+                                                                                   name="target_in")
+    _, state = keras.layers.GRU(4, return_state=True)(keras.layers.Embedding(20, 4, mask_zero=True)(source))
+    decoded = keras.layers.GRU(4, return_sequences=True)(keras.layers.Embedding(20, 4, mask_zero=True)(target_in),
+                                                         initial_state=state)
+    return keras.Model({"source": source, "target_in": target_in}, keras.layers.Dense(20)(decoded))
+
+
 def _tagger():
     return keras.Sequential([keras.Input((6,), dtype="int32"), keras.layers.Embedding(20, 4, mask_zero=True),
                              keras.layers.GRU(4, return_sequences=True), keras.layers.Dense(3)])
@@ -341,6 +361,8 @@ CASES: dict[str, Case] = {
     "masking_timedistributed": Case(lambda: _compiled(_timedistributed(True), metrics=["mae"]), _masked_sequences),
     "embedding_mask_zero_tagger": Case(lambda: _compiled(_tagger(), keras.losses.SparseCategoricalCrossentropy(
         from_logits=True), metrics=["accuracy"]), _padded_tokens),
+    "padded_seq2seq": Case(lambda: _compiled(_seq2seq(), keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True), metrics=["accuracy"]), _padded_pairs),
     "per_timestep_sample_weight": Case(lambda: _compiled(_timedistributed(False), weighted_metrics=["mae"]),
                                        _time_weighted),
     "two_outputs_dict": Case(_two_outputs, _two_output_data),

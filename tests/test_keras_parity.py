@@ -29,7 +29,7 @@ ALL = list(parity_cases.CASES)
 UNEVEN = ["class_weighted_loss", "activity_regularizer", "add_loss_mean", "masking_timedistributed",
           "embedding_mask_zero_tagger", "per_timestep_sample_weight", "two_outputs_dict",
           "own_steps_no_compiled_loss", "compute_loss_penalty", "global_clipnorm", "gradient_accumulation",
-          "train_step_global_clipnorm", "gan_two_optimizers"]
+          "train_step_global_clipnorm", "gan_two_optimizers", "padded_seq2seq"]
 LAYOUTS = {1: ALL, 2: ALL, 3: UNEVEN}
 
 
@@ -67,5 +67,6 @@ def test_the_table_covers_each_item_of_the_issue():
                  "early_stopping_val_mae", "checkpoint_best_val_accuracy", "custom_loss_and_metric_unregistered",
                  "custom_loss_class_unregistered", "plain_loss_function", "add_loss_mean", "activity_regularizer",
                  "clipnorm", "global_clipnorm", "clipvalue", "gradient_accumulation", "ema_overwrite",
-                 "ema_final_weights", "train_step_global_clipnorm", "train_step_gradient_accumulation", "gan_two_optimizers"]:
+                 "ema_final_weights", "train_step_global_clipnorm", "train_step_gradient_accumulation", "gan_two_optimizers",
+                 "padded_seq2seq"]:
         assert name in parity_cases.CASES
