@@ -29,7 +29,11 @@ _TPU_HINTS = ("TPU_NAME", "TPU_WORKER_ID", "COLAB_TPU_ADDR", "TPU_ACCELERATOR_TY
 
 
 def auto_strategy_name(info: ClusterInfo, num_gpus: int, tpu_hinted: bool) -> str:
-    """The name "auto" resolves to: TPU, then cluster, then GPUs, then one device."""
+    """The name "auto" resolves to: TPU, then cluster, then GPUs, then the default strategy.
+
+    On one device that is what `model.fit` runs under: no distribution, so the
+    model is used as it was built (nothing is re-created in a scope).
+    """
     if tpu_hinted:
         return "tpu"
     if info.num_ps > 0:
@@ -38,7 +42,7 @@ def auto_strategy_name(info: ClusterInfo, num_gpus: int, tpu_hinted: bool) -> st
         return "multi_worker"
     if num_gpus > 1:
         return "mirrored"
-    return "one_device"
+    return "default"
 
 
 DEFAULT_COLLECTIVE_TIMEOUT = 300.0  # seconds before a collective gives up on a silent peer
@@ -83,7 +87,7 @@ def resolve_strategy(strategy: str | tf.distribute.Strategy | None, **options: A
     if name == "auto":
         tpu_hinted = any(os.environ.get(k) for k in _TPU_HINTS)
         name = auto_strategy_name(cluster_info(), 0, tpu_hinted)
-        if name == "one_device":  # only now look at devices: listing them starts TensorFlow,
+        if name == "default":  # only now look at devices: listing them starts TensorFlow,
             # after which a multi-worker strategy could no longer be created
             name = auto_strategy_name(cluster_info(), len(tf.config.list_logical_devices("GPU")), tpu_hinted)
         options = {}  # options are for an explicit name
