@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import statistics
 import time
@@ -212,10 +211,7 @@ def main() -> None:
     if profiled:
         results["profile"] = {"rounds": args.profile_rounds, "variants": profiled}
         _print_profile(profiled, args.profile_rounds)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
-        print(f"wrote {args.out}")
+    throughput.save(results, args.out)
 
 
 if __name__ == "__main__":

@@ -192,6 +192,14 @@ def _ratios(rates: dict[str, list]) -> dict[str, float]:
     return {name: statistics.median(t / v for t, v in zip(rates["trainer"], r)) for name, r in rates.items()}
 
 
+def save(results: dict, path: str | None) -> None:
+    """Writes `results` as JSON to `path` (nothing when None) and says so."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1)
+        print(f"wrote {path}")
+
+
 def quietly(fn: Callable[[], T]) -> T:
     """Calls `fn` with stdout and stderr swallowed (Keras's progress bars, TF's logs)."""
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):

@@ -13,10 +13,10 @@ from trainer import Trainer
 from trainer import engine
 
 
-def _fit(strategy, regularized=True, **kwargs):
+def _fit(strategy, regularized=True, optimizer_options=None, **kwargs):
     x, y, w = tiny_data(203)
     trainer = Trainer(strategy=strategy, batch_size=32, lr_scaling=None, verbose=0, **kwargs)
-    history = trainer.fit(tiny_model(regularized=regularized), (x, y, w), epochs=2)
+    history = trainer.fit(tiny_model(regularized=regularized, **(optimizer_options or {})), (x, y, w), epochs=2)
     return history.history, np.concatenate([v.ravel() for v in history.model.get_weights()])
 
 
@@ -48,6 +48,14 @@ def test_one_device_matches_default(reference):
 def test_central_storage_matches_default(reference):
     strategy = tf.distribute.experimental.CentralStorageStrategy(compute_devices=["/cpu:0", "/cpu:1", "/cpu:2"])
     _assert_same(_fit(strategy), reference)
+
+
+def test_optimizer_options_under_central_storage_match_default():
+    # Global clipping, accumulation and EMA (Keras applies the last two inside a `cond`, and its
+    # EMA update fails on CentralStorage's aggregated variables): applied once, across replicas.
+    options = dict(global_clipnorm=0.5, gradient_accumulation_steps=3, use_ema=True, ema_overwrite_frequency=4)
+    strategy = tf.distribute.experimental.CentralStorageStrategy(compute_devices=["/cpu:0", "/cpu:1", "/cpu:2"])
+    _assert_same(_fit(strategy, optimizer_options=options), _fit("default", optimizer_options=options))
 
 
 def test_a_model_without_regularization_matches_default_under_xla_and_central_storage():
