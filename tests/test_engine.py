@@ -50,11 +50,13 @@ def test_central_storage_matches_default(reference):
     _assert_same(_fit(strategy), reference)
 
 
-def test_optimizer_options_under_central_storage_match_default():
+@pytest.mark.parametrize("strategy", ["central_storage", "one_device"])
+def test_optimizer_options_match_default(strategy):
     # Global clipping, accumulation and EMA (Keras applies the last two inside a `cond`, and its
     # EMA update fails on CentralStorage's aggregated variables): applied once, across replicas.
     options = dict(global_clipnorm=0.5, gradient_accumulation_steps=3, use_ema=True, ema_overwrite_frequency=4)
-    strategy = tf.distribute.experimental.CentralStorageStrategy(compute_devices=["/cpu:0", "/cpu:1", "/cpu:2"])
+    if strategy == "central_storage":
+        strategy = tf.distribute.experimental.CentralStorageStrategy(compute_devices=["/cpu:0", "/cpu:1", "/cpu:2"])
     _assert_same(_fit(strategy, optimizer_options=options), _fit("default", optimizer_options=options))
 
 

@@ -116,6 +116,8 @@ def _replicas():
 def _summed(context, grads):
     """The replicas' gradients, each weighed by `replica_share(gradients=...)`, summed (None stays None)."""
     present = [i for i, g in enumerate(grads) if g is not None]
+    if not present:  # Keras's own apply then says which variables have no gradient
+        return list(grads)
     factor = _factor("gradients")
     summed = context.all_reduce(tf.distribute.ReduceOp.SUM, [_times(grads[i], factor) for i in present])
     out = list(grads)
@@ -208,7 +210,7 @@ def replica_hooks():
     Installed only for the duration (Keras's functions are put back after), and
     only the threads inside `replica_share` see other factors than Keras's.
     """
-    if not replica_hooks_supported():  # pragma: no cover - checked on Keras 3.8 and 3.15
+    if not replica_hooks_supported():  # pragma: no cover - checked on Keras 3.15
         yield
         return
     if _installed[0] == 0:
