@@ -51,6 +51,31 @@ def check_fit(model, train, val, *, steps_per_epoch, epoch_steps, epochs, initia
     return _against_model(model, [(train, "data", True), (val, "validation_data", True)])
 
 
+def check_callbacks(callbacks: Any) -> list:
+    """`callbacks` as a list of `keras.callbacks.Callback`s; refuses Keras's own BackupAndRestore."""
+    if callbacks is None:
+        return []
+    if isinstance(callbacks, keras.callbacks.Callback) or not isinstance(callbacks, (list, tuple)):
+        raise TypeError(
+            f"`callbacks` must be a list of keras.callbacks.Callback instances. Received: callbacks={callbacks!r} "
+            f"of type {type(callbacks).__name__}. Pass a list: callbacks=[...]."
+        )
+    for i, callback in enumerate(callbacks):
+        if not isinstance(callback, keras.callbacks.Callback):
+            raise TypeError(
+                f"`callbacks[{i}]` must be a keras.callbacks.Callback. Received: {callback!r} of type "
+                f"{type(callback).__name__}. Subclass keras.callbacks.Callback (or use keras.callbacks.LambdaCallback)."
+            )
+        if type(callback) is keras.callbacks.BackupAndRestore:
+            raise ValueError(
+                f"`callbacks[{i}]` is Keras's own keras.callbacks.BackupAndRestore, which resumes model.fit's loop "
+                "only: under Trainer.fit a resumed run would train every epoch again. Use the trainer's: "
+                "`from callbacks import BackupAndRestore`, BackupAndRestore(backup_dir), which resumes mid-epoch "
+                "on every strategy."
+            )
+    return list(callbacks)
+
+
 def check_evaluate(model, inp, *, steps) -> Any:
     """Checks evaluate's inputs; returns `model` as `check_fit` does."""
     check_int("steps", steps, minimum=1, allow_none=True, fix="Pass a positive number of steps, or None for all.")

@@ -177,6 +177,7 @@ class Trainer:
           verbose: overrides the trainer's verbosity for this call.
         """
         strategy = self._resolve_strategy(strategy)
+        callbacks = checks.check_callbacks(callbacks)
         train = data_lib.as_input(data, arg="data")
         val = self._validation_input(validation_data, train)
         options.check_loop_args(epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch)
@@ -191,7 +192,6 @@ class Trainer:
                                  global_batch_size=batch.global_batch_size)
         lr = engine_lib.LRSettings(self.lr_scaling, self.base_batch_size, batch, warmup_steps)
         run_model, compiled, lr_plan = self._build(model, strategy, train, lr=lr)
-        callbacks = list(callbacks or [])
         fusion = self._fusion(compiled, batch, steps_per_epoch, callbacks)
         plan = self._plan(strategy, train, batch, steps_per_epoch, lr_plan, fusion, run_model)
         context = loop.TrainContext(strategy, strategy_cluster_info(strategy), plan, epochs=epochs,
@@ -224,13 +224,14 @@ class Trainer:
     ) -> dict[str, float]:
         """Returns {metric name: value}, exact over every example of `data`."""
         strategy = self._resolve_strategy(strategy)
+        callbacks = checks.check_callbacks(callbacks)
         inp = data_lib.as_input(data, arg="data")
         if isinstance(model, keras.Model):
             models.check_compiled(model)
         model = checks.check_evaluate(model, inp, steps=steps)
         batch = self._batch_plan(strategy)
         run_model, compiled, _ = self._build(model, strategy, inp)
-        callback_list = keras.callbacks.CallbackList(list(callbacks or []), model=run_model)
+        callback_list = keras.callbacks.CallbackList(callbacks, model=run_model)
         held = [self._iterator_factory(compiled.eval_strategy, batch)(inp)]  # see loop.release
         try:
             return loop.run_eval(compiled.eval_steps, held[0], callback_list, num_steps=steps)
