@@ -249,7 +249,7 @@ def _recreate(
             "that builds, adapts and compiles the model instead: Trainer.fit(lambda: make_model(), ...); or "
             "build the model inside `strategy.scope()`."
         )
-    if model.optimizer is not None and type(model).compile is not keras.Model.compile:
+    if model.optimizer is not None and overridden(model, "compile"):
         raise ValueError(
             f"`model` was built outside the strategy's scope, and {type(model).__name__} has its own compile() "
             "(a GAN's compile(d_optimizer=..., g_optimizer=...), say), whose arguments the trainer cannot know to "

@@ -50,11 +50,6 @@ def overridden(model: keras.Model, name: str) -> bool:
     return False
 
 
-def model_steps(model: keras.Model) -> tuple[str, ...]:
-    """The methods of `MODEL_STEPS` that the model's class overrides, in that order."""
-    return tuple(name for name in MODEL_STEPS if overridden(model, name))
-
-
 @dataclasses.dataclass(frozen=True)
 class ModelSteps:
     """Which of its steps the model's class brings: the trainer runs those instead of its own."""
