@@ -33,6 +33,13 @@ class Case:
     # where the trainer gives one device's numbers and Keras does not); checked on 2 replicas.
     keras_differs_on_replicas: bool = False
     evaluate: bool = True  # compare evaluate() (a GAN's has nothing to report)
+    # How the data reaches fit, evaluate and predict, the same for model.fit and Trainer.fit:
+    # "arrays" (x, y, sample_weight=, batch_size=), or one of FORMS (parity_run.py builds them).
+    form: str = "arrays"
+    fit_kwargs: dict = dataclasses.field(default_factory=dict)  # more of fit's Keras arguments
+
+
+FORMS = ("dataset", "dataset_drop_remainder", "dataset_reshuffled", "generator", "pydataset_workers")
 
 
 def _rng(seed=0):
@@ -349,6 +356,26 @@ def _two_output_data():
     return x, {"a": y, "b": (x[:, :3].argmax(axis=1)).astype("int32")}, None
 
 
+def _vectorized_text():
+    vocabulary = ["the", "cat", "dog", "sat", "ran", "on", "mat"]
+    model = keras.Sequential([keras.Input((), dtype="string"),
+                              keras.layers.TextVectorization(vocabulary=vocabulary, output_sequence_length=4),
+                              keras.layers.Embedding(len(vocabulary) + 2, 3), keras.layers.GlobalAveragePooling1D(),
+                              keras.layers.Dense(1)])
+    return _compiled(model, metrics=["mae"])
+
+
+def _sentences():
+    rng = _rng(7)
+    words = np.array(["the", "cat", "dog", "sat", "ran", "on", "mat", "fox"])
+    x = np.array([" ".join(rng.choice(words, rng.randint(1, 6))) for _ in range(N)], dtype=object)
+    return x, np.array([[len(s) / 10.0] for s in x], "float32"), None
+
+
+def _classifier():
+    return _compiled(_dense(3), keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+
+
 CASES: dict[str, Case] = {
     "dense_l2_mae": Case(lambda: _compiled(_dense(kernel_regularizer="l2"), metrics=["mae"]), _regression),
     "class_weighted_loss": Case(lambda: _compiled(_dense(3), keras.losses.SparseCategoricalCrossentropy(
@@ -413,6 +440,30 @@ CASES: dict[str, Case] = {
         lambda: _compiled(_guide_model(), metrics=["mae"], optimizer=_sgd(gradient_accumulation_steps=2)),
         _regression,
         per_replica={"loss": "its loss tracker averages each replica's mean loss unweighted (see the row above)"}),
+    # Input forms: the same data as a batched tf.data.Dataset, a generator or a PyDataset.
+    "batched_dataset": Case(lambda: _compiled(_dense(), metrics=["mae"]), _regression, form="dataset",
+                            validation=True),
+    "batched_dataset_drop_remainder": Case(lambda: _compiled(_dense(), metrics=["mae"]), _regression,
+                                           form="dataset_drop_remainder"),
+    "batched_dataset_reshuffled": Case(lambda: _compiled(_dense(), metrics=["mae"]), _regression,
+                                       form="dataset_reshuffled"),
+    "batched_dataset_weighted_classes": Case(_classifier, _weighted_classes, form="dataset"),
+    "generator": Case(lambda: _compiled(_dense(), metrics=["mae"]), _regression, form="generator"),
+    "pydataset_workers": Case(lambda: _compiled(_dense(), metrics=["mae"]), _regression, form="pydataset_workers"),
+    "string_inputs": Case(_vectorized_text, _sentences),
+    "string_dataset": Case(_vectorized_text, _sentences, form="dataset"),
+    # fit's Keras arguments.
+    "class_weight": Case(_classifier, _classes, fit_kwargs={"class_weight": {0: 0.5, 2: 3.0}}),
+    "class_weight_pydataset": Case(_classifier, _classes, form="pydataset_workers",
+                                   fit_kwargs={"class_weight": {1: 2.0}}),
+    "validation_split": Case(lambda: _compiled(_dense(), metrics=["mae"]), _regression,
+                             fit_kwargs={"validation_split": 0.3}),
+    "validation_freq_and_steps": Case(lambda: _compiled(_dense(), metrics=["mae"]), _regression, validation=True,
+                                      fit_kwargs={"validation_freq": 2, "validation_steps": 1,
+                                                  "validation_batch_size": 4}),
+    "compile_steps_per_execution": Case(lambda: _compiled(_dense(), metrics=["mae"], steps_per_execution=3),
+                                        _regression),
+    "compile_jit_compile": Case(lambda: _compiled(_dense(), metrics=["mae"], jit_compile=True), _regression),
 }
 
 

@@ -38,30 +38,82 @@ def _with_tmp(callbacks, folder):
     return callbacks
 
 
+class _Batches(keras.utils.PyDataset):
+    """The data as a PyDataset with two worker threads, batch by batch."""
+
+    def __init__(self, parts, **kwargs):
+        super().__init__(**kwargs)
+        self.parts = parts
+
+    def __len__(self):
+        return -(-len(tf.nest.flatten(self.parts)[0]) // parity_cases.BATCH)
+
+    def __getitem__(self, i):
+        rows = slice(i * parity_cases.BATCH, (i + 1) * parity_cases.BATCH)
+        parts = self.parts if isinstance(self.parts, tuple) else (self.parts,)  # Keras takes x alone as (x,)
+        return tuple(tf.nest.map_structure(lambda a: a[rows], parts))
+
+
+def _form(case, parts):
+    """`parts` ((x, y[, w]), or x alone) in the case's form: a fresh object for each use."""
+    if case.form == "pydataset_workers":
+        return _Batches(parts, workers=2)
+    if case.form == "generator":
+        batches = _Batches(parts)
+        return (batches[i] for i in range(len(batches)))
+    ds = tf.data.Dataset.from_tensor_slices(parts)
+    if case.form == "dataset_reshuffled":
+        ds = ds.shuffle(parity_cases.N, seed=7)  # reshuffled each epoch, in one order for both runs
+    return ds.batch(parity_cases.BATCH, drop_remainder=case.form == "dataset_drop_remainder").prefetch(2)
+
+
+def _inputs(case, x, y, w, features_only=False):
+    """(args, kwargs) that give fit, evaluate or predict the data: the same for model.fit and Trainer.fit."""
+    if case.form == "arrays":
+        if features_only:
+            return (x,), {"batch_size": parity_cases.BATCH}
+        return (x, y), {"sample_weight": w, "batch_size": parity_cases.BATCH}
+    parts = x if features_only else ((x, y) if w is None else (x, y, w))
+    return (_form(case, parts),), {}
+
+
+def _fit_kwargs(case, x, y, folder):
+    kwargs = {"epochs": parity_cases.EPOCHS, "callbacks": _with_tmp(case.callbacks(), folder), **case.fit_kwargs}
+    if case.form == "arrays" or case.form == "pydataset_workers":
+        kwargs["shuffle"] = False
+    if case.validation:
+        kwargs["validation_data"] = (_first(x, 9), _first(y, 9))
+    return kwargs
+
+
 def _keras_run(case, folder):
     x, y, w = case.data()
     keras.utils.set_random_seed(0)
     model = case.build()
-    val = {"validation_data": (_first(x, 9), _first(y, 9))} if case.validation else {}
-    history = model.fit(x, y, sample_weight=w, batch_size=parity_cases.BATCH, epochs=parity_cases.EPOCHS,
-                        shuffle=False, verbose=0, callbacks=_with_tmp(case.callbacks(), folder), **val)
-    evaluated = (model.evaluate(x, y, sample_weight=w, batch_size=parity_cases.BATCH, return_dict=True, verbose=0)
-                 if case.evaluate else {})
-    predicted = model.predict(x, batch_size=parity_cases.BATCH, verbose=0)
+    args, kwargs = _inputs(case, x, y, w)
+    history = model.fit(*args, **kwargs, **_fit_kwargs(case, x, y, folder), verbose=0)
+    evaluated = {}
+    if case.evaluate:
+        args, kwargs = _inputs(case, x, y, w)
+        evaluated = model.evaluate(*args, **kwargs, return_dict=True, verbose=0)
+    args, kwargs = _inputs(case, x, y, w, features_only=True)
+    predicted = model.predict(*args, **kwargs, verbose=0)
     return history.history, model.get_weights(), evaluated, predicted
 
 
 def _trainer_run(case, folder):
+    """The same calls as `_keras_run`, with `trainer.` in front and the model first: nothing else changed."""
     x, y, w = case.data()
-    trainer = Trainer(strategy=STRATEGY, batch_size=parity_cases.BATCH, lr_scaling=None, shuffle=False,
-                      seed=0, verbose=0)
-    data = (x, y) if w is None else (x, y, w)
-    val = {"validation_data": (_first(x, 9), _first(y, 9))} if case.validation else {}
-    history = trainer.fit(case.build, data, epochs=parity_cases.EPOCHS, callbacks=_with_tmp(case.callbacks(), folder),
-                          **val)
+    trainer = Trainer(strategy=STRATEGY, seed=0, verbose=0)
+    args, kwargs = _inputs(case, x, y, w)
+    history = trainer.fit(case.build, *args, **kwargs, **_fit_kwargs(case, x, y, folder))
     model = history.model
-    evaluated = trainer.evaluate(model, data) if case.evaluate else {}
-    predicted = trainer.predict(model, x)
+    evaluated = {}
+    if case.evaluate:
+        args, kwargs = _inputs(case, x, y, w)
+        evaluated = trainer.evaluate(model, *args, **kwargs)
+    args, kwargs = _inputs(case, x, y, w, features_only=True)
+    predicted = trainer.predict(model, *args, **kwargs)
     return history.history, model.get_weights(), evaluated, predicted
 
 

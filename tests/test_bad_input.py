@@ -47,6 +47,29 @@ def _fit(c, data=None, trainer=None, **kwargs):
     return trainer.fit(c.model, (c.x, c.y) if data is None else data, **kwargs)
 
 
+def c_fit_keras(c, x, y, **kwargs):
+    """fit as a model.fit script calls it: x and y apart."""
+    return Trainer(strategy="default", verbose=0).fit(c.model, x, y, **kwargs)
+
+
+def _batches(x, y, size=8):
+    return ((x[i:i + size], y[i:i + size]) for i in range(0, len(x), size))
+
+
+class _PyBatches(keras.utils.PyDataset):
+    def __init__(self, x, y, endless=False):
+        super().__init__()
+        self.x, self.y, self.endless = x, y, endless
+
+    @property
+    def num_batches(self):
+        return None if self.endless else -(-len(self.x) // 8)
+
+    def __getitem__(self, i):
+        i %= -(-len(self.x) // 8)
+        return self.x[i * 8:(i + 1) * 8], self.y[i * 8:(i + 1) * 8]
+
+
 def _ds(*parts):
     return tf.data.Dataset.from_tensor_slices(parts if len(parts) > 1 else parts[0])
 
@@ -143,7 +166,7 @@ ROWS = [
      r"Reshape the data, or build the model with keras.Input\(\(5,\)\)"),
     ("feature-shape-builder", lambda c: _fit(c, (c.x[:, :5], c.y)), ValueError, "`data` x", "(203, 5)",
      r"Reshape the data", lambda: tiny_model),
-    ("string-features", lambda c: _fit(c, (c.x.astype(str), c.y)), TypeError, "`data` x", "dtype=<U",
+    ("string-features", lambda c: _fit(c, (c.x.astype(str), c.y)), TypeError, "`data` x", "text (strings)",
      r"x.astype\('float32'\)"),
     ("object-array", lambda c: _fit(c, (np.array([np.ones(8)] * 3 + [np.ones(7)], dtype=object), c.y[:4])),
      TypeError, "`data` x", "dtype=object", r"Pad the rows to one length"),
@@ -182,8 +205,42 @@ ROWS = [
      "cardinality INFINITE, steps_per_epoch=None", r"Pass steps_per_epoch=<steps>, or drop .repeat\(\)"),
     ("validation-infinite", lambda c: _fit(c, validation_data=_ds(c.x, c.y).repeat()), ValueError,
      "`validation_data`", "cardinality INFINITE", r"validation_data.take\("),
-    ("dataset-batched", lambda c: _fit(c, _ds(c.x, c.y).batch(8)), ValueError, "`data`", "(None, 8)",
-     r"data.unbatch\(\)"),
+    # fit's data: batched datasets, generators, PyDatasets (checked on their element specs and first batches)
+    ("batched-feature-shape", lambda c: _fit(c, _ds(c.x[:, :5], c.y).batch(8, drop_remainder=True)), ValueError,
+     "`data` x", "per-element shape (5,)", r"Reshape the data"),
+    ("generator-feature-shape", lambda c: _fit(c, _batches(c.x[:, :5], c.y)), ValueError, "`data` x",
+     "per-element shape (5,)", r"Reshape the data"),
+    ("pydataset-feature-shape", lambda c: _fit(c, _PyBatches(c.x[:, :5], c.y)), ValueError, "`data` x",
+     "per-element shape (5,)", r"Reshape the data"),
+    ("generator-not-tuples", lambda c: _fit(c, (row for row in c.x)), ValueError, "`data`", "a generator",
+     r"Yield tuples of NumPy arrays"),
+    ("pydataset-endless", lambda c: _fit(c, _PyBatches(c.x, c.y, endless=True)), ValueError, "`data`",
+     "num_batches=None, steps_per_epoch=None", r"Pass steps_per_epoch=<steps>"),
+    ("generator-warmup-epochs", lambda c: _fit(c, _batches(c.x, c.y), trainer=Trainer(warmup_epochs=1, verbose=0)),
+     ValueError, "`warmup_epochs`", "unknown size", r"Pass warmup_steps, or steps_per_epoch"),
+    ("dataset-with-y", lambda c: c_fit_keras(c, _ds(c.x).batch(8), c.y), ValueError, "`y`", "ndarray",
+     r"drop y="),
+    ("generator-class-weight", lambda c: _fit(c, _batches(c.x, c.y), class_weight={0: 2.0}), ValueError,
+     "`class_weight`", "{0: 2.0}", r"Put the weights in the batches it yields"),
+    # fit's Keras arguments
+    ("validation-split-one", lambda c: _fit(c, validation_split=1.0), ValueError, "`validation_split`",
+     "validation_split=1.0", r"Pass a fraction"),
+    ("validation-split-negative", lambda c: _fit(c, validation_split=-0.1), ValueError, "`validation_split`",
+     "validation_split=-0.1", r"Pass a fraction"),
+    ("validation-split-string", lambda c: _fit(c, validation_split="0.2"), TypeError, "`validation_split`",
+     "'0.2'", r"Pass a fraction"),
+    ("validation-split-dataset", lambda c: _fit(c, _ds(c.x, c.y).batch(8), validation_split=0.2), ValueError,
+     "`validation_split`", "batched dataset", r"Pass validation_data= instead"),
+    ("class-weight-list", lambda c: _fit(c, class_weight=[1.0, 2.0]), TypeError, "`class_weight`", "[1.0, 2.0]",
+     r"class_weight=\{0: 1.0, 1: 5.0\}"),
+    ("class-weight-string-keys", lambda c: _fit(c, class_weight={"cat": 2.0}), TypeError, "`class_weight`",
+     "'cat'", r"classes left out weigh 1.0"),
+    ("class-and-sample-weight", lambda c: _fit(c, (c.x, c.y, c.w), class_weight={0: 2.0}), ValueError,
+     "`class_weight` and `sample_weight`", "{0: 2.0}", r"Multiply the class weights into sample_weight"),
+    ("validation-freq-zero", lambda c: _fit(c, validation_freq=0), ValueError, "`validation_freq`",
+     "validation_freq=0", r"Pass a positive number of epochs"),
+    ("fit-batch-size-string", lambda c: c_fit_keras(c, c.x, c.y, batch_size="64"), TypeError, "`batch_size`",
+     "'64'", r"Pass the global batch size"),
     ("dataset-empty", lambda c: _fit(c, _ds(c.x, c.y).take(0)), ValueError, "`data`", "cardinality 0",
      r"Pass a dataset with examples"),
     ("dataset-unknown-rank",

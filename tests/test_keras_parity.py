@@ -8,7 +8,11 @@ registered; add_loss and activity regularizers. Each row is fitted by
 model.fit on one device and by Trainer.fit with the same seed, global batch
 and data, on 1, 2 and 3 replicas (one process per layout,
 tests/parity_run.py), with a last batch split unevenly; history, final
-weights, evaluate and predict must agree to 1e-5.
+weights, evaluate and predict must agree to 1e-5. Both runs make the same
+calls, `model.fit(x, y, batch_size=8, ...)` and `trainer.fit(model, x, y,
+batch_size=8, ...)`, with the data as arrays, a batched tf.data.Dataset, a
+generator or a PyDataset, and fit's Keras arguments (class_weight,
+validation_split, validation_freq, ...).
 """
 
 import concurrent.futures
@@ -68,5 +72,12 @@ def test_the_table_covers_each_item_of_the_issue():
                  "custom_loss_class_unregistered", "plain_loss_function", "add_loss_mean", "activity_regularizer",
                  "clipnorm", "global_clipnorm", "clipvalue", "gradient_accumulation", "ema_overwrite",
                  "ema_final_weights", "train_step_global_clipnorm", "train_step_gradient_accumulation", "gan_two_optimizers",
-                 "padded_seq2seq"]:
+                 "padded_seq2seq",
+                 # issue 22: every input form and fit argument of model.fit
+                 "batched_dataset", "batched_dataset_drop_remainder", "batched_dataset_reshuffled",
+                 "batched_dataset_weighted_classes", "generator", "pydataset_workers", "string_inputs", "string_dataset",
+                 "class_weight", "class_weight_pydataset", "validation_split", "validation_freq_and_steps",
+                 "compile_steps_per_execution", "compile_jit_compile"]:
         assert name in parity_cases.CASES
+    forms = {case.form for case in parity_cases.CASES.values()}
+    assert forms == {"arrays", *parity_cases.FORMS}, forms

@@ -315,3 +315,54 @@ def symbolic_build(model: keras.Model, data_batch: Any) -> None:
     if build is None:  # pragma: no cover
         raise RuntimeError("This Keras has no Model._symbolic_build (checked on 3.15); the trainer needs one.")
     build(data_batch=data_batch)
+
+
+# Input forms -------------------------------------------------------------------
+#
+# Generators and `keras.utils.PyDataset` are read through Keras's own data
+# adapters, so that their batches, steps, workers, queue and epoch hooks are
+# those of `model.fit`.
+
+try:  # keras/src/trainers/data_adapters/ (3.0-3.15)
+    from keras.src.trainers.data_adapters.generator_data_adapter import GeneratorDataAdapter as _GeneratorAdapter
+    from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter as _PyDatasetAdapter
+except ImportError:  # pragma: no cover
+    _GeneratorAdapter = _PyDatasetAdapter = None
+
+
+def keras_adapter(x: Any, *, class_weight: Any = None, shuffle: bool = False) -> Any:
+    """Keras's adapter for a generator or PyDataset: `.get_tf_dataset()`, `.num_batches`, epoch hooks."""
+    if _GeneratorAdapter is None:  # pragma: no cover
+        raise RuntimeError("This Keras has no keras.src.trainers.data_adapters; pass a tf.data.Dataset instead.")
+    if isinstance(x, keras.utils.PyDataset):
+        return _PyDatasetAdapter(x, class_weight=class_weight, shuffle=shuffle)
+    return _GeneratorAdapter(x)
+
+
+def first_batch(adapter: Any) -> Any:
+    """The first batch an adapter yields, read without consuming anything (it was peeked or is indexed)."""
+    if isinstance(adapter, _PyDatasetAdapter):
+        return adapter._standardize_batch(adapter.py_dataset[0])
+    return adapter._first_batches[0]
+
+
+def declared_batch_size(dataset: tf.data.Dataset) -> tuple[bool, int | None]:
+    """(batched, batch size) from the `.batch()` in `dataset`'s chain of transformations.
+
+    Walks `_input_dataset` (tf.data's Python classes, TF 2.16-2.21) back from
+    the dataset through maps, prefetches, caches and the like, to the last
+    `.batch`, `.padded_batch` or `.unbatch`; (False, None) when the chain ends
+    without one, or passes through something whose batching it cannot see.
+    """
+    while dataset is not None:
+        name = type(dataset).__name__
+        if "Unbatch" in name:
+            return False, None
+        if "Rebatch" in name:  # batched, to sizes this walk does not read
+            return True, None
+        size = getattr(dataset, "_batch_size", None)
+        if size is not None:
+            value = tf.get_static_value(size)
+            return True, (int(value) if value is not None and int(value) > 0 else None)
+        dataset = getattr(dataset, "_input_dataset", None)
+    return False, None

@@ -132,8 +132,8 @@ def check_data(inp, arg: str, *, steps_arg: str | None, steps: int | None, with_
                 _check_array(array, name, part, arg)
         if with_targets and len(inp.arrays) == 3:
             _check_sample_weight(inp.arrays[2], arg, per_example=False)
-    elif isinstance(inp, data_lib.DatasetInput):
-        spec = inp.dataset.element_spec
+    elif isinstance(inp, (data_lib.DatasetInput, data_lib.BatchedInput)):
+        spec = data_lib.example_spec(inp)
         if with_targets and not (isinstance(spec, (tuple, list)) and len(spec) in (2, 3)):
             raise ValueError(
                 f"`{arg}` must yield (x, y) or (x, y, sample_weight) elements. Received: {arg} with elements "
@@ -151,14 +151,24 @@ def check_data(inp, arg: str, *, steps_arg: str | None, steps: int | None, with_
             )
         if with_targets and len(spec) == 3:
             _check_sample_weight(spec[2], arg, per_example=True)
-        if steps is None and inp.dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
-            fix = (f"Pass {steps_arg}=<steps>, or drop .repeat()" if steps_arg
-                   else f"Pass a finite dataset, e.g. {arg}.take(<examples>)")
+        if steps is None and _endless(inp):
+            pydataset = isinstance(inp, data_lib.BatchedInput) and inp.form == "PyDataset"
+            what, received = (("PyDataset without a length (num_batches None)", "num_batches=None") if pydataset else
+                              ("tf.data.Dataset (.repeat() without a count)", "cardinality INFINITE"))
+            fix = (f"Pass {steps_arg}=<steps>" + ("" if pydataset else ", or drop .repeat()") if steps_arg
+                   else f"Pass finite data, e.g. {arg}.take(<examples>)" if not pydataset
+                   else "Give the PyDataset a __len__")
             raise ValueError(
-                f"`{arg}` must end, or the trainer must be told when to stop: it is an infinite "
-                f"tf.data.Dataset (.repeat() without a count). Received: {arg} with cardinality INFINITE"
-                f"{f', {steps_arg}=None' if steps_arg else ''}. {fix}."
+                f"`{arg}` must end, or the trainer must be told when to stop: it is an infinite {what}. "
+                f"Received: {arg} with {received}{f', {steps_arg}=None' if steps_arg else ''}. {fix}."
             )
+
+
+def _endless(inp) -> bool:
+    """Whether `inp` never ends: a repeated dataset, or a PyDataset without a length."""
+    if isinstance(inp, data_lib.BatchedInput) and inp.form == "PyDataset":
+        return inp.num_batches is None
+    return inp.dataset.cardinality() == tf.data.INFINITE_CARDINALITY
 
 
 def _check_sample_weight(weights: Any, arg: str, *, per_example: bool) -> None:

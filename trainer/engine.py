@@ -55,10 +55,17 @@ class LRSettings:
         return scaling.LRPlan(rule, models.base_learning_rate(optimizer), factor, self.warmup_steps)
 
 
-def jit_for(strategy: tf.distribute.Strategy, setting: bool | str) -> bool:
-    """XLA on TPUs and GPUs for "auto" (it slows CNNs down on CPU); else the setting."""
+def jit_for(strategy: tf.distribute.Strategy, setting: bool | str, model: Any = None) -> bool:
+    """XLA or not: the Trainer's setting; for "auto", the compiled model's `jit_compile`, else on for TPUs and GPUs.
+
+    Keras resolves `compile(jit_compile="auto")` to off on CPU-only machines
+    (XLA slows CNNs down there) and on where the model's layers support it
+    elsewhere; an explicit `compile(jit_compile=...)` is kept as given.
+    """
     if setting != "auto":
         return bool(setting)
+    if isinstance(model, keras.Model) and getattr(model, "compiled", False):
+        return bool(model.jit_compile)
     return strategy_lib.runs_on_accelerators(strategy)
 
 
@@ -147,7 +154,7 @@ def build(
     if lr is not None and run_model.optimizer is not None:  # a GAN keeps its optimizers elsewhere
         lr_plan = lr.plan_for(run_model.optimizer)
         models.optimizer_in_scope(run_model, strategy, factor=lr_plan.factor, warmup_steps=lr.warmup_steps)
-    jit = jit_for(strategy, jit_compile)
+    jit = jit_for(strategy, jit_compile, run_model)
     warmup = lr_plan.float_warmup() if lr_plan else None
     key = (run_model, strategy, run_model.optimizer, jit, warmup)
     engine = next((e for e in cache if _same(e.key, key)), None)

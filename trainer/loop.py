@@ -16,6 +16,7 @@ from typing import Any, Callable
 import keras
 import tensorflow as tf
 
+from trainer import data as data_lib
 from trainer.fusion import StepFusion
 from trainer.plan import Plan
 from trainer.steps import Steps
@@ -70,6 +71,21 @@ class TrainContext:
         return max(0, min(total, (first_step + steps) * batch) - first_step * batch)
 
 
+@dataclasses.dataclass
+class Validation:
+    """What fit validates on, and when: after every `freq`-th epoch, at most `steps` steps of `batch`."""
+
+    inp: Any
+    freq: int = 1
+    steps: int | None = None
+    batch: Any = None  # its scaling.BatchPlan
+    make_iterator: MakeIterator | None = None  # set by the Trainer for the evaluation strategy
+
+    def due(self, epoch: int) -> bool:
+        """Whether to validate at the end of `epoch` (as Keras counts: epochs freq, 2 freq, ...)."""
+        return (epoch + 1) % self.freq == 0
+
+
 def overrides_batch_hooks(callback: keras.callbacks.Callback) -> bool:
     """Whether a callback implements a train-batch hook (and so wants batch logs)."""
     base = keras.callbacks.Callback
@@ -94,7 +110,7 @@ def run_epochs(
     callbacks: keras.callbacks.CallbackList,
     make_iterator: MakeIterator,
     train: Any,
-    val: Any,
+    validation: Validation | None,
     *,
     restart_each_epoch: bool,
 ) -> dict[str, Any]:
@@ -111,6 +127,7 @@ def run_epochs(
         context.epoch, context.step = epoch, first_step
         objective.reset()
         callbacks.on_epoch_begin(epoch)
+        data_lib.epoch_begin(train)
         fresh = not held or restart_each_epoch
         if fresh:
             release(held)
@@ -123,7 +140,8 @@ def run_epochs(
             # One stream for all epochs (a dataset with steps_per_epoch): it starts again, and fills this epoch.
             held.append(make_iterator(train, epoch=epoch, start_step=0, until=context.epochs))
             fresh = True
-        logs = end_epoch(epoch, objective, steps, make_iterator, val, callbacks)
+        release(data_lib.epoch_end(train, read_all=restart_each_epoch))
+        logs = end_epoch(epoch, objective, steps, validation, callbacks)
         if model.stop_training:
             break
     end_training(model, context, callbacks, logs)
@@ -154,16 +172,14 @@ def release(held: list) -> None:
         threading.Thread(target=items.clear, name="trainer-release-iterator").start()
 
 
-def end_epoch(epoch: int, objective, eval_steps: Steps, make_iterator: MakeIterator, val, callbacks) -> dict:
-    """Reads the epoch's train logs, validates, and calls `on_epoch_end`; returns the logs."""
+def end_epoch(epoch: int, objective, eval_steps: Steps, validation: Validation | None, callbacks) -> dict:
+    """Reads the epoch's train logs, validates when due, and calls `on_epoch_end`; returns the logs."""
     logs = objective.results()
     optimizer = eval_steps.model.optimizer
     if optimizer is not None:
         logs["learning_rate"] = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
-    if val is not None:
-        held = [make_iterator(val)]
-        val_logs = run_eval(eval_steps, held[0], callbacks)
-        release(held)
+    if validation is not None and validation.due(epoch):
+        val_logs = run_eval(eval_steps, validation.make_iterator, validation.inp, callbacks, validation.steps)
         logs.update({f"val_{k}": v for k, v in val_logs.items()})
     callbacks.on_epoch_end(epoch, logs)
     return logs
@@ -218,17 +234,23 @@ def _train_epoch(steps: Steps, context: TrainContext, callbacks, iterator, batch
     return False
 
 
-def run_eval(steps: Steps, iterator, callbacks, num_steps: int | None = None) -> dict[str, float]:
-    """Evaluates over the whole iterator (or `num_steps`); exact results."""
+def run_eval(steps: Steps, make_iterator: MakeIterator, inp, callbacks, num_steps: int | None = None
+             ) -> dict[str, float]:
+    """Evaluates over all of `inp` (or `num_steps` steps of it); exact results."""
     steps.objective.reset()
     callbacks.on_test_begin()
-    done = 0
-    while num_steps is None or done < num_steps:
-        n = EVAL_STEPS_PER_EXECUTION if num_steps is None else min(EVAL_STEPS_PER_EXECUTION, num_steps - done)
-        ran = steps.evaluate(iterator, n)
-        done += ran
-        if ran < n:
-            break
+    data_lib.epoch_begin(inp)
+    held = [make_iterator(inp)]  # see `release`
+    try:
+        done = 0
+        while num_steps is None or done < num_steps:
+            n = EVAL_STEPS_PER_EXECUTION if num_steps is None else min(EVAL_STEPS_PER_EXECUTION, num_steps - done)
+            ran = steps.evaluate(held[0], n)
+            done += ran
+            if ran < n:
+                break
+    finally:
+        release(held + data_lib.epoch_end(inp, read_all=num_steps is None))
     logs = steps.objective.results()
     callbacks.on_test_end(logs)
     return logs

@@ -77,7 +77,7 @@ def _check_feature(leaf: Any, name: str, tensor: Any, arg: str) -> None:
                "in the model" if got_string else "Pass strings, or change the Input's dtype")
         raise TypeError(
             f"{subject(arg, name)} must match the model's {tensor.dtype} {_input_label(tensor)}. "
-            f"Received: {name} with dtype={leaf.dtype.name if not is_array else leaf.dtype}. {fix}."
+            f"Received: {name} with {'text (strings)' if got_string else f'dtype={_dtype_name(leaf)}'}. {fix}."
         )
     expected = tuple(tensor.shape[1:])
     if not _compatible(shape, expected):
@@ -87,6 +87,10 @@ def _check_feature(leaf: Any, name: str, tensor: Any, arg: str) -> None:
             f"{_input_label(tensor)}. Received: {name} {got}. Reshape the data, or build the model "
             f"with keras.Input({shape})."
         )
+
+
+def _dtype_name(leaf: Any) -> str:
+    return str(leaf.dtype) if isinstance(leaf, np.ndarray) else leaf.dtype.name
 
 
 def _compatible(shape: tuple, expected: tuple) -> bool:
@@ -151,7 +155,7 @@ def _count_inputs(tensors: list) -> str:
 
 
 def structure(inp) -> Any:
-    return inp.arrays if isinstance(inp, data_lib.ArrayInput) else inp.dataset.element_spec
+    return inp.arrays if isinstance(inp, data_lib.ArrayInput) else data_lib.example_spec(inp)
 
 
 def parts(struct: Any, with_targets: bool) -> dict[str, Any]:

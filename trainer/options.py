@@ -99,3 +99,25 @@ def check_loop_args(*, epochs: int, initial_epoch: int, steps_per_epoch: int | N
         )
     check_int("steps_per_epoch", steps_per_epoch, minimum=1, allow_none=True,
               fix="Pass a positive number of steps, or None for one pass over the data.")
+
+
+def check_fit_args(*, batch_size: int | None = None, validation_split: float = 0.0, validation_freq: int = 1,
+                   validation_steps: int | None = None, validation_batch_size: int | None = None) -> None:
+    """The Keras arguments of fit (evaluate and predict take `batch_size`), before anything runs."""
+    check_int("batch_size", batch_size, minimum=1, allow_none=True,
+              fix="Pass the global batch size, e.g. batch_size=64, or None for the Trainer's.")
+    check_int("validation_batch_size", validation_batch_size, minimum=1, allow_none=True,
+              fix="Pass the validation batch size, or None for the training batch size.")
+    check_int("validation_freq", validation_freq, minimum=1, fix="Pass a positive number of epochs, e.g. 1.")
+    check_int("validation_steps", validation_steps, minimum=1, allow_none=True,
+              fix="Pass a positive number of steps, or None to validate on all of validation_data.")
+    if isinstance(validation_split, bool) or not isinstance(validation_split, (int, float)):
+        raise TypeError(
+            f"`validation_split` must be a float in [0, 1). Received: validation_split={validation_split!r} of type "
+            f"{type(validation_split).__name__}. Pass a fraction, e.g. validation_split=0.2."
+        )
+    if not 0.0 <= validation_split < 1.0:
+        raise ValueError(
+            f"`validation_split` must be in [0, 1): the fraction of the examples to validate on. Received: "
+            f"validation_split={validation_split!r}. Pass a fraction, e.g. validation_split=0.2."
+        )

@@ -76,6 +76,8 @@ class Plan:
     step: str = "the trainer's"  # whose train step runs (objective.ModelSteps.describe)
     batch_norm: tuple[str, ...] = ()  # BatchNormalization layers with per-replica statistics
     optimizer: str | None = None  # its clipping, accumulation and EMA, in words (optimizer_note)
+    batch_source: str = ""  # where the global batch came from, when not the Trainer's settings
+    execution_source: str = ""  # which settings chose steps per call and XLA, when not the Trainer's
 
     def __post_init__(self):
         if self.native_bf16 is not None and self.native_bf16 not in BF16_SPEEDUP:
@@ -142,12 +144,14 @@ class Plan:
         rows = [
             ("strategy", self.strategy),
             ("replicas", f"{self.num_replicas} in sync over {self.num_workers} worker(s)"),
-            ("batch", f"global {self.global_batch_size} = {self.per_replica_batch_size} per replica x {self.num_replicas}"),
+            ("batch", f"global {self.global_batch_size} = {self.per_replica_batch_size} per replica x {self.num_replicas}"
+                      + (f" ({self.batch_source})" if self.batch_source else "")),
             ("steps/epoch", steps + (f" ({self.num_examples} examples)" if self.num_examples else "")),
             ("sharding", f"{self.shard_policy}: {self.shard_reason}"),
             ("learning rate", lr),
             ("last batch", self.last_batch()),
-            ("execution", f"{self.fusion()}, XLA {'on' if self.jit_compile else 'off'}"),
+            ("execution", f"{self.fusion()}, XLA {'on' if self.jit_compile else 'off'}"
+                          + (f" ({self.execution_source})" if self.execution_source else "")),
             ("precision", self.precision_text()),
         ]
         rows.insert(1, ("train step", self.step))

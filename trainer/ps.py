@@ -33,6 +33,13 @@ def is_parameter_server(strategy: tf.distribute.Strategy) -> bool:
 def per_worker_iterator(strategy, coordinator, inp: data_lib.Input, global_batch_size: int, num_workers: int):
     """An iterator over per-worker datasets: each worker reads its own shard, shuffled and repeated."""
 
+    if isinstance(inp, data_lib.BatchedInput) and inp.adapter is not None:
+        raise ValueError(
+            f"Parameter-server training runs the input pipeline on the workers, which can't call back into this "
+            f"process's Python: a {inp.form} can't feed them. Received: data as a {inp.form}. Pass a "
+            "tf.data.Dataset (from files, or from_tensor_slices), or a function input_context -> Dataset."
+        )
+
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         if isinstance(inp, data_lib.FunctionInput):
             return inp.fn(ctx).repeat().prefetch(tf.data.AUTOTUNE)
@@ -46,6 +53,8 @@ def per_worker_iterator(strategy, coordinator, inp: data_lib.Input, global_batch
             ds = ds.shuffle(-(-inp.num_examples // num_workers))
         else:
             ds = inp.dataset.shard(num_workers, worker)
+        if isinstance(inp, data_lib.BatchedInput):  # whole batches go to whichever worker is free
+            return ds.repeat().prefetch(tf.data.AUTOTUNE)
         return ds.repeat().batch(global_batch_size).prefetch(tf.data.AUTOTUNE)
 
     @graph_function
@@ -62,8 +71,7 @@ def run_epochs(
     context: TrainContext,
     callbacks: keras.callbacks.CallbackList,
     iterator,
-    make_eval_iterator,
-    val: Any,
+    validation: Any,
 ) -> dict[str, Any]:
     """Schedules `steps_per_epoch` steps per epoch, a call's worth at a time; validates inline."""
     plan, model = context.plan, steps.model
@@ -106,7 +114,7 @@ def run_epochs(
             context.examples_seen += context.examples_in(n, context.step)
             context.step += n
             callbacks.on_train_batch_end(context.step - 1, objective.results())
-        logs = end_epoch(epoch, objective, eval_steps, make_eval_iterator, val, callbacks)
+        logs = end_epoch(epoch, objective, eval_steps, validation, callbacks)
         if model.stop_training:
             break
     end_training(model, context, callbacks, logs)

@@ -17,6 +17,7 @@ example, so the uneven last step runs in a call of its own.
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import Any
 
 import keras
@@ -146,14 +147,16 @@ class Steps:
         malloc.raise_threshold()
         return ran
 
-    def predict(self, source: Any) -> list[Any]:
-        """The model's outputs (NumPy), one entry per global batch of `source`, in order."""
+    def predict(self, source: Any, num_steps: int | None = None) -> list[Any]:
+        """The model's outputs (NumPy), one entry per global batch of `source` (the first `num_steps`), in order."""
         if isinstance(source, feed_lib.ArrayFeed):
             self._feed = source
             batches = iter(lambda: source.claim(1), (0, 0))
             outputs = (self._predict_from_feed(source.signature, tf.constant(step, tf.int64)) for step, _ in batches)
         else:
             outputs = self._predict_from_iterator(source)
+        if num_steps is not None:
+            outputs = itertools.islice(outputs, num_steps)
         return [tf.nest.map_structure(lambda t: t.numpy(), out) for out in outputs]
 
     def _predict_from_iterator(self, iterator):

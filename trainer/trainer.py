@@ -16,6 +16,7 @@ from trainer import data as data_lib
 from trainer import engine as engine_lib
 from trainer import strategy as strategy_lib
 from trainer.cluster import strategy_cluster_info
+from trainer.options import check_int
 from trainer.fusion import StepFusion
 from trainer.history import History
 from trainer.objective import ModelSteps
@@ -38,6 +39,11 @@ def _quiet_tf_info(method):
             logger.setLevel(level)
 
     return wrapper
+
+
+def _data_arg(y: Any, sample_weight: Any) -> str:
+    """How errors name the data: `data` when given as one object, `x` when given Keras's way with y."""
+    return "data" if y is None and sample_weight is None else "x"
 
 
 def _restarts_each_epoch(train: data_lib.Input, steps_per_epoch: int | None) -> bool:
@@ -123,12 +129,14 @@ class Trainer:
             steps_per_execution=steps_per_execution, jit_compile=jit_compile, mixed_precision=mixed_precision,
             seed=seed,
         )
+        self._batch_given = batch_size is not None or per_replica_batch_size is not None
         if batch_size is None and per_replica_batch_size is None:
             per_replica_batch_size = 32
         self.strategy = strategy
         self.per_replica_batch_size = per_replica_batch_size
         self.batch_size = batch_size
         self.lr_scaling = lr_scaling
+        self._base_given = base_batch_size
         self.base_batch_size = base_batch_size or per_replica_batch_size or batch_size
         self.warmup_epochs = warmup_epochs
         self.warmup_steps = warmup_steps
@@ -151,49 +159,84 @@ class Trainer:
     def fit(
         self,
         model: models.ModelOrBuilder,
-        data: Any,
+        x: Any = None,
+        y: Any = None,
         *,
+        batch_size: int | None = None,
         epochs: int = 1,
-        validation_data: Any = None,
-        callbacks: Sequence[keras.callbacks.Callback] | None = None,
-        steps_per_epoch: int | None = None,
-        initial_epoch: int = 0,
-        strategy: str | tf.distribute.Strategy | None = None,
         verbose: int | None = None,
+        callbacks: Sequence[keras.callbacks.Callback] | None = None,
+        validation_split: float = 0.0,
+        validation_data: Any = None,
+        shuffle: bool | None = None,
+        class_weight: dict[int, float] | None = None,
+        sample_weight: Any = None,
+        initial_epoch: int = 0,
+        steps_per_epoch: int | None = None,
+        validation_steps: int | None = None,
+        validation_batch_size: int | None = None,
+        validation_freq: int = 1,
+        strategy: str | tf.distribute.Strategy | None = None,
     ) -> History:
-        """Trains `model` on `data`; returns a `History` whose `.model` is the trained model.
+        """Trains `model` on the data; returns a `History` whose `.model` is the trained model.
+
+        Takes what `model.fit` takes, with the model first: `trainer.fit(model, x, y, batch_size=64,
+        epochs=3, validation_split=0.1, class_weight=..., callbacks=[...])` gives `model.fit`'s numbers on
+        any strategy.
 
         Args:
           model: a compiled `keras.Model`, or a zero-argument function that builds
             and compiles one (called inside the strategy's scope).
-          data: `(x, y[, sample_weight])` arrays, an unbatched `tf.data.Dataset` of
-            such tuples, or a function `input_context -> Dataset`.
+          x: features with `y` given; or alone, `(x, y[, sample_weight])` arrays, a
+            `tf.data.Dataset` (batched: its batches are the global batches; unbatched:
+            the trainer batches it), a generator of batches, a `keras.utils.PyDataset`,
+            or a function `input_context -> Dataset`.
+          y, sample_weight: targets and weights, for arrays.
+          batch_size: the global batch for arrays and unbatched datasets in this
+            call; it wins over the Trainer's batch settings (the plan says so), and
+            the learning rate is then left as compiled.
           epochs: the epoch to stop after (as in Keras, counted from 0).
-          validation_data: evaluated at the end of every epoch; same forms as `data`.
-          callbacks: `keras.callbacks.Callback` instances.
-          steps_per_epoch: cap on steps per epoch; needed for infinite datasets.
-          initial_epoch: the epoch to start from.
-          strategy: overrides the trainer's strategy for this call.
           verbose: overrides the trainer's verbosity for this call.
+          callbacks: `keras.callbacks.Callback` instances.
+          validation_split: the last fraction of the arrays' rows, taken before
+            shuffling, to validate on.
+          validation_data: validated at the end of every `validation_freq`-th epoch;
+            any form `x` takes, or `(x, y[, sample_weight])`.
+          shuffle: shuffle arrays each epoch (a PyDataset's batch order); default: the Trainer's.
+          class_weight: {class index: weight}; classes left out weigh 1.0.
+          initial_epoch: the epoch to start from.
+          steps_per_epoch: cap on steps per epoch; needed for infinite data.
+          validation_steps: cap on validation steps.
+          validation_batch_size: the global batch for validation arrays (default: training's).
+          validation_freq: validate after every this many epochs.
+          strategy: overrides the trainer's strategy for this call.
         """
         strategy = self._resolve_strategy(strategy)
         callbacks = checks.check_callbacks(callbacks)
-        train = data_lib.as_input(data, arg="data")
-        val = self._validation_input(validation_data, train)
+        options.check_fit_args(batch_size=batch_size, validation_split=validation_split,
+                               validation_freq=validation_freq, validation_steps=validation_steps,
+                               validation_batch_size=validation_batch_size)
+        data_lib.check_class_weight(class_weight)
         options.check_loop_args(epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch)
+        shuffle = self.shuffle if shuffle is None else shuffle
+        arg = _data_arg(y, sample_weight)
+        train, split = data_lib.fit_inputs(x, y, sample_weight, arg=arg, class_weight=class_weight, shuffle=shuffle,
+                                           validation_split=validation_split)
+        val = self._validation_input(validation_data, train) if validation_data is not None else split
         if isinstance(model, keras.Model):
             models.check_compiled(model)
-        batch = self._batch_plan(strategy)
+        batch, batch_source = self._batch_plan(strategy, train, batch_size)
         user_steps = steps_per_epoch
         steps_per_epoch = steps_per_epoch or data_lib.num_steps(train, batch.global_batch_size)
         warmup_steps = self._warmup_steps(steps_per_epoch)
         model = checks.check_fit(model, train, val, steps_per_epoch=user_steps, epoch_steps=steps_per_epoch,
                                  epochs=epochs, initial_epoch=initial_epoch, warmup=(self.warmup_epochs, warmup_steps),
                                  global_batch_size=batch.global_batch_size)
-        lr = engine_lib.LRSettings(self.lr_scaling, self.base_batch_size, batch, warmup_steps)
-        run_model, compiled, lr_plan = self._build(model, strategy, train, lr=lr)
-        fusion = self._fusion(compiled, batch, steps_per_epoch, callbacks)
-        plan = self._plan(strategy, train, batch, steps_per_epoch, lr_plan, fusion, run_model)
+        lr = engine_lib.LRSettings(self.lr_scaling, self._base_batch_size(batch, batch_source), batch, warmup_steps)
+        run_model, compiled, lr_plan = self._build(model, strategy, train, batch, lr=lr)
+        fusion, fusion_source = self._fusion(compiled, batch, steps_per_epoch, callbacks)
+        plan = self._plan(strategy, train, batch, steps_per_epoch, lr_plan, fusion, run_model,
+                          batch_source=batch_source, fusion_source=fusion_source)
         context = loop.TrainContext(strategy, strategy_cluster_info(strategy), plan, epochs=epochs,
                                     initial_epoch=initial_epoch, fusion=fusion)
         verbose = self.verbose if verbose is None else verbose
@@ -204,7 +247,10 @@ class Trainer:
                           stacklevel=2)
         history = History()
         callback_list = self._callback_list(callbacks + [history], context, run_model, verbose)
-        self._train(compiled, context, callback_list, train, val, batch,
+        validation = None if val is None else loop.Validation(
+            val, validation_freq, validation_steps,
+            self._batch_plan(strategy, val, validation_batch_size or batch_size)[0])
+        self._train(compiled, context, callback_list, train, validation, batch, shuffle=shuffle,
                     restart_each_epoch=_restarts_each_epoch(train, user_steps))
         if fusion.auto and fusion.seconds_per_step is not None:
             compiled.seconds_per_step[batch.global_batch_size] = fusion.seconds_per_step
@@ -216,27 +262,40 @@ class Trainer:
     def evaluate(
         self,
         model: models.ModelOrBuilder,
-        data: Any,
+        x: Any = None,
+        y: Any = None,
         *,
+        batch_size: int | None = None,
+        verbose: int | None = None,
+        sample_weight: Any = None,
         steps: int | None = None,
-        strategy: str | tf.distribute.Strategy | None = None,
         callbacks: Sequence[keras.callbacks.Callback] | None = None,
-    ) -> dict[str, float]:
-        """Returns {metric name: value}, exact over every example of `data`."""
+        return_dict: bool = True,
+        strategy: str | tf.distribute.Strategy | None = None,
+    ) -> dict[str, float] | float | list[float]:
+        """Returns {metric name: value}, exact over every example of the data (as `model.evaluate`).
+
+        Takes what `model.evaluate` takes, with the model first. `return_dict=False`
+        gives Keras's list (a float when there is one value); the default is the dict.
+        `verbose` is accepted for Keras's signature; evaluation prints nothing.
+        """
+        del verbose
         strategy = self._resolve_strategy(strategy)
         callbacks = checks.check_callbacks(callbacks)
-        inp = data_lib.as_input(data, arg="data")
+        options.check_fit_args(batch_size=batch_size)
+        inp = data_lib.as_input(x, y, sample_weight, arg=_data_arg(y, sample_weight))
         if isinstance(model, keras.Model):
             models.check_compiled(model)
         model = checks.check_evaluate(model, inp, steps=steps)
-        batch = self._batch_plan(strategy)
-        run_model, compiled, _ = self._build(model, strategy, inp)
+        batch, _ = self._batch_plan(strategy, inp, batch_size)
+        run_model, compiled, _ = self._build(model, strategy, inp, batch)
         callback_list = keras.callbacks.CallbackList(callbacks, model=run_model)
-        held = [self._iterator_factory(compiled.eval_strategy, batch)(inp)]  # see loop.release
-        try:
-            return loop.run_eval(compiled.eval_steps, held[0], callback_list, num_steps=steps)
-        finally:
-            loop.release(held)
+        logs = loop.run_eval(compiled.eval_steps, self._iterator_factory(compiled.eval_strategy, batch), inp,
+                             callback_list, num_steps=steps)
+        if return_dict:
+            return logs
+        values = list(logs.values())
+        return values[0] if len(values) == 1 else values
 
     @_quiet_tf_info
     def predict(
@@ -244,13 +303,26 @@ class Trainer:
         model: models.ModelOrBuilder,
         x: Any,
         *,
+        batch_size: int | None = None,
+        verbose: int | None = None,
+        steps: int | None = None,
+        callbacks: Sequence[keras.callbacks.Callback] | None = None,
         strategy: str | tf.distribute.Strategy | None = None,
     ) -> Any:
-        """Returns the model's outputs as NumPy, one row per input row, in input order."""
+        """Returns the model's outputs as NumPy, one row per input row, in input order (as `model.predict`).
+
+        `x` is arrays, a dataset, a generator or a PyDataset of features (the
+        features of `(x, y)` elements are used). `verbose` and `callbacks` are
+        accepted for Keras's signature; prediction calls no callbacks.
+        """
+        del verbose
+        checks.check_callbacks(callbacks)
         strategy = self._resolve_strategy(strategy)
+        options.check_fit_args(batch_size=batch_size)
+        check_int("steps", steps, minimum=1, allow_none=True, fix="Pass a positive number of steps, or None for all.")
         inp = data_lib.as_input(x, arg="x", with_targets=False)
         model = checks.check_predict(model, inp)
-        batch = self._batch_plan(strategy)
+        batch, _ = self._batch_plan(strategy, inp, batch_size)
         model = models.from_builder(model, strategy, self.seed, self.mixed_precision)
         sample_x = engine_lib.sample_batch(model, inp, strategy, batch.global_batch_size)
         states = models.saved_states(model)
@@ -259,10 +331,11 @@ class Trainer:
         if ps.is_parameter_server(strategy):
             strategy = tf.distribute.get_strategy()  # inline on the coordinator
         held = [self._iterator_factory(strategy, batch)(inp)]  # see loop.release
+        data_lib.epoch_begin(inp)
         try:
-            outputs = self._predict_steps(run_model, strategy).predict(held[0])
+            outputs = self._predict_steps(run_model, strategy).predict(held[0], steps)
         finally:
-            loop.release(held)
+            loop.release(held + data_lib.epoch_end(inp, read_all=steps is None))
         return tf.nest.map_structure(lambda *parts: np.concatenate(parts, axis=0), *outputs)
 
     # Stages ------------------------------------------------------------------
@@ -276,9 +349,7 @@ class Trainer:
         collectives.check_group_keys(resolved)
         return resolved
 
-    def _validation_input(self, validation_data: Any, train: data_lib.Input) -> data_lib.Input | None:
-        if validation_data is None:
-            return None
+    def _validation_input(self, validation_data: Any, train: data_lib.Input) -> data_lib.Input:
         val = data_lib.as_input(validation_data, arg="validation_data")
         train_sig, val_sig = data_lib.feature_signature(train), data_lib.feature_signature(val)
         if train_sig is not None and val_sig is not None and train_sig[:2] != val_sig[:2]:
@@ -289,12 +360,30 @@ class Trainer:
             )
         return val
 
-    def _batch_plan(self, strategy: tf.distribute.Strategy) -> scaling.BatchPlan:
-        return scaling.plan_batch(
-            per_replica_batch_size=self.per_replica_batch_size,
-            batch_size=self.batch_size,
-            num_replicas=strategy.num_replicas_in_sync,
-        )
+    def _batch_plan(self, strategy: tf.distribute.Strategy, inp: data_lib.Input | None = None,
+                    batch_size: int | None = None) -> tuple[scaling.BatchPlan, str]:
+        """The global batch, and where it came from when not from the Trainer ("" then).
+
+        Batches the user made (a batched dataset, generator or PyDataset) are
+        the global batches, as under `model.fit`; else a `batch_size` given to
+        fit/evaluate/predict wins over the Trainer's settings.
+        """
+        replicas = strategy.num_replicas_in_sync
+        if isinstance(inp, data_lib.BatchedInput):
+            return scaling.BatchPlan(data_lib.batch_size_of(inp), replicas), f"the {inp.form}'s batches"
+        if batch_size is not None:
+            unused = ("" if not self._batch_given else
+                      f"; Trainer's {'batch_size' if self.batch_size else 'per_replica_batch_size'} not used")
+            return (scaling.plan_batch(per_replica_batch_size=None, batch_size=batch_size, num_replicas=replicas),
+                    f"fit's batch_size={batch_size}{unused}")
+        return scaling.plan_batch(per_replica_batch_size=self.per_replica_batch_size, batch_size=self.batch_size,
+                                  num_replicas=replicas), ""
+
+    def _base_batch_size(self, batch: scaling.BatchPlan, batch_source: str) -> int:
+        """The batch the learning rate was tuned for: a global batch the user fixed keeps its rate."""
+        if batch_source and self._base_given is None:
+            return batch.global_batch_size
+        return self.base_batch_size
 
     def _warmup_steps(self, steps_per_epoch: int | None) -> int:
         if not self.warmup_epochs:
@@ -306,22 +395,31 @@ class Trainer:
             )
         return int(round(self.warmup_epochs * steps_per_epoch))
 
-    def _build(self, model, strategy, inp, lr: engine_lib.LRSettings | None = None):
-        return engine_lib.build(model, strategy, inp, global_batch_size=self._batch_plan(strategy).global_batch_size,
+    def _build(self, model, strategy, inp, batch: scaling.BatchPlan, lr: engine_lib.LRSettings | None = None):
+        return engine_lib.build(model, strategy, inp, global_batch_size=batch.global_batch_size,
                                 seed=self.seed, jit_compile=self.jit_compile,
                                 cache=self._engines, lr=lr, mixed_precision=self.mixed_precision)
 
     def _fusion(self, compiled: engine_lib.Engine, batch: scaling.BatchPlan, steps_per_epoch: int | None,
-                callbacks: list) -> StepFusion:
-        """Steps per call for this fit; "auto" starts from the engine's last measured step time."""
-        return StepFusion.for_fit(
-            self.steps_per_execution, steps_per_epoch=steps_per_epoch,
-            batch_hooks=self.steps_per_execution == "auto" and any(loop.has_batch_hooks(c) for c in callbacks),
+                callbacks: list) -> tuple[StepFusion, str]:
+        """Steps per call for this fit, and which setting chose them.
+
+        "auto" takes `model.compile(steps_per_execution=N)` when N > 1, else sizes
+        calls from the engine's last measured step time.
+        """
+        setting, source = self.steps_per_execution, ""
+        compiled_steps = int(getattr(compiled.steps.model, "steps_per_execution", 1) or 1)
+        if setting == "auto" and compiled_steps > 1:
+            setting, source = compiled_steps, f"steps_per_execution={compiled_steps} from the model's compile()"
+        fusion = StepFusion.for_fit(
+            setting, steps_per_epoch=steps_per_epoch,
+            batch_hooks=setting == "auto" and any(loop.has_batch_hooks(c) for c in callbacks),
             num_workers=strategy_cluster_info(compiled.strategy).num_workers,
             seconds_per_step=compiled.seconds_per_step.get(batch.global_batch_size))
+        return fusion, source
 
     def _plan(self, strategy, inp, batch, steps_per_epoch, lr_plan: scaling.LRPlan, fusion: StepFusion,
-              model) -> Plan:
+              model, *, batch_source: str = "", fusion_source: str = "") -> Plan:
         num_workers = strategy_cluster_info(strategy).num_workers
         parameter_server = ps.is_parameter_server(strategy)
         policy, why = data_lib.sharding(inp, num_workers, parameter_server=parameter_server)
@@ -344,18 +442,25 @@ class Trainer:
             lr_rule=lr_plan.rule,
             base_lr=base_lr,
             scaled_lr=scaled_lr,
-            base_batch_size=self.base_batch_size,
+            base_batch_size=self._base_batch_size(batch, batch_source),
             warmup_steps=lr_plan.warmup_steps if lr_plan.factor != 1.0 else 0,  # nothing to ramp otherwise
             steps_per_execution=fusion.steps,
             auto_fusion=fusion.auto,
-            jit_compile=engine_lib.jit_for(strategy, self.jit_compile),
+            jit_compile=engine_lib.jit_for(strategy, self.jit_compile, model),
             onednn=engine_lib.cpu_onednn(strategy),
             precision=models.precision(model),
             native_bf16=engine_lib.cpu_native_bf16(strategy),
             step=ModelSteps.of(model).describe(),
             batch_norm=tuple(models.per_replica_batch_norm(model)),
             optimizer=optimizer_note(model.optimizer, strategy.num_replicas_in_sync),
+            batch_source=batch_source,
+            execution_source="; ".join(filter(None, [fusion_source, self._jit_source(model)])),
         )
+
+    def _jit_source(self, model) -> str:
+        if self.jit_compile == "auto" and getattr(model, "compiled", False) and model.jit_compile:
+            return "XLA from the model's compile(jit_compile=...)"
+        return ""
 
     def _callback_list(self, callbacks: list, context: loop.TrainContext, model, verbose: int):
         """The user's callbacks plus the defaults, each given the TrainContext if it asks."""
@@ -367,18 +472,19 @@ class Trainer:
             callbacks, model=model, verbose=verbose, epochs=context.epochs, steps=context.plan.steps_per_epoch
         )
 
-    def _train(self, compiled, context, callback_list, train, val, batch, *, restart_each_epoch: bool) -> None:
+    def _train(self, compiled, context, callback_list, train, validation: loop.Validation | None, batch, *,
+               shuffle: bool, restart_each_epoch: bool) -> None:
         """Runs the epochs: the synchronous loop, or scheduled steps under parameter-server training."""
-        make_eval_iterator = self._iterator_factory(compiled.eval_strategy, batch)
+        if validation is not None:
+            validation.make_iterator = self._iterator_factory(compiled.eval_strategy, validation.batch)
         if not ps.is_parameter_server(compiled.strategy):
-            loop.run_epochs(compiled.steps, context, callback_list, self._iterator_factory(compiled.strategy, batch),
-                            train, val, restart_each_epoch=restart_each_epoch)
+            loop.run_epochs(compiled.steps, context, callback_list,
+                            self._iterator_factory(compiled.strategy, batch, shuffle), train, validation, restart_each_epoch=restart_each_epoch)
             return
         coordinator = self._coordinator(compiled.strategy)
         iterator = ps.per_worker_iterator(compiled.strategy, coordinator, train, batch.global_batch_size,
                                           num_workers=context.plan.num_workers)
-        ps.run_epochs(coordinator, compiled.steps, compiled.eval_steps, context, callback_list, iterator,
-                      make_eval_iterator, val)
+        ps.run_epochs(coordinator, compiled.steps, compiled.eval_steps, context, callback_list, iterator, validation)
 
     def _default_callbacks(self, callbacks: list, verbose: int) -> list:
         """NanGuard (unless turned off) and a ProgressBar for verbose 1 or 2, unless given."""
@@ -391,9 +497,11 @@ class Trainer:
             extra.append(ProgressBar(mode="auto" if verbose == 1 else "epoch"))
         return extra + callbacks
 
-    def _iterator_factory(self, strategy: tf.distribute.Strategy, batch: scaling.BatchPlan) -> loop.MakeIterator:
+    def _iterator_factory(self, strategy: tf.distribute.Strategy, batch: scaling.BatchPlan,
+                          shuffle: bool | None = None) -> loop.MakeIterator:
         """Input -> what step calls read: an ArrayFeed for arrays on CPU replicas, else a distributed iterator."""
-        return data_lib.iterator_factory(strategy, batch.global_batch_size, shuffle=self.shuffle, seed=self.seed)
+        return data_lib.iterator_factory(strategy, batch.global_batch_size,
+                                         shuffle=self.shuffle if shuffle is None else shuffle, seed=self.seed)
 
     def _coordinator(self, strategy: tf.distribute.Strategy):
         for known, coordinator in self._coordinators:  # one coordinator per strategy
