@@ -1,6 +1,8 @@
 """Trains with BackupAndRestore; optionally kills itself mid-epoch. Used by test_backup.py.
 
 The data are shuffled each epoch and the model counts how often it trained on each example.
+FORM=batched or FORM=pydataset gives fit the same data as a batched tf.data.Dataset or a
+PyDataset (unshuffled), whose batches of 16 are the global batches.
 
 Usage: python backup_run.py BACKUP_DIR OUT_NPZ [kill|term EPOCH STEP]
 Exit status: 0 when training completed; killed runs die by SIGKILL, SIGTERM runs exit 143.
@@ -82,8 +84,27 @@ x = np.concatenate([x, np.arange(len(x), dtype="float32")[:, None]], axis=1)  # 
 callbacks = [BackupAndRestore(backup_dir, save_freq=5), JSONLogger(os.path.join(backup_dir, "..", "log.jsonl"))]
 if len(sys.argv) > 3:
     callbacks.insert(0, KillAt(sys.argv[3], int(sys.argv[4]), int(sys.argv[5])))
+
+
+
+class Batches(keras.utils.PyDataset):
+    """The arrays in batches of 16, read by two worker threads."""
+
+    def __init__(self):
+        super().__init__(workers=2)
+
+    def __len__(self):
+        return -(-len(x) // 16)
+
+    def __getitem__(self, i):
+        return x[i * 16:(i + 1) * 16], y[i * 16:(i + 1) * 16]
+
+
+FORM = os.environ.get("FORM", "arrays")  # how fit reads the data; the batched forms' batches are the global batches
+data = {"arrays": lambda: (x, y), "batched": lambda: tf.data.Dataset.from_tensor_slices((x, y)).batch(16),
+        "pydataset": Batches}[FORM]()
 trainer = Trainer(strategy="mirrored", per_replica_batch_size=8, steps_per_execution=4, seed=3, verbose=0)
-history = trainer.fit(build, (x, y), epochs=3, callbacks=callbacks)
+history = trainer.fit(build, data, epochs=3, callbacks=callbacks, shuffle=FORM == "arrays")
 np.savez(out, *history.model.get_weights())
 counts = next(layer for layer in history.model.layers if isinstance(layer, CountExamples)).counts
 np.save(out.replace(".npz", "_counts.npy"), np.asarray(counts.numpy()))

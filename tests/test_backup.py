@@ -17,8 +17,8 @@ from trainer import Trainer
 SCRIPT = str(TESTS / "backup_run.py")
 
 
-def _run(workdir, *extra):
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+def _run(workdir, *extra, form="arrays"):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "FORM": form}
     return subprocess.run([sys.executable, SCRIPT, str(workdir / "backup"), str(workdir / "out.npz"), *extra],
                           capture_output=True, text=True, env=env, timeout=300)
 
@@ -63,6 +63,22 @@ def test_interrupted_run_resumes_to_the_same_weights(tmp_path, uninterrupted, ho
     assert not (tmp_path / "backup" / "backup.npz").exists()  # removed once training completed
     with open(tmp_path / "log.jsonl") as f:
         assert [json.loads(line)["epoch"] for line in f] == [0, 1, 2]  # the log continued, no duplicates
+
+
+@pytest.mark.parametrize("form", ["batched", "pydataset"])
+def test_batched_forms_resume_mid_epoch_to_the_same_weights(tmp_path, form):
+    """A batched dataset and a PyDataset resume at the saved step: the skipped batches are read and dropped."""
+    reference = tmp_path / "uninterrupted"
+    reference.mkdir()
+    assert _run(reference, form=form).returncode == 0
+    first = _run(tmp_path, "kill", "1", "10", form=form)
+    assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
+    second = _run(tmp_path, form=form)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "resuming from epoch 1, step 8" in second.stdout
+    np.testing.assert_array_equal(np.load(tmp_path / "out_counts.npy"), np.full(250, 3.0))  # none skipped or repeated
+    for resumed, expected in zip(_weights(tmp_path), _weights(reference)):
+        np.testing.assert_allclose(resumed, expected, rtol=1e-6, atol=1e-6)
 
 
 def test_backup_needs_trainer_fit(tmp_path):

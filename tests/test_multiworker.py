@@ -89,7 +89,8 @@ def test_a_dead_peer_gives_a_clear_error_not_a_hang():
 
 def test_uneven_last_batches_of_datasets_on_two_workers_match_one_process(tmp_path):
     """Embedding and CNN models on datasets: a last batch split evenly over the workers in a fused call
-    (its sparse gradient's all-gather changes shape), and one smaller than the worker count; oneDNN on."""
+    (its sparse gradient's all-gather changes shape), and one smaller than the worker count; oneDNN on.
+    The same data as a batched dataset and as a PyDataset (every worker reads every batch) match too."""
     script = str(TESTS / "multiworker_last_batch_run.py")
     env = {**ENV, "TF_ENABLE_ONEDNN_OPTS": "1"}
     (tmp_path / "single").mkdir()
@@ -102,7 +103,8 @@ def test_uneven_last_batches_of_datasets_on_two_workers_match_one_process(tmp_pa
     with open(tmp_path / "single" / "single0.json") as f:
         reference = json.load(f)
     reference_weights = np.load(tmp_path / "single" / "single0.npz")
-    assert sorted(reference) == ["cnn/fused", "cnn/tiny", "embedding/fused", "embedding/tiny"]
+    assert sorted(reference) == [f"{family}/{case}" for family in ("cnn", "embedding")
+                                 for case in ("batched", "fused", "pydataset", "tiny")]
     for task in ("worker0", "worker1"):
         with open(tmp_path / f"{task}.json") as f:
             result = json.load(f)

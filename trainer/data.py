@@ -142,11 +142,9 @@ def as_input(x: Any, y: Any = None, sample_weight: Any = None, *, arg: str, with
             f"Make the {form} yield (x, y) or (x, y, sample_weight), and drop {given}=."
         )
     if form in ("generator", "PyDataset"):
-        inp = _adapted(x, form, arg, class_weight=class_weight, shuffle=shuffle)
-        return inp if with_targets else _features_only(inp)
+        return _adapted(x, form, arg, class_weight=class_weight, shuffle=shuffle)
     if form == "tf.data.Dataset":
-        inp = _checked_dataset(x, arg, class_weight)
-        return inp if with_targets else _features_only(inp)
+        return _checked_dataset(x, arg, class_weight)
     if form == "function":
         _no_class_weight(class_weight, "a dataset function", "weights in the dataset it returns")
         return FunctionInput(x)
@@ -176,6 +174,37 @@ def as_input(x: Any, y: Any = None, sample_weight: Any = None, *, arg: str, with
     return _class_weighted(inp, class_weight, arg) if class_weight is not None else inp
 
 
+def check_workers(inp: Input, num_workers: int, *, parameter_server: bool, arg: str) -> None:
+    """Refuses the Python-fed forms where they can't be exact: on parameter-server workers, and on several workers.
+
+    Under MultiWorkerMirroredStrategy every worker reads every batch and keeps
+    its replicas' rows, so all must read the same batches: a PyDataset does (it
+    is indexed), unless Keras shuffles its batch order with each process's own
+    Python random state; a generator may not (each process runs its own).
+    """
+    if not isinstance(inp, BatchedInput) or inp.adapter is None:
+        return
+    if parameter_server:
+        raise ValueError(
+            f"Parameter-server training runs the input pipeline on the workers, which can't call back into this "
+            f"process's Python: a {inp.form} can't feed them. Received: `{arg}` as a {inp.form}. Pass a "
+            "tf.data.Dataset (from files, or from_tensor_slices), or a function input_context -> Dataset."
+        )
+    if num_workers > 1 and inp.form == "generator":
+        raise ValueError(
+            f"A generator can't feed {num_workers} workers exactly: each worker's process runs its own copy, and "
+            f"nothing makes them yield the same batches. Received: `{arg}` as a generator. Wrap the data in a "
+            "keras.utils.PyDataset (indexed batches), or pass a tf.data.Dataset."
+        )
+    if num_workers > 1 and getattr(inp.adapter, "shuffle", False):
+        raise ValueError(
+            f"A shuffled PyDataset can't feed {num_workers} workers exactly: Keras shuffles its batch order with "
+            f"each process's own Python random state, so the workers would read different batches. Received: "
+            f"`{arg}` as a PyDataset with shuffle=True (fit's default). Pass shuffle=False, and shuffle in the "
+            "PyDataset's on_epoch_end with a generator seeded the same on every worker."
+        )
+
+
 def fit_inputs(x: Any, y: Any, sample_weight: Any, *, arg: str, class_weight: Any, shuffle: bool,
                validation_split: float) -> tuple[Input, ArrayInput | None]:
     """fit's training input, and the validation arrays `validation_split` takes from it (None without).
@@ -194,6 +223,22 @@ def _keras_x(*element):
     if len(element) == 1:
         element = element[0]
     return element[0] if isinstance(element, (tuple, list)) and 1 <= len(element) <= 3 else element
+
+
+def features(inp: Input, model: Any) -> Input:
+    """What predict feeds the model from `inp`: the features of `(x, y)` elements, as Keras's predict reads them.
+
+    An element that is a tuple of as many tensors as `model` has inputs is
+    taken whole, as the features of a multi-input model (Keras would read its
+    first tensor as x and the second as y).
+    """
+    if not isinstance(inp, (DatasetInput, BatchedInput)):
+        return inp
+    spec = example_spec(inp)
+    inputs = getattr(model, "inputs", None) if isinstance(model, keras.Model) and model.built else None
+    if isinstance(spec, tuple) and inputs is not None and len(spec) == len(inputs) > 1:
+        return inp
+    return _features_only(inp)
 
 
 def _features_only(inp: DatasetInput | BatchedInput) -> DatasetInput | BatchedInput:

@@ -33,13 +33,6 @@ def is_parameter_server(strategy: tf.distribute.Strategy) -> bool:
 def per_worker_iterator(strategy, coordinator, inp: data_lib.Input, global_batch_size: int, num_workers: int):
     """An iterator over per-worker datasets: each worker reads its own shard, shuffled and repeated."""
 
-    if isinstance(inp, data_lib.BatchedInput) and inp.adapter is not None:
-        raise ValueError(
-            f"Parameter-server training runs the input pipeline on the workers, which can't call back into this "
-            f"process's Python: a {inp.form} can't feed them. Received: data as a {inp.form}. Pass a "
-            "tf.data.Dataset (from files, or from_tensor_slices), or a function input_context -> Dataset."
-        )
-
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         if isinstance(inp, data_lib.FunctionInput):
             return inp.fn(ctx).repeat().prefetch(tf.data.AUTOTUNE)

@@ -223,6 +223,7 @@ class Trainer:
         train, split = data_lib.fit_inputs(x, y, sample_weight, arg=arg, class_weight=class_weight, shuffle=shuffle,
                                            validation_split=validation_split)
         val = self._validation_input(validation_data, train) if validation_data is not None else split
+        self._check_workers(strategy, [(train, arg), (val, "validation_data")], training=True)
         if isinstance(model, keras.Model):
             models.check_compiled(model)
         batch, batch_source = self._batch_plan(strategy, train, batch_size)
@@ -284,6 +285,7 @@ class Trainer:
         callbacks = checks.check_callbacks(callbacks)
         options.check_fit_args(batch_size=batch_size)
         inp = data_lib.as_input(x, y, sample_weight, arg=_data_arg(y, sample_weight))
+        self._check_workers(strategy, [(inp, _data_arg(y, sample_weight))])
         if isinstance(model, keras.Model):
             models.check_compiled(model)
         model = checks.check_evaluate(model, inp, steps=steps)
@@ -320,7 +322,8 @@ class Trainer:
         strategy = self._resolve_strategy(strategy)
         options.check_fit_args(batch_size=batch_size)
         check_int("steps", steps, minimum=1, allow_none=True, fix="Pass a positive number of steps, or None for all.")
-        inp = data_lib.as_input(x, arg="x", with_targets=False)
+        inp = data_lib.features(data_lib.as_input(x, arg="x", with_targets=False), model)
+        self._check_workers(strategy, [(inp, "x")])
         model = checks.check_predict(model, inp)
         batch, _ = self._batch_plan(strategy, inp, batch_size)
         model = models.from_builder(model, strategy, self.seed, self.mixed_precision)
@@ -348,6 +351,20 @@ class Trainer:
         resolved = key if isinstance(key, tf.distribute.Strategy) else self._strategies[key]
         collectives.check_group_keys(resolved)
         return resolved
+
+    @staticmethod
+    def _check_workers(strategy: tf.distribute.Strategy, inputs: list, *, training: bool = False) -> None:
+        """Refuses Python-fed inputs where they can't be exact (the first of `inputs` is trained on, if `training`).
+
+        Under parameter-server training only the training input goes to the
+        workers; evaluation and prediction run on the coordinator.
+        """
+        parameter_server = ps.is_parameter_server(strategy)
+        num_workers = 1 if parameter_server else strategy_cluster_info(strategy).num_workers
+        for i, (inp, arg) in enumerate(inputs):
+            if inp is not None:
+                data_lib.check_workers(inp, num_workers, parameter_server=parameter_server and training and i == 0,
+                                       arg=arg)
 
     def _validation_input(self, validation_data: Any, train: data_lib.Input) -> data_lib.Input:
         val = data_lib.as_input(validation_data, arg="validation_data")
