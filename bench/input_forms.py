@@ -22,7 +22,6 @@ keeping pace with Keras's fit (its workers bound both).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 
 import throughput
@@ -82,28 +81,16 @@ def _paired(rates: dict, a: str, b: str) -> float | None:
     return statistics.median(p / q for p, q in zip(rates[a], rates[b]))
 
 
+def _report(layout: str, measured: dict) -> None:
+    rates = measured["all_examples_per_s"]
+    measured["ratios"] = {"batched_dataset": _paired(rates, "trainer", "keras_fit"),
+                          "pydataset": _paired(rates, "trainer_pydataset", "keras_fit_pydataset")}
+    print(f"{layout}: Trainer / Keras fit, same object: " + ", ".join(
+        f"{k} {v:.3f}x" for k, v in measured["ratios"].items() if v is not None), flush=True)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--examples", type=int, default=12800)
-    parser.add_argument("--repeats", type=int, default=3, help="timed epochs per variant (median reported)")
-    parser.add_argument("--out", default=None, help="JSON file to write (default: print only)")
-    args = parser.parse_args()
-    if args.repeats < 3:
-        parser.error(f"--repeats must be >= 3 for a median; got {args.repeats}")
-    x, y, layouts = throughput.setup(args.examples)
-    results = {"machine": throughput.machine(), "examples": args.examples, "layouts": {}}
-    for layout, strategy in layouts.items():
-        measured = throughput.measure(throughput.quietly(lambda: runners(strategy, x, y)), args.repeats)
-        rates = measured["all_examples_per_s"]
-        measured["ratios"] = {"batched_dataset": _paired(rates, "trainer", "keras_fit"),
-                              "pydataset": _paired(rates, "trainer_pydataset", "keras_fit_pydataset")}
-        results["layouts"][layout] = measured
-        print(f"{layout}: examples/s " + ", ".join(f"{k} {v:.0f}" for k, v in measured["examples_per_s"].items()))
-        print(f"{layout}: Trainer / Keras fit, same object: " + ", ".join(
-            f"{k} {v:.3f}x" for k, v in measured["ratios"].items() if v is not None), flush=True)
-        if measured["errors"]:
-            print(f"{layout}: failed: {measured['errors']}")
-    throughput.save(results, args.out)
+    throughput.run_layouts(__doc__.split("\n")[0], runners, _report)
 
 
 if __name__ == "__main__":

@@ -18,13 +18,7 @@ bench/throughput.py (the ratios are the Trainer's, round by round):
 
 from __future__ import annotations
 
-import argparse
-import os
-
 import throughput
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-
 
 def _guide_step_model():
     import keras
@@ -66,25 +60,13 @@ def runners(strategy, x, y) -> dict:
             "keras_fit": variants._Runner(keras_epoch)}
 
 
+def _report(layout: str, measured: dict) -> None:
+    print(f"{layout}: own train_step through the Trainer / each: "
+          + ", ".join(f"{k} {v:.3f}x" for k, v in measured["trainer_ratio"].items()), flush=True)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--examples", type=int, default=12800)
-    parser.add_argument("--repeats", type=int, default=3, help="timed epochs per variant (median reported)")
-    parser.add_argument("--out", default=None, help="JSON file to write (default: print only)")
-    args = parser.parse_args()
-    if args.repeats < 3:
-        parser.error(f"--repeats must be >= 3 for a median; got {args.repeats}")
-    x, y, layouts = throughput.setup(args.examples)
-    results = {"machine": throughput.machine(), "examples": args.examples, "layouts": {}}
-    for layout, strategy in layouts.items():
-        measured = throughput.measure(throughput.quietly(lambda: runners(strategy, x, y)), args.repeats)
-        results["layouts"][layout] = measured
-        print(f"{layout}: examples/s " + ", ".join(f"{k} {v:.0f}" for k, v in measured["examples_per_s"].items()))
-        print(f"{layout}: own train_step through the Trainer / each: "
-              + ", ".join(f"{k} {v:.3f}x" for k, v in measured["trainer_ratio"].items()), flush=True)
-        if measured["errors"]:
-            print(f"{layout}: failed: {measured['errors']}")
-    throughput.save(results, args.out)
+    throughput.run_layouts(__doc__.split("\n")[0], runners, _report)
 
 
 if __name__ == "__main__":

@@ -75,6 +75,31 @@ def setup(examples: int) -> tuple:
                   "mirrored2": tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])}
 
 
+def run_layouts(description: str, runners: Callable, report: Callable[[str, dict], None]) -> None:
+    """The side-by-side benches' main: `--examples/--repeats/--out`, then each layout measured and reported.
+
+    `runners(strategy, x, y)` makes the variants; `report(layout, measured)`
+    prints (and may add to) what `measure` returned for a layout.
+    """
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--examples", type=int, default=12800)
+    parser.add_argument("--repeats", type=int, default=3, help="timed epochs per variant (median reported)")
+    parser.add_argument("--out", default=None, help="JSON file to write (default: print only)")
+    args = parser.parse_args()
+    if args.repeats < 3:
+        parser.error(f"--repeats must be >= 3 for a median; got {args.repeats}")
+    x, y, layouts = setup(args.examples)
+    results = {"machine": machine(), "examples": args.examples, "layouts": {}}
+    for layout, strategy in layouts.items():
+        measured = measure(quietly(lambda: runners(strategy, x, y)), args.repeats)
+        results["layouts"][layout] = measured
+        print(f"{layout}: examples/s " + ", ".join(f"{k} {v:.0f}" for k, v in measured["examples_per_s"].items()))
+        report(layout, measured)
+        if measured["errors"]:
+            print(f"{layout}: failed: {measured['errors']}")
+    save(results, args.out)
+
+
 def split_cpu(n: int) -> None:
     """Makes the CPU `n` logical devices; call before TensorFlow initialises its devices."""
     import tensorflow as tf
