@@ -78,7 +78,8 @@ def _inputs(case, x, y, w, features_only=False):
 
 
 def _fit_kwargs(case, x, y, folder):
-    kwargs = {"epochs": parity_cases.EPOCHS, "callbacks": _with_tmp(case.callbacks(), folder), **case.fit_kwargs}
+    kwargs = {"epochs": parity_cases.EPOCHS, "callbacks": _with_tmp(case.callbacks(), folder), "verbose": 0,
+              **case.fit_kwargs}
     if case.form == "arrays" or case.form == "pydataset_workers":
         kwargs["shuffle"] = False
     if case.validation:
@@ -91,7 +92,7 @@ def _keras_run(case, folder):
     keras.utils.set_random_seed(0)
     model = case.build()
     args, kwargs = _inputs(case, x, y, w)
-    history = model.fit(*args, **kwargs, **_fit_kwargs(case, x, y, folder), verbose=0)
+    history = model.fit(*args, **kwargs, **_fit_kwargs(case, x, y, folder))
     evaluated = {}
     if case.evaluate:
         args, kwargs = _inputs(case, x, y, w)
@@ -104,16 +105,16 @@ def _keras_run(case, folder):
 def _trainer_run(case, folder):
     """The same calls as `_keras_run`, with `trainer.` in front and the model first: nothing else changed."""
     x, y, w = case.data()
-    trainer = Trainer(strategy=STRATEGY, seed=0, verbose=0)
+    trainer = Trainer(strategy=STRATEGY, seed=0)
     args, kwargs = _inputs(case, x, y, w)
     history = trainer.fit(case.build, *args, **kwargs, **_fit_kwargs(case, x, y, folder))
     model = history.model
     evaluated = {}
     if case.evaluate:
         args, kwargs = _inputs(case, x, y, w)
-        evaluated = trainer.evaluate(model, *args, **kwargs)
+        evaluated = trainer.evaluate(model, *args, **kwargs, return_dict=True, verbose=0)
     args, kwargs = _inputs(case, x, y, w, features_only=True)
-    predicted = trainer.predict(model, *args, **kwargs)
+    predicted = trainer.predict(model, *args, **kwargs, verbose=0)
     return history.history, model.get_weights(), evaluated, predicted
 
 

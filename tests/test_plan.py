@@ -98,3 +98,26 @@ def test_plan_names_the_optimizer_options_that_act_on_the_global_gradient():
     assert optimizer_note(keras.optimizers.SGD(clipvalue=0.5), 1) == "SGD: clipvalue=0.5"
     text = Plan(**BASE, optimizer=note).describe()
     assert "  optimizer" in text and note in text
+
+
+def test_fit_says_where_its_batch_and_execution_settings_came_from(capsys):
+    """fit's batch_size wins over the Trainer's, the data's own batches are the global batch, and
+    compile(steps_per_execution=..., jit_compile=...) fill in the Trainer's "auto"; the plan says which."""
+    import keras
+    import numpy as np
+
+    from trainer import Trainer
+
+    x, y = np.random.RandomState(0).rand(40, 3).astype("float32"), np.zeros((40, 1), "float32")
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse", steps_per_execution=3, jit_compile=True)
+    trainer = Trainer(strategy="default", per_replica_batch_size=8, verbose=2)
+    trainer.fit(model, x, y, batch_size=16)
+    text = capsys.readouterr().out
+    assert _row(text, "batch") == ("global 16 = 16 per replica x 1 "
+                                   "(fit's batch_size=16; Trainer's per_replica_batch_size not used)")
+    assert _row(text, "learning rate").startswith("0.01 -> 0.01")  # a batch the call fixed keeps its rate
+    assert _row(text, "execution") == ("3 step(s) per call, XLA on (steps_per_execution=3 from the model's "
+                                       "compile(); XLA from the model's compile(jit_compile=...))")
+    trainer.fit(model, tf.data.Dataset.from_tensor_slices((x, y)).batch(10))
+    assert _row(capsys.readouterr().out, "batch") == "global 10 = 10 per replica x 1 (the batched dataset's batches)"

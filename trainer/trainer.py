@@ -164,7 +164,7 @@ class Trainer:
         *,
         batch_size: int | None = None,
         epochs: int = 1,
-        verbose: int | None = None,
+        verbose: int | str | None = None,
         callbacks: Sequence[keras.callbacks.Callback] | None = None,
         validation_split: float = 0.0,
         validation_data: Any = None,
@@ -196,7 +196,7 @@ class Trainer:
             call; it wins over the Trainer's batch settings (the plan says so), and
             the learning rate is then left as compiled.
           epochs: the epoch to stop after (as in Keras, counted from 0).
-          verbose: overrides the trainer's verbosity for this call.
+          verbose: overrides the trainer's verbosity for this call (Keras's "auto" is 1).
           callbacks: `keras.callbacks.Callback` instances.
           validation_split: the last fraction of the arrays' rows, taken before
             shuffling, to validate on.
@@ -240,7 +240,7 @@ class Trainer:
                           batch_source=batch_source, fusion_source=fusion_source)
         context = loop.TrainContext(strategy, strategy_cluster_info(strategy), plan, epochs=epochs,
                                     initial_epoch=initial_epoch, fusion=fusion)
-        verbose = self.verbose if verbose is None else verbose
+        verbose = self.verbose if verbose is None else 1 if verbose == "auto" else verbose  # Keras's "auto" is 1
         if verbose and context.is_chief:
             print(plan.describe(), flush=True)
         if plan.batch_norm and plan.num_replicas > 1:
