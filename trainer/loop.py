@@ -133,13 +133,17 @@ def run_epochs(
             release(held)
             until = epoch + 1 if restart_each_epoch else context.epochs
             held.append(make_iterator(train, epoch=epoch, start_step=first_step, until=until))
-        while _train_epoch(steps, context, callbacks, held[0], batch_logs, fresh):  # the data ran out
-            release(held)
-            if restart_each_epoch:  # one pass is the epoch
-                break
-            # One stream for all epochs (a dataset with steps_per_epoch): it starts again, and fills this epoch.
-            held.append(make_iterator(train, epoch=epoch, start_step=0, until=context.epochs))
-            fresh = True
+        try:
+            while _train_epoch(steps, context, callbacks, held[0], batch_logs, fresh):  # the data ran out
+                release(held)
+                if restart_each_epoch:  # one pass is the epoch
+                    break
+                # One stream for all epochs (a dataset with steps_per_epoch): it starts again, and fills this epoch.
+                held.append(make_iterator(train, epoch=epoch, start_step=0, until=context.epochs))
+                fresh = True
+        except BaseException:
+            data_lib.epoch_end(train, read_all=False)  # stops a PyDataset's worker threads or processes
+            raise
         release(data_lib.epoch_end(train, read_all=restart_each_epoch))
         logs = end_epoch(epoch, objective, steps, validation, callbacks)
         if model.stop_training:
