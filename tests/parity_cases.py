@@ -476,3 +476,36 @@ def _guide_model():
     outputs = keras.layers.Dense(1)(keras.layers.Dense(4, activation="relu")(inputs))
     return GuideCustomModel(inputs, outputs)
 
+
+
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def close(a, b) -> bool:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return a.shape == b.shape and np.allclose(a, b, rtol=RTOL, atol=ATOL)
+
+
+def compare(reference, result, case: Case, replicas: int) -> list[str]:
+    """What differs between model.fit's (history, weights, evaluate, predict) and the trainer's, in words."""
+    (ref_hist, ref_w, ref_ev, ref_pred), (hist, w, ev, pred) = reference, result
+    problems = []
+    for key, values in ref_hist.items():
+        if replicas > 1 and key in case.per_replica:
+            if key not in hist or not np.allclose(values, hist[key], rtol=0.1):
+                problems.append(f"history[{key!r}] is not even close: {values} vs {hist.get(key)}")
+        elif key not in hist:
+            problems.append(f"history lacks {key!r} (has {sorted(hist)})")
+        elif not close(values, hist[key]):
+            problems.append(f"history[{key!r}]: model.fit {values}, trainer {hist[key]}")
+    if len(ref_w) != len(w) or not all(close(a, b) for a, b in zip(ref_w, w)):
+        problems.append("final weights differ")
+    for key, value in ref_ev.items():
+        if key not in ev:
+            problems.append(f"evaluate lacks {key!r} (has {sorted(ev)})")
+        elif not close(value, ev[key]):
+            problems.append(f"evaluate[{key!r}]: model.evaluate {value}, trainer {ev[key]}")
+    ref_flat, flat = keras.tree.flatten(ref_pred), keras.tree.flatten(pred)
+    if len(ref_flat) != len(flat) or not all(close(a, b) for a, b in zip(ref_flat, flat)):
+        problems.append("predict differs")
+    return problems

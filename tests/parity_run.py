@@ -1,11 +1,14 @@
 """Runs tests/parity_cases.py through model.fit on one device and Trainer.fit on N replicas.
 
-Usage: parity_run.py REPLICAS CASE[,CASE...]. Prints one JSON line: for each
-case, what differs from model.fit ("problems"), or the error.
+Usage: parity_run.py REPLICAS CASE[,CASE...] [OUT]. With OUT, pickles each
+case's runs there (model.fit's only on 1 replica: it is the same on every
+layout) for test_keras_parity to compare; without, prints one JSON line: for
+each case, what differs from model.fit ("problems"), or the error.
 """
 
 import json
 import os
+import pickle
 import sys
 import tempfile
 import traceback
@@ -22,7 +25,6 @@ import numpy as np  # noqa: E402
 import parity_cases  # noqa: E402
 from trainer import Trainer  # noqa: E402
 
-RTOL, ATOL = 1e-5, 1e-6
 # One strategy for every case: new MirroredStrategies in one process reuse collective keys.
 STRATEGY = "auto" if REPLICAS == 1 else tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(REPLICAS)])
 
@@ -129,50 +131,29 @@ def _keras_under_strategy(case) -> list:
     return model.get_weights()
 
 
-def _close(a, b) -> bool:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return a.shape == b.shape and np.allclose(a, b, rtol=RTOL, atol=ATOL)
-
-
-def compare(reference, result, per_replica=()) -> list[str]:
-    (ref_hist, ref_w, ref_ev, ref_pred), (hist, w, ev, pred) = reference, result
-    problems = []
-    for key, values in ref_hist.items():
-        if REPLICAS > 1 and key in per_replica:
-            if key not in hist or not np.allclose(values, hist[key], rtol=0.1):
-                problems.append(f"history[{key!r}] is not even close: {values} vs {hist.get(key)}")
-        elif key not in hist:
-            problems.append(f"history lacks {key!r} (has {sorted(hist)})")
-        elif not _close(values, hist[key]):
-            problems.append(f"history[{key!r}]: model.fit {values}, trainer {hist[key]}")
-    if len(ref_w) != len(w) or not all(_close(a, b) for a, b in zip(ref_w, w)):
-        problems.append("final weights differ")
-    for key, value in ref_ev.items():
-        if key not in ev:
-            problems.append(f"evaluate lacks {key!r} (has {sorted(ev)})")
-        elif not _close(value, ev[key]):
-            problems.append(f"evaluate[{key!r}]: model.evaluate {value}, trainer {ev[key]}")
-    ref_flat, flat = tf.nest.flatten(ref_pred), tf.nest.flatten(pred)
-    if len(ref_flat) != len(flat) or not all(_close(a, b) for a, b in zip(ref_flat, flat)):
-        problems.append("predict differs")
-    return problems
-
-
 def main():
+    """With OUT, pickles each case's runs for test_keras_parity to compare (model.fit's on 1 replica only);
+    without, compares here and prints what differs."""
+    out = sys.argv[3] if len(sys.argv) > 3 else None
     results = {}
     for name in sys.argv[2].split(","):
         case = parity_cases.CASES[name]
         with tempfile.TemporaryDirectory() as folder:
             try:
-                reference = _keras_run(case, folder)
-                results[name] = {"problems": compare(reference, _trainer_run(case, folder), case.per_replica)}
+                reference = _keras_run(case, folder) if out is None or REPLICAS == 1 else None
+                run = {"keras": reference, "trainer": _trainer_run(case, folder), "keras_under_strategy": None}
                 if case.keras_differs_on_replicas and REPLICAS == 2:  # on 3, Keras crashes on the 2+2+1 split
-                    weights = _keras_under_strategy(case)
-                    results[name]["keras_under_strategy_differs"] = not all(
-                        _close(a, b) for a, b in zip(reference[1], weights))
+                    run["keras_under_strategy"] = _keras_under_strategy(case)
+                results[name] = run
             except Exception:  # reported per case, so one crash does not hide the others
                 results[name] = {"error": traceback.format_exc()[-3000:]}
-    print(json.dumps(results))
+    if out is not None:
+        with open(out, "wb") as f:
+            pickle.dump(results, f)
+        return
+    print(json.dumps({name: {"error": run["error"]} if "error" in run else
+                      {"problems": parity_cases.compare(run["keras"], run["trainer"], parity_cases.CASES[name],
+                                                        REPLICAS)} for name, run in results.items()}))
 
 
 if __name__ == "__main__":
