@@ -45,6 +45,7 @@ def trainer_call(strategy, x, y, model):
     """count -> (steps run, seconds): the Trainer's train function on a feed of (x, y)."""
     from trainer import Trainer
     from trainer import data as data_lib
+    from trainer import inputs as inputs_lib
 
     import variants
 
@@ -52,8 +53,8 @@ def trainer_call(strategy, x, y, model):
     trainer.fit(model, (x, y), epochs=1, steps_per_epoch=2)  # builds and traces the engine
     steps = trainer._engines[0].steps  # the step functions behind fit (not public API)
     global_batch = variants.PER_REPLICA * strategy.num_replicas_in_sync
-    make_feed = data_lib.iterator_factory(strategy, global_batch, shuffle=True, seed=0)
-    feed = make_feed(data_lib.as_input((x, y), arg="data"), epoch=0, until=2**31)
+    readers = inputs_lib.Readers(strategy, global_batch, shuffle=True, seed=0)
+    feed = readers(data_lib.as_input((x, y), arg="data"), epoch=0, until=2**31)
 
     def call(count: int) -> tuple[int, float]:
         start = time.perf_counter()

@@ -214,7 +214,7 @@ def bare_step_pipeline(strategy, x, y) -> _Runner:
             strategy.run(replica_step, args=(fetched, i, signature))
 
     def epoch() -> int:
-        feed = current["feed"] = feed_lib.ArrayFeed(inp, lambda _: np.random.permutation(len(x)),
+        feed = current["feed"] = feed_lib.ArrayFeed(inp.arrays, lambda _: np.random.permutation(len(x)),
                                                     global_batch_size=global_batch,
                                                     num_replicas=strategy.num_replicas_in_sync)
         while True:

@@ -20,7 +20,6 @@ tf.config.set_logical_device_configuration(
     tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * max(REPLICAS, 1))
 
 import keras  # noqa: E402
-import numpy as np  # noqa: E402
 
 import parity_cases  # noqa: E402
 from trainer import Trainer  # noqa: E402

@@ -1,11 +1,13 @@
 """ArrayFeed: replicas read their slices straight from the arrays, exactly as the tf.data pipeline cuts them."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from conftest import mirrored, tiny_data, tiny_model
-from trainer import Trainer, arrays
+from trainer import Trainer
 from trainer import data as data_lib
 from trainer import feed as feed_lib
 
@@ -13,7 +15,7 @@ from trainer import feed as feed_lib
 def _feed(x, batch, replicas, order=None, **kwargs):
     inp = data_lib.as_input(x, arg="data")
     order = order or (lambda epoch: np.arange(inp.num_examples))
-    return feed_lib.ArrayFeed(inp, order, global_batch_size=batch, num_replicas=replicas, **kwargs)
+    return feed_lib.ArrayFeed(inp.arrays, order, global_batch_size=batch, num_replicas=replicas, **kwargs)
 
 
 @pytest.mark.parametrize("examples,batch,replicas", [(1003, 64, 1), (1003, 64, 3), (37, 8, 4), (5, 8, 4), (33, 8, 3)])
@@ -118,7 +120,7 @@ def test_fits_on_new_arrays_of_the_same_shape_reuse_the_traced_steps():
     trainer.fit(model, (x, y), epochs=2)
     trainer.fit(model, (x[:150] + 1, y[:150]), epochs=1)
     steps = trainer._engines[0].steps
-    assert steps._train_from_feed.experimental_get_tracing_count() == 1
+    assert steps._train_loops.feed.experimental_get_tracing_count() == 1
 
 
 @pytest.mark.parametrize("replicas", [1, 4])
@@ -156,7 +158,7 @@ def test_fit_is_the_same_when_each_call_is_split_into_several_gathers(monkeypatc
     def run():
         trainer = Trainer(strategy=mirrored(2), per_replica_batch_size=16, steps_per_execution=5, verbose=0)
         history = trainer.fit(tiny_model(), (x, y, w), epochs=2, validation_data=(x, y))
-        return history, trainer._engines[0].steps._train_from_feed.experimental_get_tracing_count()
+        return history, trainer._engines[0].steps._train_loops.feed.experimental_get_tracing_count()
 
     whole, _ = run()
     monkeypatch.setattr(feed_lib, "FETCH_BYTES", 1)  # one step per gather: 5 gathers per claim of 5 steps
@@ -175,7 +177,8 @@ def test_where_tf_data_splits_arrays_the_uneven_last_step_gets_a_call_of_its_own
     model = tiny_model()
     trainer.fit(model, (x, y))
     steps = trainer._engines[0].steps
-    traced, calls = steps._train_from_iterator, []
-    steps._train_from_iterator = lambda iterator, n: calls.append(int(n)) or traced(iterator, n)
+    traced, calls = steps._train_loops.distributed, []
+    steps._train_loops = dataclasses.replace(
+        steps._train_loops, distributed=lambda iterator, n: calls.append(int(n)) or traced(iterator, n))
     trainer.fit(model, (x, y), epochs=2)
     assert calls == [2, 1, 2, 1]

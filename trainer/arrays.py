@@ -9,13 +9,10 @@ them from one host copy of the arrays and prefetches them to the devices.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import numpy as np
 import tensorflow as tf
-
-if TYPE_CHECKING:
-    from trainer.data import ArrayInput, DatasetFn
 
 
 def epoch_order(num_examples: int, *, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
@@ -45,9 +42,11 @@ OrderFn = Callable[[int], np.ndarray]  # epoch -> the global order of examples i
 
 
 def array_dataset_fn(
-    inp: ArrayInput, order: OrderFn, global_batch_size: int, epochs: range, start_step: int = 0
-) -> DatasetFn:
+    host: Any, num_examples: int, order: OrderFn, global_batch_size: int, epochs: range, start_step: int = 0
+) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
     """A per-worker dataset function that yields this worker's replica slices for `epochs`.
+
+    `host` is the arrays' `host_copy`, `num_examples` their rows.
 
     Elements come step-major, one per local replica, which is the order in which
     tf.distribute hands successive elements of a per-worker dataset to its
@@ -55,26 +54,24 @@ def array_dataset_fn(
     epoch starts at `start_step`. One pass covers every epoch, so one iterator
     serves a whole fit (creating one per epoch costs ~0.1 s with several replicas).
     """
-    source = host_copy(inp)
-
     def epoch_order(epoch):
         return order(int(epoch)).astype(np.int64)
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         local = ctx.num_replicas_in_sync // ctx.num_input_pipelines
         first = ctx.input_pipeline_id * local
-        starts, sizes = replica_slices(inp.num_examples, global_batch_size, ctx.num_replicas_in_sync)
+        starts, sizes = replica_slices(num_examples, global_batch_size, ctx.num_replicas_in_sync)
         slices = tf.data.Dataset.from_tensor_slices(
             (starts[:, first : first + local].reshape(-1), sizes[:, first : first + local].reshape(-1))
         )
 
         def one_epoch(epoch):
             rows_in_order = tf.numpy_function(epoch_order, [epoch], tf.int64, stateful=False)
-            rows_in_order.set_shape([inp.num_examples])
+            rows_in_order.set_shape([num_examples])
 
             def gather(start, size):
                 rows = rows_in_order[start : start + size]
-                return tf.nest.map_structure(lambda v: tf.gather(v, rows), source)
+                return tf.nest.map_structure(lambda v: tf.gather(v, rows), host)
 
             skip = tf.where(epoch == epochs.start, tf.constant(start_step * local, tf.int64), 0)
             # A serial map measured faster than a parallel one here (bench/throughput.py):
@@ -89,19 +86,17 @@ def array_dataset_fn(
 _CHUNK_BYTES = 8 * 2**20
 
 
-def host_copy(inp: ArrayInput) -> Any:
-    """The arrays as host variables, made once per input and filled chunk by chunk.
+def host_copy(arrays: Any) -> Any:
+    """The arrays as host variables, filled chunk by chunk.
 
     A dataset that reads variables holds their handles only. Arrays captured as
     tensors would sit in the dataset graph as constants, which tf.data copies
     whenever it rewrites that graph (three copies in all on the first epoch);
     this way the arrays are copied once.
     """
-    if inp.host is None:
-        # Inside a user's strategy scope a variable would be replicated: use tensors there.
-        fill = tf.constant if tf.distribute.has_strategy() else _fill_variable
-        object.__setattr__(inp, "host", tf.nest.map_structure(fill, inp.arrays))
-    return inp.host
+    # Inside a user's strategy scope a variable would be replicated: use tensors there.
+    fill = tf.constant if tf.distribute.has_strategy() else _fill_variable
+    return tf.nest.map_structure(fill, arrays)
 
 
 def _fill_variable(array: np.ndarray) -> tf.Variable:

@@ -17,7 +17,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from trainer import data as data_lib
+from trainer import inputs as inputs_lib
 from trainer import models
 from trainer.data import subject
 from trainer.model_checks import check_model_inputs, leaves, parts
@@ -35,8 +35,8 @@ def check_fit(model, train, val, *, steps_per_epoch, epoch_steps, epochs, initia
       global_batch_size: examples per step.
     """
     check_data(train, "data", steps_arg="steps_per_epoch", steps=steps_per_epoch)
-    if isinstance(train, data_lib.ArrayInput) and steps_per_epoch is not None:
-        batches = data_lib.num_steps(train, global_batch_size)
+    if isinstance(train, inputs_lib.ArrayInput) and steps_per_epoch is not None:
+        batches = train.num_steps(global_batch_size)
         if steps_per_epoch > batches:
             raise ValueError(
                 f"`steps_per_epoch` can be at most the {batches} batches of one pass over the arrays "
@@ -112,7 +112,7 @@ def check_fixed_batch(model: keras.Model, inp, *, num_replicas: int, global_batc
             f"`batch_size` must be {batch}, the fixed batch size of `model`'s {layers}. Received: a global batch "
             f"of {global_batch_size}. Pass Trainer(batch_size={batch})."
         )
-    n = data_lib.num_examples(inp)
+    n = inp.num_examples
     if n is not None and n % batch:
         raise ValueError(
             f"The data must hold a multiple of {batch} examples: `model`'s {layers} take exactly {batch} in every "
@@ -126,14 +126,14 @@ def check_fixed_batch(model: keras.Model, inp, *, num_replicas: int, global_batc
 
 def check_data(inp, arg: str, *, steps_arg: str | None, steps: int | None, with_targets: bool = True) -> None:
     """Object arrays, label dtypes and NaN/Inf for arrays; structure and cardinality for datasets."""
-    if isinstance(inp, data_lib.ArrayInput):
+    if isinstance(inp, inputs_lib.ArrayInput):
         for part, struct in parts(inp.arrays, with_targets).items():
             for name, array in leaves(struct, part):
                 _check_array(array, name, part, arg)
         if with_targets and len(inp.arrays) == 3:
             _check_sample_weight(inp.arrays[2], arg, per_example=False)
-    elif isinstance(inp, (data_lib.DatasetInput, data_lib.BatchedInput)):
-        spec = data_lib.example_spec(inp)
+    elif isinstance(inp, (inputs_lib.DatasetInput, inputs_lib.BatchedInput)):
+        spec = inp.example_spec
         if with_targets and not (isinstance(spec, (tuple, list)) and len(spec) in (2, 3)):
             raise ValueError(
                 f"`{arg}` must yield (x, y) or (x, y, sample_weight) elements. Received: {arg} with elements "
@@ -152,7 +152,7 @@ def check_data(inp, arg: str, *, steps_arg: str | None, steps: int | None, with_
         if with_targets and len(spec) == 3:
             _check_sample_weight(spec[2], arg, per_example=True)
         if steps is None and _endless(inp):
-            pydataset = isinstance(inp, data_lib.BatchedInput) and inp.form == "PyDataset"
+            pydataset = inp.form == "PyDataset"
             what, received = (("PyDataset without a length (num_batches None)", "num_batches=None") if pydataset else
                               ("tf.data.Dataset (.repeat() without a count)", "cardinality INFINITE"))
             fix = (f"Pass {steps_arg}=<steps>" + ("" if pydataset else ", or drop .repeat()") if steps_arg
@@ -166,7 +166,7 @@ def check_data(inp, arg: str, *, steps_arg: str | None, steps: int | None, with_
 
 def _endless(inp) -> bool:
     """Whether `inp` never ends: a repeated dataset, or a PyDataset without a length."""
-    if isinstance(inp, data_lib.BatchedInput) and inp.form == "PyDataset":
+    if inp.form == "PyDataset":
         return inp.num_batches is None
     return inp.dataset.cardinality() == tf.data.INFINITE_CARDINALITY
 

@@ -1,35 +1,18 @@
-"""User inputs -> sharded, distributed batches.
+"""The boundary: what the user passed to fit, evaluate or predict -> one input kind, checked.
 
-Each form of input is one source kind, validated once at the boundary
-(`as_input`, then `checks.check_data`), with one contract: how it is batched,
-split across workers and replicas, restarted each epoch and resumed mid-epoch
-(docs/input_forms.md has the table of form x strategy).
-
-* `ArrayInput`: `(x, y[, sample_weight])` NumPy arrays (or dicts / lists of
-  arrays), also given Keras's way as `fit(model, x, y, sample_weight=...)`. The
-  trainer shuffles them each epoch from `seed`, cuts global batches, splits each
-  into contiguous per-replica slices and gives every worker only its own slices
-  (`trainer/feed.py` on CPUs, `trainer/arrays.py` on accelerators). The global
-  order depends on the seed alone, and the last partial batch is kept.
-* `DatasetInput`: a `tf.data.Dataset` of single examples. The trainer batches
-  it with the global batch size, in the order it yields.
-* `BatchedInput`: batches the user made, each one global step as under
-  `model.fit`: a batched `tf.data.Dataset` (`.batch(64)`, `drop_remainder`,
-  `.prefetch`, ...), a Python generator of batches, or a
-  `keras.utils.PyDataset` (read through Keras's own adapters, so its workers,
-  queue and epoch hooks behave as under `model.fit`). Every worker reads every
-  batch and keeps its replicas' rows.
-* `FunctionInput`: a function `input_context -> tf.data.Dataset` (per-worker
-  pipelines). It must shard and batch itself.
-
-`iterator_factory` turns an input into what the step functions read, and
-`sharding` says in words how it is split, for the plan.
+`as_input` (and `fit_inputs`, which also cuts `validation_split`) recognises
+the form (arrays given either way, a tf.data.Dataset batched or not, a
+generator, a PyDataset, or a dataset function), refuses what can't be read
+exactly with a message that names the argument and the fix, folds in
+`class_weight` as Keras does, and returns one of the kinds of
+`trainer/inputs.py`, which carry the rest of the contract. `check_workers`
+refuses the Python-fed forms where several processes can't read them alike.
+`checks.check_data` then checks the kind against the model.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import numbers
 import reprlib
@@ -40,84 +23,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from trainer import _compat, arrays
-from trainer import feed as feed_lib
-from trainer.cluster import strategy_cluster_info
-
-DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
-
-
-@dataclasses.dataclass(frozen=True)
-class ArrayInput:
-    """In-memory arrays: a nested structure with `num_examples` rows per leaf."""
-
-    arrays: Any
-    num_examples: int
-    host: Any = dataclasses.field(default=None, compare=False, repr=False)  # see `host_copy`
-
-
-@dataclasses.dataclass(frozen=True)
-class DatasetInput:
-    """An unbatched `tf.data.Dataset`; the trainer batches it."""
-
-    dataset: tf.data.Dataset
-
-
-@dataclasses.dataclass(frozen=True)
-class BatchedInput:
-    """Batches the user made: a batched tf.data.Dataset, a generator or a PyDataset; each is one global step.
-
-    Attributes:
-      dataset: the global batches, as a tf.data.Dataset.
-      form: "batched dataset", "generator" or "PyDataset", for the plan and messages.
-      batch_size: rows in a full batch (the global batch), when known without reading.
-      num_batches: batches in one pass, when known.
-      example_spec: per-example `tf.TensorSpec`s of an element, for checks against the model.
-      adapter: Keras's adapter of a generator or PyDataset (its epoch hooks start and stop
-        a PyDataset's workers), else None.
-      first: a batch to build the model on, when one could be read without side effects.
-    """
-
-    dataset: tf.data.Dataset
-    form: str
-    batch_size: int | None
-    num_batches: int | None
-    example_spec: Any
-    adapter: Any = dataclasses.field(default=None, compare=False, repr=False)
-    first: Any = dataclasses.field(default=None, compare=False, repr=False)
-
-
-@dataclasses.dataclass(frozen=True)
-class FunctionInput:
-    """A per-worker dataset function; it batches and shards itself."""
-
-    fn: DatasetFn
-
-
-Input = ArrayInput | DatasetInput | BatchedInput | FunctionInput
-
-
-def epoch_begin(inp: Input) -> None:
-    """Starts an epoch of `inp`: a PyDataset's workers and its `on_epoch_begin`, as `model.fit` does."""
-    if isinstance(inp, BatchedInput) and inp.adapter is not None:
-        inp.adapter.on_epoch_begin()
-
-
-def epoch_end(inp: Input, *, read_all: bool) -> list:
-    """Ends an epoch of `inp` as `model.fit` does; returns iterators for the caller to release.
-
-    Stops a PyDataset's workers and calls its `on_epoch_end`. After reading all
-    of a batched dataset of known length, Keras's epoch iterator starts a new
-    iterator on it (and drops it when the next epoch starts another): that
-    advances a `.shuffle(reshuffle_each_iteration=True)` in the dataset by one
-    order, so every epoch of `model.fit` skips one. The trainer does the same,
-    so that the epochs read the examples in `model.fit`'s order.
-    """
-    if isinstance(inp, BatchedInput) and inp.adapter is not None:
-        inp.adapter.on_epoch_end()
-    if read_all and isinstance(inp, BatchedInput) and inp.adapter is None and inp.num_batches:
-        return [iter(inp.dataset)]
-    return []
+from trainer import _compat
+from trainer.inputs import ArrayInput, BatchedInput, DatasetInput, FunctionInput, Input
 
 
 def as_input(x: Any, y: Any = None, sample_weight: Any = None, *, arg: str, with_targets: bool = True,
@@ -206,16 +113,38 @@ def check_workers(inp: Input, num_workers: int, *, parameter_server: bool, arg: 
 
 
 def fit_inputs(x: Any, y: Any, sample_weight: Any, *, arg: str, class_weight: Any, shuffle: bool,
-               validation_split: float) -> tuple[Input, ArrayInput | None]:
-    """fit's training input, and the validation arrays `validation_split` takes from it (None without).
+               validation_split: float, validation_data: Any, num_workers: int,
+               parameter_server: bool) -> tuple[Input, Input | None]:
+    """fit's training input, and what it validates on (None without): `validation_data`, or the `validation_split`.
 
-    The split comes first, as in Keras: the class weights weigh the training rows only.
+    As in Keras, `validation_data` wins over `validation_split`, and the split
+    comes first: the class weights weigh the training rows only. Both inputs are checked for the workers they will be read on
+    (under parameter-server training only the training input goes to the
+    workers; validation runs on the coordinator).
     """
-    if not validation_split:
-        return as_input(x, y, sample_weight, arg=arg, class_weight=class_weight, shuffle=shuffle), None
-    inp = as_input(x, y, sample_weight, arg=arg, shuffle=shuffle)
-    train, val = split_validation(inp, validation_split, arg)
-    return (_class_weighted(train, class_weight, arg) if class_weight is not None else train), val
+    if validation_split and validation_data is None:
+        train, val = split_validation(as_input(x, y, sample_weight, arg=arg, shuffle=shuffle), validation_split, arg)
+        if class_weight is not None:
+            train = _class_weighted(train, class_weight, arg)
+    else:
+        train = as_input(x, y, sample_weight, arg=arg, class_weight=class_weight, shuffle=shuffle)
+        val = None if validation_data is None else _validation_input(validation_data, train)
+    check_workers(train, num_workers, parameter_server=parameter_server, arg=arg)
+    if val is not None:
+        check_workers(val, 1 if parameter_server else num_workers, parameter_server=False, arg="validation_data")
+    return train, val
+
+
+def _validation_input(validation_data: Any, train: Input) -> Input:
+    val = as_input(validation_data, arg="validation_data")
+    train_sig, val_sig = train.signature(), val.signature()
+    if train_sig is not None and val_sig is not None and train_sig[:2] != val_sig[:2]:
+        raise ValueError(
+            "`validation_data` must have the same structure and per-example shapes as `data`. "
+            f"Received: data (x, y) = {train_sig[:2]}, validation_data (x, y) = {val_sig[:2]}. "
+            "Pass validation arrays shaped like the training arrays."
+        )
+    return val
 
 
 def _keras_x(*element):
@@ -234,7 +163,7 @@ def features(inp: Input, model: Any) -> Input:
     """
     if not isinstance(inp, (DatasetInput, BatchedInput)):
         return inp
-    spec = example_spec(inp)
+    spec = inp.example_spec
     inputs = getattr(model, "inputs", None) if isinstance(model, keras.Model) and model.built else None
     if isinstance(spec, tuple) and inputs is not None and len(spec) == len(inputs) > 1:
         return inp
@@ -266,7 +195,7 @@ def split_validation(inp: Input, validation_split: float, arg: str) -> tuple[Arr
     if not isinstance(inp, ArrayInput):
         raise ValueError(
             f"`validation_split` needs arrays, which can be split by rows. Received: validation_split="
-            f"{validation_split} with `{arg}` as a {_describe_form(inp)}. Pass validation_data= instead."
+            f"{validation_split} with `{arg}` as a {inp.form}. Pass validation_data= instead."
         )
     split_at = int(math.floor(inp.num_examples * (1.0 - validation_split)))
     if split_at == 0 or split_at == inp.num_examples:
@@ -278,12 +207,6 @@ def split_validation(inp: Input, validation_split: float, arg: str) -> tuple[Arr
     train = tf.nest.map_structure(lambda a: a[:split_at], inp.arrays)
     val = tf.nest.map_structure(lambda a: a[split_at:], inp.arrays)
     return ArrayInput(train, split_at), ArrayInput(val, inp.num_examples - split_at)
-
-
-def _describe_form(inp: Input) -> str:
-    if isinstance(inp, BatchedInput):
-        return inp.form
-    return {DatasetInput: "tf.data.Dataset", FunctionInput: "dataset function"}.get(type(inp), "arrays")
 
 
 def _no_class_weight(class_weight: Any, what: str, fix: str) -> None:
@@ -455,197 +378,3 @@ def _checked_dataset(dataset: tf.data.Dataset, arg: str, class_weight: Any = Non
                         _per_example(dataset.element_spec))
 
 
-def feature_signature(inp: Input) -> Any:
-    """Structure of (x, y[, w]) with per-example shapes, for comparing two inputs."""
-    if isinstance(inp, ArrayInput):
-        return tf.nest.map_structure(lambda a: tuple(a.shape[1:]), inp.arrays)
-    if isinstance(inp, (DatasetInput, BatchedInput)):
-        spec = example_spec(inp)
-        if any(s.shape.rank is None for s in tf.nest.flatten(spec)):
-            return None  # unknown; checks.check_data refuses it
-        return tf.nest.map_structure(lambda s: tuple(s.shape), spec)
-    return None
-
-
-def example_spec(inp: DatasetInput | BatchedInput) -> Any:
-    """The `tf.TensorSpec`s of one example of a dataset's elements."""
-    return inp.example_spec if isinstance(inp, BatchedInput) else inp.dataset.element_spec
-
-
-def num_examples(inp: Input) -> int | None:
-    """Examples in one pass over `inp`, or None when unknown."""
-    if isinstance(inp, ArrayInput):
-        return inp.num_examples
-    if isinstance(inp, DatasetInput):
-        n = int(inp.dataset.cardinality())
-        return n if n >= 0 else None
-    return None
-
-
-def num_steps(inp: Input, global_batch_size: int) -> int | None:
-    """Global steps in one pass over `inp`, or None when unknown."""
-    if isinstance(inp, BatchedInput):
-        return inp.num_batches
-    n = num_examples(inp)
-    return None if n is None else -(-n // global_batch_size)
-
-
-def shard_policy(dataset: tf.data.Dataset, num_workers: int) -> tuple[Any, str]:
-    """The auto-shard policy for a user dataset, and the reason, for the plan."""
-    policy_enum = tf.data.experimental.AutoShardPolicy
-    chosen = dataset.options().experimental_distribute.auto_shard_policy
-    if chosen != policy_enum.AUTO:
-        return chosen, "set on the dataset by the user"
-    if num_workers == 1:
-        return policy_enum.OFF, "one worker reads everything; nothing to shard"
-    return policy_enum.DATA, "every worker reads the data and keeps its share of each batch (exact for any source)"
-
-
-def sharding(inp: Input, num_workers: int, *, parameter_server: bool = False) -> tuple[str, str]:
-    """(policy, reason) of how `inp` is split across workers, for the plan."""
-    if parameter_server:
-        return "per worker", "each worker reads its own shard, shuffled and repeated; steps go to free workers"
-    if isinstance(inp, ArrayInput):
-        return "OFF", "the trainer splits each global batch into per-replica slices; each worker gathers only its own"
-    if isinstance(inp, FunctionInput):
-        return "per worker", "your dataset function shards by its input_context"
-    if isinstance(inp, BatchedInput) and inp.form != "batched dataset":
-        return ("OFF", f"one worker reads the {inp.form}" if num_workers == 1 else
-                f"every worker reads every batch of the {inp.form} and keeps its replicas' rows")
-    policy, reason = shard_policy(inp.dataset, num_workers)
-    return policy.name, reason
-
-
-def iterator_factory(strategy: tf.distribute.Strategy, global_batch_size: int, *, shuffle: bool,
-                     seed: int) -> Callable[..., Any]:
-    """`(inp, epoch=None, start_step=0, until=None)` -> what step calls read from.
-
-    That is an `ArrayFeed` for arrays on CPU replicas; for a dataset on CPU
-    replicas, `GlobalBatches`, which the steps split among the replicas (on
-    several workers, unless the dataset sets its own auto-shard policy: every
-    worker then reads all of it, as the DATA policy would have it do); else a
-    distributed iterator. With `epoch`,
-    arrays are shuffled per epoch (from `seed`) and one pass covers epochs
-    `epoch` to `until` (exclusive; one epoch by default); without it, they are
-    read once in input order. `start_step` skips global steps at the start of
-    the pass (a resumed run).
-    """
-    num_workers = strategy_cluster_info(strategy).num_workers
-    # A dataset read from its start is distributed once and iterated again each epoch:
-    # distributing it rewrites its graph, 10-11 ms a time for the benchmark's pipeline.
-    distributed: list[tuple[DatasetInput, Any]] = []
-
-    def make_iterator(inp: Input, epoch: int | None = None, start_step: int = 0, until: int | None = None):
-        order: arrays.OrderFn | None = None
-        epochs = range(1)
-        if isinstance(inp, ArrayInput) and epoch is not None:
-            order = functools.partial(_epoch_order, inp.num_examples, shuffle, seed)
-            epochs = range(epoch, until or epoch + 1)
-        if isinstance(inp, ArrayInput) and feed_lib.supports(strategy):
-            return feed_lib.ArrayFeed(inp, order or (lambda _: np.arange(inp.num_examples)),
-                                      global_batch_size=global_batch_size,
-                                      num_replicas=strategy.num_replicas_in_sync, epochs=epochs, start_step=start_step)
-        datasets = (DatasetInput, BatchedInput)
-        if isinstance(inp, datasets) and feed_lib.supports(strategy) and _whole_on_every_worker(inp, num_workers):
-            return feed_lib.GlobalBatches(global_batches(inp, global_batch_size, start_step))  # the steps split them
-        reusable = isinstance(inp, datasets) and start_step == 0
-        for known, dataset in distributed if reusable else ():
-            if known is inp:
-                return iter(dataset)
-        dataset = distribute(strategy, inp, global_batch_size=global_batch_size, num_workers=num_workers,
-                             order=order, epochs=epochs, start_step=start_step)
-        if reusable:
-            distributed.append((inp, dataset))
-        return iter(dataset)
-
-    return make_iterator
-
-
-def _whole_on_every_worker(inp: DatasetInput | BatchedInput, num_workers: int) -> bool:
-    """Whether every worker reads all of `inp` and keeps its share: one worker, or no policy set by the user."""
-    chosen = inp.dataset.options().experimental_distribute.auto_shard_policy
-    return num_workers == 1 or chosen == tf.data.experimental.AutoShardPolicy.AUTO
-
-
-def _epoch_order(num_examples: int, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
-    return arrays.epoch_order(num_examples, shuffle=shuffle, seed=seed, epoch=epoch)
-
-
-def distribute(
-    strategy: tf.distribute.Strategy,
-    inp: Input,
-    *,
-    global_batch_size: int,
-    num_workers: int,
-    order: arrays.OrderFn | None = None,
-    epochs: range = range(1),
-    start_step: int = 0,
-):
-    """Returns a distributed dataset for one pass over `inp`.
-
-    Args:
-      order: for arrays, epoch -> the order of examples (input order by default).
-      epochs: for arrays, the epochs one pass covers.
-      start_step: global steps to skip at the start of the pass.
-    """
-    if isinstance(inp, ArrayInput):
-        order = order or (lambda epoch: np.arange(inp.num_examples))
-        fn = arrays.array_dataset_fn(inp, order, global_batch_size, epochs, start_step)
-        return strategy.distribute_datasets_from_function(fn)
-    if isinstance(inp, FunctionInput):
-        return strategy.distribute_datasets_from_function(inp.fn)
-    policy, _ = shard_policy(inp.dataset, num_workers)
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = policy
-    return strategy.experimental_distribute_dataset(
-        global_batches(inp, global_batch_size, start_step).with_options(options))
-
-
-def global_batches(inp: DatasetInput | BatchedInput, global_batch_size: int, start_step: int = 0) -> tf.data.Dataset:
-    """`inp`'s dataset in global batches (the last one partial), from global step `start_step` on.
-
-    A batched input's own batches are the global batches; an unbatched dataset
-    is batched here with `global_batch_size`.
-    """
-    if isinstance(inp, BatchedInput):
-        return inp.dataset.skip(start_step) if start_step else inp.dataset
-    ds = inp.dataset.skip(start_step * global_batch_size) if start_step else inp.dataset
-    return ds.batch(global_batch_size).prefetch(tf.data.AUTOTUNE)
-
-
-def sample_batch(inp: Input, n: int = 2) -> Any:
-    """A few examples, eagerly, to build the model and resolve metrics."""
-    if isinstance(inp, ArrayInput):
-        return tf.nest.map_structure(lambda a: tf.convert_to_tensor(a[:n]), inp.arrays)
-    if isinstance(inp, DatasetInput):
-        return next(iter(inp.dataset.batch(n)))
-    if isinstance(inp, BatchedInput):
-        return inp.first if inp.first is not None else _placeholder_batch(inp, n)
-    ds = inp.fn(tf.distribute.InputContext())
-    return next(iter(ds))
-
-
-def _placeholder_batch(inp: BatchedInput, n: int) -> Any:
-    """`n` examples of zeros (empty strings) shaped as `inp`'s elements, or its first batch if a shape is open.
-
-    Reading a batch would start an iterator on the user's dataset, and a
-    `.shuffle(reshuffle_each_iteration=True)` in it would then give every epoch
-    the order of the next one: `model.fit` reads none before training.
-    """
-    specs = tf.nest.flatten(inp.example_spec)
-    if any(not s.shape.is_fully_defined() for s in specs):
-        return next(iter(inp.dataset))
-
-    def zeros(spec):
-        shape = [n, *spec.shape]
-        return tf.fill(shape, "") if spec.dtype == tf.string else tf.zeros(shape, spec.dtype)
-
-    return tf.nest.map_structure(zeros, inp.example_spec)
-
-
-def batch_size_of(inp: BatchedInput) -> int:
-    """The rows in a full batch of `inp` (the global batch): declared, or read from its first batch."""
-    if inp.batch_size is not None:
-        return inp.batch_size
-    first = inp.first if inp.first is not None else next(iter(inp.dataset))
-    return int(tf.shape(tf.nest.flatten(first)[0])[0])

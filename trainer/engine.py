@@ -10,12 +10,13 @@ import dataclasses
 import os
 import platform
 import sys
+from typing import Any
 
 import keras
 import tensorflow as tf
 
 from trainer import checks, models, ps, scaling
-from trainer import data as data_lib
+from trainer import inputs as inputs_lib
 from trainer import strategy as strategy_lib
 from trainer.objective import Objective
 from trainer.steps import Steps, unpack
@@ -128,7 +129,7 @@ def cpu_native_bf16(strategy: tf.distribute.Strategy) -> str | None:
 def build(
     model: models.ModelOrBuilder,
     strategy: tf.distribute.Strategy,
-    inp: data_lib.Input,
+    inp: inputs_lib.Input,
     *,
     global_batch_size: int,
     seed: int | None,
@@ -171,12 +172,12 @@ def build(
     return run_model, engine, lr_plan
 
 
-def sample_batch(model: keras.Model, inp: data_lib.Input, strategy: tf.distribute.Strategy,
+def sample_batch(model: keras.Model, inp: inputs_lib.Input, strategy: tf.distribute.Strategy,
                  global_batch_size: int) -> Any:
     """A few examples to build `model` on: as many as its fixed batch size, if it has one (checked first)."""
     checks.check_fixed_batch(model, inp, num_replicas=strategy.num_replicas_in_sync,
                              global_batch_size=global_batch_size)
-    return data_lib.sample_batch(inp, models.fixed_batch_size(model) or 2)
+    return inp.sample(models.fixed_batch_size(model) or 2)
 
 
 def _same(a: tuple, b: tuple) -> bool:

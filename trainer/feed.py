@@ -1,4 +1,13 @@
-"""Inputs fed straight into the step function of CPU replicas.
+"""The readers that step calls consume, and how each replica gets its share of a global step.
+
+Three readers, made by `inputs.Readers`; each runs the compiled loops of
+`steps.Loops` that fit it (`run`, `predictions`), so the steps never ask
+what they were handed:
+
+* `ArrayFeed`: arrays on CPU replicas, gathered inside the step.
+* `GlobalBatches`: a dataset's global batches on CPU replicas, split inside the step.
+* `DistributedBatches`: TensorFlow's distributed iterator (accelerators,
+  dataset functions, datasets with a shard policy of their own).
 
 Arrays need no tf.data pipeline. Each replica reads its slices of the global
 batches from the user's NumPy arrays inside the step function: at the start of
@@ -33,16 +42,14 @@ abort on the gradient of Conv2D+BiasAdd or MaxPool over zero examples.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 import tensorflow as tf
 
+from trainer import malloc
 from trainer import strategy as strategy_lib
 from trainer.arrays import OrderFn, replica_slices
-
-if TYPE_CHECKING:
-    from trainer.data import ArrayInput
 
 
 def supports(strategy: tf.distribute.Strategy) -> bool:
@@ -97,7 +104,7 @@ class ArrayFeed:
     """Serves global steps of `epochs` over in-memory arrays, a call's worth at a time.
 
     Args:
-      inp: the arrays.
+      arrays: the arrays (a nested structure, one row per example).
       order: epoch -> the global order of the examples in that epoch.
       global_batch_size: examples per global step.
       num_replicas: replicas in sync (over all workers).
@@ -105,13 +112,13 @@ class ArrayFeed:
       start_step: global steps to skip in the first epoch (a resumed run).
     """
 
-    def __init__(self, inp: ArrayInput, order: OrderFn, *, global_batch_size: int, num_replicas: int,
+    def __init__(self, arrays: Any, order: OrderFn, *, global_batch_size: int, num_replicas: int,
                  epochs: range = range(1), start_step: int = 0):
-        self.leaves = tf.nest.flatten(inp.arrays)
+        self.leaves = tf.nest.flatten(arrays)
         # [steps, replicas]: where the rows each replica computes on start in the epoch order, how many,
         # and which of them it counts in the metrics.
         self._starts, self._sizes, self._tracked_begins, self._tracked_ends = computed_slices(
-            inp.num_examples, global_batch_size, num_replicas)
+            len(self.leaves[0]), global_batch_size, num_replicas)
         self.steps_per_epoch = len(self._starts)
         step_bytes = global_batch_size * sum(a[:1].nbytes for a in self.leaves)
         self.steps_per_fetch = max(1, FETCH_BYTES // max(1, step_bytes))
@@ -119,8 +126,23 @@ class ArrayFeed:
         self._rows: np.ndarray | None = None
         self.step = start_step  # the next step of the current epoch
         # What the traced step loop depends on: structure, dtypes and per-example shapes.
-        self.signature = (tf.nest.map_structure(lambda _: 0, inp.arrays),
+        self.signature = (tf.nest.map_structure(lambda _: 0, arrays),
                           tuple((a.dtype.str, a.shape[1:]) for a in self.leaves))
+
+    def run(self, loops, num_steps: int) -> int:
+        """Runs up to `num_steps` steps through `loops.feed`, a call per piece; returns how many ran."""
+        loops.use_feed(self)
+        ran = 0
+        for first, count in self.fetches(num_steps):
+            loops.feed(self.signature, tf.constant(first, tf.int64), tf.constant(count, tf.int64))
+            ran += count
+        return ran
+
+    def predictions(self, loops) -> Iterator[Any]:
+        """The outputs of `loops.feed`, one global batch after another."""
+        loops.use_feed(self)
+        for step, _ in iter(lambda: self.claim(1), (0, 0)):
+            yield loops.feed(self.signature, tf.constant(step, tf.int64))
 
     def claim(self, num_steps: int) -> tuple[int, int]:
         """(first step, steps) for the next call: up to `num_steps` steps of the current epoch.
@@ -247,8 +269,45 @@ class GlobalBatches:
         self.iterator = iter(dataset)
         self.held = tf.experimental.Optional.empty(self.iterator.element_spec)
 
-    def __iter__(self):
-        return self.iterator
+    def run(self, loops, num_steps: int) -> int:
+        """Runs up to `num_steps` steps through `loops.global_batches`; returns how many ran."""
+        ran = 0
+        while ran < num_steps:
+            executed, self.held = loops.global_batches(self.iterator, self.held, tf.constant(num_steps - ran))
+            ran += int(executed)
+            if not self.held.has_value():  # the steps ran, or the data ended
+                break
+        malloc.raise_threshold()  # reading a tf.data iterator may have made TensorFlow pin it low
+        return ran
+
+    def predictions(self, loops) -> Iterator[Any]:
+        """The outputs of `loops.global_batch`, one global batch after another."""
+        for batch in self.iterator:
+            yield loops.global_batch(batch)
+            malloc.raise_threshold()
+
+
+class DistributedBatches:
+    """TensorFlow's distributed iterator: each replica is handed a batch of its own (`whole_share`).
+
+    For replicas on accelerators (whose pipelines prefetch to the device),
+    dataset functions, and datasets that set a shard policy of their own.
+    """
+
+    def __init__(self, iterator: Any):
+        self.iterator = iterator
+
+    def run(self, loops, num_steps: int) -> int:
+        """Runs up to `num_steps` steps through `loops.distributed`; returns how many ran."""
+        ran = int(loops.distributed(self.iterator, tf.constant(num_steps)))
+        malloc.raise_threshold()
+        return ran
+
+    def predictions(self, loops) -> Iterator[Any]:
+        """The outputs of `loops.replica_batch`, one global batch after another."""
+        for batch in self.iterator:
+            yield loops.replica_batch(batch)
+            malloc.raise_threshold()
 
 
 def shape_key(batch: Any) -> tf.Tensor:

@@ -8,6 +8,7 @@ callbacks; nothing reads private model fields.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
@@ -16,7 +17,6 @@ from typing import Any, Callable
 import keras
 import tensorflow as tf
 
-from trainer import data as data_lib
 from trainer.fusion import StepFusion
 from trainer.plan import Plan
 from trainer.steps import Steps
@@ -25,7 +25,7 @@ from trainer.cluster import ClusterInfo
 _BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
 EVAL_STEPS_PER_EXECUTION = 32
 
-MakeIterator = Callable[..., Any]  # (input, epoch=None, start_step=0, until=None) -> distributed iterator or ArrayFeed
+MakeIterator = Callable[..., Any]  # (input, epoch=None, start_step=0, until=None) -> a reader: `inputs.Readers`
 
 
 @dataclasses.dataclass
@@ -127,7 +127,7 @@ def run_epochs(
         context.epoch, context.step = epoch, first_step
         objective.reset()
         callbacks.on_epoch_begin(epoch)
-        data_lib.epoch_begin(train)
+        train.epoch_begin()
         fresh = not held or restart_each_epoch
         if fresh:
             release(held)
@@ -142,9 +142,9 @@ def run_epochs(
                 held.append(make_iterator(train, epoch=epoch, start_step=0, until=context.epochs))
                 fresh = True
         except BaseException:
-            data_lib.epoch_end(train, read_all=False)  # stops a PyDataset's worker threads or processes
+            train.epoch_end(read_all=False)  # stops a PyDataset's worker threads or processes
             raise
-        release(data_lib.epoch_end(train, read_all=restart_each_epoch))
+        release(train.epoch_end(read_all=restart_each_epoch))
         logs = end_epoch(epoch, objective, steps, validation, callbacks)
         if model.stop_training:
             break
@@ -174,6 +174,20 @@ def release(held: list) -> None:
         items = held[:]
         held.clear()
         threading.Thread(target=items.clear, name="trainer-release-iterator").start()
+
+
+@contextlib.contextmanager
+def one_pass(make_iterator: MakeIterator, inp, *, read_all: bool):
+    """A reader of one pass over `inp` (evaluate, predict), with the input's epoch begun and ended around it.
+
+    `read_all`: whether the pass will read all of `inp` (no step limit).
+    """
+    inp.epoch_begin()
+    held = [make_iterator(inp)]  # see `release`
+    try:
+        yield held[0]
+    finally:
+        release(held + inp.epoch_end(read_all=read_all))
 
 
 def end_epoch(epoch: int, objective, eval_steps: Steps, validation: Validation | None, callbacks) -> dict:
@@ -243,18 +257,14 @@ def run_eval(steps: Steps, make_iterator: MakeIterator, inp, callbacks, num_step
     """Evaluates over all of `inp` (or `num_steps` steps of it); exact results."""
     steps.objective.reset()
     callbacks.on_test_begin()
-    data_lib.epoch_begin(inp)
-    held = [make_iterator(inp)]  # see `release`
-    try:
+    with one_pass(make_iterator, inp, read_all=num_steps is None) as reader:
         done = 0
         while num_steps is None or done < num_steps:
             n = EVAL_STEPS_PER_EXECUTION if num_steps is None else min(EVAL_STEPS_PER_EXECUTION, num_steps - done)
-            ran = steps.evaluate(held[0], n)
+            ran = steps.evaluate(reader, n)
             done += ran
             if ran < n:
                 break
-    finally:
-        release(held + data_lib.epoch_end(inp, read_all=num_steps is None))
     logs = steps.objective.results()
     callbacks.on_test_end(logs)
     return logs

@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from trainer import data as data_lib
+from trainer import inputs as inputs_lib
 from trainer.data import subject
 
 PARTS = ("x", "y", "sample_weight")
@@ -21,11 +21,11 @@ PARTS = ("x", "y", "sample_weight")
 def check_model_inputs(model: keras.Model, inputs) -> None:
     """Feature structure, shapes and dtypes against the model's Inputs; sparse label range."""
     for inp, arg, with_targets in inputs:
-        if isinstance(inp, data_lib.FunctionInput):
+        if isinstance(inp, inputs_lib.FunctionInput):
             continue
         split = parts(structure(inp), with_targets)
         _check_features(model, split["x"], arg)
-        if isinstance(inp, data_lib.ArrayInput) and with_targets:  # datasets can't be scanned cheaply
+        if isinstance(inp, inputs_lib.ArrayInput) and with_targets:  # datasets can't be scanned cheaply
             _check_sparse_labels(model, split["y"], arg)
 
 
@@ -155,7 +155,7 @@ def _count_inputs(tensors: list) -> str:
 
 
 def structure(inp) -> Any:
-    return inp.arrays if isinstance(inp, data_lib.ArrayInput) else data_lib.example_spec(inp)
+    return inp.arrays if isinstance(inp, inputs_lib.ArrayInput) else inp.example_spec
 
 
 def parts(struct: Any, with_targets: bool) -> dict[str, Any]:

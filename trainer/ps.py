@@ -19,8 +19,8 @@ import keras
 import tensorflow as tf
 
 from trainer import _compat
-from trainer import data as data_lib
 from trainer import feed as feed_lib
+from trainer.inputs import Input
 from trainer.loop import TrainContext, end_epoch, end_training
 from trainer.steps import Steps, step_function
 from trainer.tracing import graph_function
@@ -30,25 +30,11 @@ def is_parameter_server(strategy: tf.distribute.Strategy) -> bool:
     return isinstance(strategy, tf.distribute.ParameterServerStrategy)
 
 
-def per_worker_iterator(strategy, coordinator, inp: data_lib.Input, global_batch_size: int, num_workers: int):
-    """An iterator over per-worker datasets: each worker reads its own shard, shuffled and repeated."""
+def per_worker_iterator(strategy, coordinator, inp: Input, global_batch_size: int, num_workers: int):
+    """An iterator over per-worker datasets: each worker reads its own stream (`inp.per_worker_dataset`)."""
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-        if isinstance(inp, data_lib.FunctionInput):
-            return inp.fn(ctx).repeat().prefetch(tf.data.AUTOTUNE)
-        # The function is traced once and runs on every worker, so shuffle seeds are the
-        # same everywhere; sharding by the worker's index (known at run time) keeps the
-        # workers' streams apart.
-        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        if isinstance(inp, data_lib.ArrayInput):
-            # The arrays travel inside the dataset graph: fine for modest data; read files for more.
-            ds = tf.data.Dataset.from_tensor_slices(inp.arrays).shard(num_workers, worker)
-            ds = ds.shuffle(-(-inp.num_examples // num_workers))
-        else:
-            ds = inp.dataset.shard(num_workers, worker)
-        if isinstance(inp, data_lib.BatchedInput):  # whole batches go to whichever worker is free
-            return ds.repeat().prefetch(tf.data.AUTOTUNE)
-        return ds.repeat().batch(global_batch_size).prefetch(tf.data.AUTOTUNE)
+        return inp.per_worker_dataset(ctx, num_workers, global_batch_size).prefetch(tf.data.AUTOTUNE)
 
     @graph_function
     def per_worker_dataset_fn():

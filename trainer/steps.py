@@ -16,14 +16,15 @@ example, so the uneven last step runs in a call of its own.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
-from typing import Any
+from typing import Any, Callable
 
 import keras
 import tensorflow as tf
 
-from trainer import _compat, malloc
+from trainer import _compat
 from trainer import feed as feed_lib
 from trainer import objective as objective_lib
 from trainer.objective import Objective
@@ -73,6 +74,40 @@ def _on_replica_batch(replica_fn):
     return on_replica_batch
 
 
+@dataclasses.dataclass(frozen=True)
+class Loops:
+    """A phase's (train or evaluate) compiled step loops, one for each reader of `feed.py`.
+
+    Attributes:
+      use_feed: (ArrayFeed) -> None: the feed that `feed` reads when it runs.
+      feed: (ArrayFeed.signature, first step, steps) -> runs those steps of the feed's epoch.
+      global_batches: (iterator, held, steps) -> (steps run, batch held back), on whole global batches.
+      distributed: (distributed iterator, steps) -> steps run.
+    """
+
+    use_feed: Callable
+    feed: Callable
+    global_batches: Callable
+    distributed: Callable
+
+
+@dataclasses.dataclass(frozen=True)
+class PredictLoops:
+    """Compiled predict steps, one for each reader; each returns a global batch's outputs.
+
+    Attributes:
+      use_feed: as in `Loops`.
+      feed: (ArrayFeed.signature, step) -> the outputs of that step of the feed's epoch.
+      global_batch: a whole global batch -> its outputs.
+      replica_batch: a distributed iterator's per-replica batches -> their outputs, gathered.
+    """
+
+    use_feed: Callable
+    feed: Callable
+    global_batch: Callable
+    replica_batch: Callable
+
+
 class Steps:
     """Compiled train, eval and predict functions for one model under one strategy.
 
@@ -113,75 +148,36 @@ class Steps:
                 "MultiWorkerMirroredStrategy, or move the step's logic into compute_loss."
             )
         self._grads = graph_function(self._loss_and_grads, jit_compile=True) if jit_compile else self._loss_and_grads
-        self._train_from_iterator = step_function(self._train_loop)
-        self._eval_from_iterator = step_function(self._eval_loop)
-        self._train_from_global = step_function(self._train_global_loop)
-        self._eval_from_global = step_function(self._eval_global_loop)
-        # Traced once per feed signature; the feed a call reads is `self._feed` when it runs.
-        self._train_from_feed = step_function(self._train_feed_loop)
-        self._eval_from_feed = step_function(self._eval_feed_loop)
-        self._feed: feed_lib.ArrayFeed | None = None
-        self._predict_batch = step_function(self._predict_step, reduce_retracing=True)
-        self._predict_from_feed = step_function(self._predict_feed_step)
+        self._feed: feed_lib.ArrayFeed | None = None  # the feed that the traced feed loops read when they run
+        self._train_loops = Loops(self._use_feed, step_function(self._train_feed_loop),
+                                  step_function(self._train_global_loop), step_function(self._train_loop))
+        self._eval_loops = Loops(self._use_feed, step_function(self._eval_feed_loop),
+                                 step_function(self._eval_global_loop), step_function(self._eval_loop))
+        predict_batch = step_function(self._predict_step, reduce_retracing=True)
+        self._predict_loops = PredictLoops(
+            self._use_feed, step_function(self._predict_feed_step),
+            global_batch=lambda batch: predict_batch(batch, True), replica_batch=lambda batch: predict_batch(batch, False))
 
-    def train(self, source: Any, num_steps: int) -> int:
-        """Runs up to `num_steps` train steps; returns how many ran (fewer only when the data ended).
+    def _use_feed(self, feed: feed_lib.ArrayFeed) -> None:
+        self._feed = feed
 
-        `source` is an `ArrayFeed`, a `GlobalBatches` or a distributed iterator.
+    def train(self, reader: Any, num_steps: int) -> int:
+        """Runs up to `num_steps` train steps from `reader` (see `feed.py`); returns how many ran.
+
+        Fewer run only when the data ended.
         """
-        if isinstance(source, feed_lib.ArrayFeed):
-            return self._run_feed(self._train_from_feed, source, num_steps)
-        if isinstance(source, feed_lib.GlobalBatches):
-            return self._run_global(self._train_from_global, source, num_steps)
-        ran = int(self._train_from_iterator(source, tf.constant(num_steps)))
-        malloc.raise_threshold()  # reading a tf.data iterator may have made TensorFlow pin it low
-        return ran
+        return reader.run(self._train_loops, num_steps)
 
-    def evaluate(self, source: Any, num_steps: int) -> int:
+    def evaluate(self, reader: Any, num_steps: int) -> int:
         """Runs up to `num_steps` evaluation steps; returns how many ran."""
-        if isinstance(source, feed_lib.ArrayFeed):
-            return self._run_feed(self._eval_from_feed, source, num_steps)
-        if isinstance(source, feed_lib.GlobalBatches):
-            return self._run_global(self._eval_from_global, source, num_steps)
-        ran = int(self._eval_from_iterator(source, tf.constant(num_steps)))
-        malloc.raise_threshold()
-        return ran
+        return reader.run(self._eval_loops, num_steps)
 
-    def predict(self, source: Any, num_steps: int | None = None) -> list[Any]:
-        """The model's outputs (NumPy), one entry per global batch of `source` (the first `num_steps`), in order."""
-        if isinstance(source, feed_lib.ArrayFeed):
-            self._feed = source
-            batches = iter(lambda: source.claim(1), (0, 0))
-            outputs = (self._predict_from_feed(source.signature, tf.constant(step, tf.int64)) for step, _ in batches)
-        else:
-            outputs = self._predict_from_iterator(source)
+    def predict(self, reader: Any, num_steps: int | None = None) -> list[Any]:
+        """The model's outputs (NumPy), one entry per global batch of `reader` (the first `num_steps`), in order."""
+        outputs = reader.predictions(self._predict_loops)
         if num_steps is not None:
             outputs = itertools.islice(outputs, num_steps)
         return [tf.nest.map_structure(lambda t: t.numpy(), out) for out in outputs]
-
-    def _predict_from_iterator(self, iterator):
-        global_batches = isinstance(iterator, feed_lib.GlobalBatches)
-        for batch in iterator:
-            yield self._predict_batch(batch, global_batches)
-            malloc.raise_threshold()
-
-    def _run_global(self, loop_fn, source: feed_lib.GlobalBatches, num_steps: int) -> int:
-        ran = 0
-        while ran < num_steps:
-            executed, source.held = loop_fn(source.iterator, source.held, tf.constant(num_steps - ran))
-            ran += int(executed)
-            if not source.held.has_value():  # the steps ran, or the data ended
-                break
-        malloc.raise_threshold()
-        return ran
-
-    def _run_feed(self, loop_fn, feed: feed_lib.ArrayFeed, num_steps: int) -> int:
-        self._feed = feed
-        ran = 0
-        for first, count in feed.fetches(num_steps):
-            loop_fn(feed.signature, tf.constant(first, tf.int64), tf.constant(count, tf.int64))
-            ran += count
-        return ran
 
     # Replica context -------------------------------------------------------
 

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from trainer import checks, collectives, loop, models, options, ps, scaling
 from trainer import data as data_lib
+from trainer import inputs as inputs_lib
 from trainer import engine as engine_lib
 from trainer import strategy as strategy_lib
 from trainer.cluster import strategy_cluster_info
@@ -46,16 +47,12 @@ def _data_arg(y: Any, sample_weight: Any) -> str:
     return "data" if y is None and sample_weight is None else "x"
 
 
-def _restarts_each_epoch(train: data_lib.Input, steps_per_epoch: int | None) -> bool:
-    """Whether each epoch needs a fresh iterator rather than one iterator for the whole fit.
-
-    Arrays are read in one pass over all epochs unless `steps_per_epoch` cuts
-    epochs short (each epoch then starts a new shuffle); a dataset is read from
-    its start each epoch unless `steps_per_epoch` makes it one stream.
-    """
-    if isinstance(train, data_lib.ArrayInput):
-        return steps_per_epoch is not None
-    return steps_per_epoch is None
+def _workers(strategy: tf.distribute.Strategy, *, training: bool = True) -> dict[str, Any]:
+    """The workers that will read an input: under parameter-server training, evaluation and prediction run on
+    the coordinator, one process."""
+    parameter_server = ps.is_parameter_server(strategy)
+    num_workers = 1 if parameter_server and not training else strategy_cluster_info(strategy).num_workers
+    return {"num_workers": num_workers, "parameter_server": parameter_server and training}
 
 
 class Trainer:
@@ -220,15 +217,14 @@ class Trainer:
         options.check_loop_args(epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch)
         shuffle = self.shuffle if shuffle is None else shuffle
         arg = _data_arg(y, sample_weight)
-        train, split = data_lib.fit_inputs(x, y, sample_weight, arg=arg, class_weight=class_weight, shuffle=shuffle,
-                                           validation_split=validation_split)
-        val = self._validation_input(validation_data, train) if validation_data is not None else split
-        self._check_workers(strategy, [(train, arg), (val, "validation_data")], training=True)
+        train, val = data_lib.fit_inputs(x, y, sample_weight, arg=arg, class_weight=class_weight, shuffle=shuffle,
+                                         validation_split=validation_split, validation_data=validation_data,
+                                         **_workers(strategy))
         if isinstance(model, keras.Model):
             models.check_compiled(model)
         batch, batch_source = self._batch_plan(strategy, train, batch_size)
         user_steps = steps_per_epoch
-        steps_per_epoch = steps_per_epoch or data_lib.num_steps(train, batch.global_batch_size)
+        steps_per_epoch = steps_per_epoch or train.num_steps(batch.global_batch_size)
         warmup_steps = self._warmup_steps(steps_per_epoch)
         model = checks.check_fit(model, train, val, steps_per_epoch=user_steps, epoch_steps=steps_per_epoch,
                                  epochs=epochs, initial_epoch=initial_epoch, warmup=(self.warmup_epochs, warmup_steps),
@@ -252,7 +248,7 @@ class Trainer:
             val, validation_freq, validation_steps,
             self._batch_plan(strategy, val, validation_batch_size or batch_size)[0])
         self._train(compiled, context, callback_list, train, validation, batch, shuffle=shuffle,
-                    restart_each_epoch=_restarts_each_epoch(train, user_steps))
+                    restart_each_epoch=train.restarts_each_epoch(user_steps))
         if fusion.auto and fusion.seconds_per_step is not None:
             compiled.seconds_per_step[batch.global_batch_size] = fusion.seconds_per_step
         if run_model is not model and isinstance(model, keras.Model):
@@ -285,14 +281,14 @@ class Trainer:
         callbacks = checks.check_callbacks(callbacks)
         options.check_fit_args(batch_size=batch_size)
         inp = data_lib.as_input(x, y, sample_weight, arg=_data_arg(y, sample_weight))
-        self._check_workers(strategy, [(inp, _data_arg(y, sample_weight))])
+        data_lib.check_workers(inp, **_workers(strategy, training=False), arg=_data_arg(y, sample_weight))
         if isinstance(model, keras.Model):
             models.check_compiled(model)
         model = checks.check_evaluate(model, inp, steps=steps)
         batch, _ = self._batch_plan(strategy, inp, batch_size)
         run_model, compiled, _ = self._build(model, strategy, inp, batch)
         callback_list = keras.callbacks.CallbackList(callbacks, model=run_model)
-        logs = loop.run_eval(compiled.eval_steps, self._iterator_factory(compiled.eval_strategy, batch), inp,
+        logs = loop.run_eval(compiled.eval_steps, self._readers(compiled.eval_strategy, batch), inp,
                              callback_list, num_steps=steps)
         if return_dict:
             return logs
@@ -323,7 +319,7 @@ class Trainer:
         options.check_fit_args(batch_size=batch_size)
         check_int("steps", steps, minimum=1, allow_none=True, fix="Pass a positive number of steps, or None for all.")
         inp = data_lib.features(data_lib.as_input(x, arg="x", with_targets=False), model)
-        self._check_workers(strategy, [(inp, "x")])
+        data_lib.check_workers(inp, **_workers(strategy, training=False), arg="x")
         model = checks.check_predict(model, inp)
         batch, _ = self._batch_plan(strategy, inp, batch_size)
         model = models.from_builder(model, strategy, self.seed, self.mixed_precision)
@@ -333,12 +329,8 @@ class Trainer:
         models.restore_states(run_model, states)
         if ps.is_parameter_server(strategy):
             strategy = tf.distribute.get_strategy()  # inline on the coordinator
-        held = [self._iterator_factory(strategy, batch)(inp)]  # see loop.release
-        data_lib.epoch_begin(inp)
-        try:
-            outputs = self._predict_steps(run_model, strategy).predict(held[0], steps)
-        finally:
-            loop.release(held + data_lib.epoch_end(inp, read_all=steps is None))
+        with loop.one_pass(self._readers(strategy, batch), inp, read_all=steps is None) as reader:
+            outputs = self._predict_steps(run_model, strategy).predict(reader, steps)
         return tf.nest.map_structure(lambda *parts: np.concatenate(parts, axis=0), *outputs)
 
     # Stages ------------------------------------------------------------------
@@ -352,32 +344,7 @@ class Trainer:
         collectives.check_group_keys(resolved)
         return resolved
 
-    @staticmethod
-    def _check_workers(strategy: tf.distribute.Strategy, inputs: list, *, training: bool = False) -> None:
-        """Refuses Python-fed inputs where they can't be exact (the first of `inputs` is trained on, if `training`).
-
-        Under parameter-server training only the training input goes to the
-        workers; evaluation and prediction run on the coordinator.
-        """
-        parameter_server = ps.is_parameter_server(strategy)
-        num_workers = 1 if parameter_server else strategy_cluster_info(strategy).num_workers
-        for i, (inp, arg) in enumerate(inputs):
-            if inp is not None:
-                data_lib.check_workers(inp, num_workers, parameter_server=parameter_server and training and i == 0,
-                                       arg=arg)
-
-    def _validation_input(self, validation_data: Any, train: data_lib.Input) -> data_lib.Input:
-        val = data_lib.as_input(validation_data, arg="validation_data")
-        train_sig, val_sig = data_lib.feature_signature(train), data_lib.feature_signature(val)
-        if train_sig is not None and val_sig is not None and train_sig[:2] != val_sig[:2]:
-            raise ValueError(
-                "`validation_data` must have the same structure and per-example shapes as `data`. "
-                f"Received: data (x, y) = {train_sig[:2]}, validation_data (x, y) = {val_sig[:2]}. "
-                "Pass validation arrays shaped like the training arrays."
-            )
-        return val
-
-    def _batch_plan(self, strategy: tf.distribute.Strategy, inp: data_lib.Input | None = None,
+    def _batch_plan(self, strategy: tf.distribute.Strategy, inp: inputs_lib.Input | None = None,
                     batch_size: int | None = None) -> tuple[scaling.BatchPlan, str]:
         """The global batch, and where it came from when not from the Trainer ("" then).
 
@@ -386,8 +353,8 @@ class Trainer:
         fit/evaluate/predict wins over the Trainer's settings.
         """
         replicas = strategy.num_replicas_in_sync
-        if isinstance(inp, data_lib.BatchedInput):
-            return scaling.BatchPlan(data_lib.batch_size_of(inp), replicas), f"the {inp.form}'s batches"
+        if isinstance(inp, inputs_lib.BatchedInput):
+            return scaling.BatchPlan(inp.full_batch_size(), replicas), f"the {inp.form}'s batches"
         if batch_size is not None:
             unused = ("" if not self._batch_given else
                       f"; Trainer's {'batch_size' if self.batch_size else 'per_replica_batch_size'} not used")
@@ -439,7 +406,7 @@ class Trainer:
               model, *, batch_source: str = "", fusion_source: str = "") -> Plan:
         num_workers = strategy_cluster_info(strategy).num_workers
         parameter_server = ps.is_parameter_server(strategy)
-        policy, why = data_lib.sharding(inp, num_workers, parameter_server=parameter_server)
+        policy, why = inp.sharding(num_workers, parameter_server=parameter_server)
         if lr_plan is None:  # no model.optimizer: a model whose train_step uses optimizers of its own
             lr_plan = scaling.LRPlan(None, 0.0, 1.0, 0)
             base_lr, scaled_lr = "the model's own optimizers", "unchanged"
@@ -451,7 +418,7 @@ class Trainer:
             num_workers=num_workers - (1 if parameter_server else 0),  # a parameter-server chief only coordinates
             global_batch_size=batch.global_batch_size,
             per_replica_batch_size=batch.per_replica_batch_size,
-            num_examples=getattr(inp, "num_examples", None),
+            num_examples=inp.num_examples,
             repeated_data=parameter_server,
             steps_per_epoch=steps_per_epoch,
             shard_policy=policy,
@@ -493,10 +460,11 @@ class Trainer:
                shuffle: bool, restart_each_epoch: bool) -> None:
         """Runs the epochs: the synchronous loop, or scheduled steps under parameter-server training."""
         if validation is not None:
-            validation.make_iterator = self._iterator_factory(compiled.eval_strategy, validation.batch)
+            validation.make_iterator = self._readers(compiled.eval_strategy, validation.batch)
         if not ps.is_parameter_server(compiled.strategy):
             loop.run_epochs(compiled.steps, context, callback_list,
-                            self._iterator_factory(compiled.strategy, batch, shuffle), train, validation, restart_each_epoch=restart_each_epoch)
+                            self._readers(compiled.strategy, batch, shuffle), train, validation,
+                            restart_each_epoch=restart_each_epoch)
             return
         coordinator = self._coordinator(compiled.strategy)
         iterator = ps.per_worker_iterator(compiled.strategy, coordinator, train, batch.global_batch_size,
@@ -514,11 +482,11 @@ class Trainer:
             extra.append(ProgressBar(mode="auto" if verbose == 1 else "epoch"))
         return extra + callbacks
 
-    def _iterator_factory(self, strategy: tf.distribute.Strategy, batch: scaling.BatchPlan,
-                          shuffle: bool | None = None) -> loop.MakeIterator:
-        """Input -> what step calls read: an ArrayFeed for arrays on CPU replicas, else a distributed iterator."""
-        return data_lib.iterator_factory(strategy, batch.global_batch_size,
-                                         shuffle=self.shuffle if shuffle is None else shuffle, seed=self.seed)
+    def _readers(self, strategy: tf.distribute.Strategy, batch: scaling.BatchPlan,
+                 shuffle: bool | None = None) -> inputs_lib.Readers:
+        """Input -> what step calls read from it, under `strategy` with `batch`'s global batch."""
+        return inputs_lib.Readers(strategy, batch.global_batch_size,
+                                  shuffle=self.shuffle if shuffle is None else shuffle, seed=self.seed)
 
     def _coordinator(self, strategy: tf.distribute.Strategy):
         for known, coordinator in self._coordinators:  # one coordinator per strategy

@@ -1,0 +1,373 @@
+"""The input kinds, each with its whole contract, and the readers the steps consume.
+
+`trainer/data.py` checks what the user passed and wraps it as one of these
+kinds; from then on the trainer asks the kind, never its type:
+
+| Kind | Global batch | Split across workers | Split across replicas | Each epoch | Mid-epoch resume |
+|---|---|---|---|---|---|
+| `ArrayInput` | fit's `batch_size` | each worker gathers its replicas' slices | contiguous slices | reshuffled from `seed` and the epoch | exact: skips steps |
+| `DatasetInput` | batched here | every worker reads all, keeps its share (DATA) | contiguous shares | read again from its start | exact: skips examples |
+| `BatchedInput` | the user's batches | every worker reads all, keeps its share (DATA) | contiguous shares | read again; Keras's spare iterator | exact: skips batches |
+| `FunctionInput` | the function's | by its `input_context` | a pipeline per replica | read again | restarts the epoch |
+
+A `Readers` makes, for one strategy and global batch, what a step call reads
+from an input (`kind.reader`): an `ArrayFeed` (arrays on CPU replicas),
+`GlobalBatches` (datasets on CPU replicas) or `DistributedBatches`
+(TensorFlow's distributed iterator: accelerators, dataset functions, datasets
+with a shard policy of their own). Each reader runs the step loops that fit it
+(`feed.py`). Under parameter-server training, `per_worker_dataset` gives each
+worker its own repeated stream instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import numpy as np
+import tensorflow as tf
+
+from trainer import arrays as arrays_lib
+from trainer import feed
+from trainer.cluster import strategy_cluster_info
+
+DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
+
+_PER_WORKER = ("per worker", "each worker reads its own shard, shuffled and repeated; steps go to free workers")
+
+
+class _Input:
+    """What every kind answers; the defaults are those of a kind with no Python-side epoch hooks.
+
+    Every kind also has `form` (its name in the plan and in messages),
+    `num_examples` (examples in one pass, or None when unknown), `sample(n)`
+    (a batch to build the model on), `reader(...)` (see `Readers`) and
+    `per_worker_dataset(...)` (parameter-server training).
+    """
+
+    num_examples: int | None
+
+    def num_steps(self, global_batch_size: int) -> int | None:
+        """Global steps in one pass, or None when unknown."""
+        return None if self.num_examples is None else -(-self.num_examples // global_batch_size)
+
+    def signature(self) -> Any:
+        """Structure of (x, y[, w]) with per-example shapes, for comparing two inputs; None when unknown."""
+        return None
+
+    def sharding(self, num_workers: int, *, parameter_server: bool = False) -> tuple[str, str]:
+        """(policy, reason) of how the input is split across workers, for the plan."""
+        return _PER_WORKER if parameter_server else self._sharding(num_workers)
+
+    def _sharding(self, num_workers: int) -> tuple[str, str]:
+        raise NotImplementedError
+
+    def restarts_each_epoch(self, steps_per_epoch: int | None) -> bool:
+        """Whether each epoch reads a fresh pass (else one reader serves the whole fit).
+
+        A dataset is read from its start each epoch, unless `steps_per_epoch`
+        makes it one stream that epochs cut.
+        """
+        return steps_per_epoch is None
+
+    def epoch_begin(self) -> None:
+        """Starts an epoch of reading (a PyDataset's workers)."""
+
+    def epoch_end(self, *, read_all: bool) -> list:
+        """Ends an epoch of reading; returns iterators for the caller to release (`loop.release`)."""
+        return []
+
+
+@dataclasses.dataclass(frozen=True)
+class ArrayInput(_Input):
+    """In-memory arrays: a nested structure with `num_examples` rows per leaf.
+
+    The trainer shuffles them each epoch from `seed`, cuts global batches, and
+    splits each into contiguous per-replica slices; a worker reads only its
+    own replicas' slices. The global order depends on the seed alone, and the
+    last partial batch is kept.
+    """
+
+    arrays: Any
+    num_examples: int
+    form = "arrays"
+
+    def signature(self) -> Any:
+        return tf.nest.map_structure(lambda a: tuple(a.shape[1:]), self.arrays)
+
+    def _sharding(self, num_workers: int) -> tuple[str, str]:
+        return "OFF", "the trainer splits each global batch into per-replica slices; each worker gathers only its own"
+
+    def sample(self, n: int) -> Any:
+        """The first `n` examples, to build the model on."""
+        return tf.nest.map_structure(lambda a: tf.convert_to_tensor(a[:n]), self.arrays)
+
+    def restarts_each_epoch(self, steps_per_epoch: int | None) -> bool:
+        # One pass covers all epochs, unless steps_per_epoch cuts epochs short (each then starts a new shuffle).
+        return steps_per_epoch is not None
+
+    def reader(self, readers: Readers, epoch: int | None = None, start_step: int = 0, until: int | None = None):
+        """Epochs `epoch` to `until` (one by default), each shuffled from the seed; without `epoch`, input order once."""
+        order: arrays_lib.OrderFn = lambda _: np.arange(self.num_examples)  # noqa: E731
+        epochs = range(1)
+        if epoch is not None:
+            order = functools.partial(readers.epoch_order, self.num_examples)
+            epochs = range(epoch, until or epoch + 1)
+        if readers.in_step:
+            return feed.ArrayFeed(self.arrays, order, global_batch_size=readers.global_batch_size,
+                                  num_replicas=readers.strategy.num_replicas_in_sync, epochs=epochs,
+                                  start_step=start_step)
+        fn = arrays_lib.array_dataset_fn(self.host(), self.num_examples, order, readers.global_batch_size, epochs,
+                                         start_step)
+        return feed.DistributedBatches(iter(readers.strategy.distribute_datasets_from_function(fn)))
+
+    def host(self) -> Any:
+        """The arrays as host variables, made once per input (`arrays.host_copy`)."""
+        if "_host" not in self.__dict__:
+            object.__setattr__(self, "_host", arrays_lib.host_copy(self.arrays))
+        return self.__dict__["_host"]
+
+    def per_worker_dataset(self, ctx: tf.distribute.InputContext, num_workers: int,
+                           global_batch_size: int) -> tf.data.Dataset:
+        # The arrays travel inside the dataset graph: fine for modest data; read files for more.
+        ds = tf.data.Dataset.from_tensor_slices(self.arrays).shard(num_workers, _worker_index())
+        return ds.shuffle(-(-self.num_examples // num_workers)).repeat().batch(global_batch_size)
+
+
+class _DatasetKind(_Input):
+    """A `tf.data.Dataset` (`self.dataset`) read as global batches."""
+
+    dataset: tf.data.Dataset
+
+    def signature(self) -> Any:
+        spec = self.example_spec
+        if any(s.shape.rank is None for s in tf.nest.flatten(spec)):
+            return None  # unknown; checks.check_data refuses it
+        return tf.nest.map_structure(lambda s: tuple(s.shape), spec)
+
+    def _sharding(self, num_workers: int) -> tuple[str, str]:
+        policy, reason = shard_policy(self.dataset, num_workers)
+        return policy.name, reason
+
+    def global_batches(self, global_batch_size: int, start_step: int = 0) -> tf.data.Dataset:
+        """The dataset in global batches (the last one partial), from global step `start_step` on."""
+        raise NotImplementedError
+
+    def reader(self, readers: Readers, epoch: int | None = None, start_step: int = 0, until: int | None = None):
+        """Global batches from `start_step` on (the epochs are the loop's: each reads the dataset again)."""
+        del epoch, until
+        chosen = self.dataset.options().experimental_distribute.auto_shard_policy
+        if readers.in_step and (readers.num_workers == 1 or chosen == tf.data.experimental.AutoShardPolicy.AUTO):
+            # Every worker reads all of it and keeps its share, as the DATA policy would; the steps split it.
+            return feed.GlobalBatches(self.global_batches(readers.global_batch_size, start_step))
+        return readers.distributed(self, start_step)
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetInput(_DatasetKind):
+    """A `tf.data.Dataset` of single examples; the trainer batches it with the global batch, in the order it yields."""
+
+    dataset: tf.data.Dataset
+    form = "tf.data.Dataset"
+
+    @property
+    def num_examples(self) -> int | None:
+        n = int(self.dataset.cardinality())
+        return n if n >= 0 else None
+
+    @property
+    def example_spec(self) -> Any:
+        return self.dataset.element_spec
+
+    def global_batches(self, global_batch_size: int, start_step: int = 0) -> tf.data.Dataset:
+        ds = self.dataset.skip(start_step * global_batch_size) if start_step else self.dataset
+        return ds.batch(global_batch_size).prefetch(tf.data.AUTOTUNE)
+
+    def sample(self, n: int) -> Any:
+        return next(iter(self.dataset.batch(n)))
+
+    def per_worker_dataset(self, ctx: tf.distribute.InputContext, num_workers: int,
+                           global_batch_size: int) -> tf.data.Dataset:
+        return self.dataset.shard(num_workers, _worker_index()).repeat().batch(global_batch_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchedInput(_DatasetKind):
+    """Batches the user made, each one global step as under `model.fit`.
+
+    A batched tf.data.Dataset (`.batch(64)`, `drop_remainder`, `.prefetch`,
+    ...), a Python generator of batches, or a `keras.utils.PyDataset`, read
+    through Keras's own adapters so that its workers, queue and epoch hooks
+    behave as under `model.fit`. Every worker reads every batch and keeps its
+    replicas' rows.
+
+    Attributes:
+      dataset: the global batches, as a tf.data.Dataset.
+      form: "batched dataset", "generator" or "PyDataset", for the plan and messages.
+      batch_size: rows in a full batch (the global batch), when known without reading.
+      num_batches: batches in one pass, when known.
+      example_spec: per-example `tf.TensorSpec`s of an element, for checks against the model.
+      adapter: Keras's adapter of a generator or PyDataset (its epoch hooks start and stop
+        a PyDataset's workers), else None.
+      first: a batch to build the model on, when one could be read without side effects.
+    """
+
+    dataset: tf.data.Dataset
+    form: str
+    batch_size: int | None
+    num_batches: int | None
+    example_spec: Any
+    adapter: Any = dataclasses.field(default=None, compare=False, repr=False)
+    first: Any = dataclasses.field(default=None, compare=False, repr=False)
+    num_examples = None
+
+    def num_steps(self, global_batch_size: int) -> int | None:
+        return self.num_batches
+
+    def _sharding(self, num_workers: int) -> tuple[str, str]:
+        if self.adapter is None:
+            return super()._sharding(num_workers)
+        return ("OFF", f"one worker reads the {self.form}" if num_workers == 1 else
+                f"every worker reads every batch of the {self.form} and keeps its replicas' rows")
+
+    def global_batches(self, global_batch_size: int, start_step: int = 0) -> tf.data.Dataset:
+        return self.dataset.skip(start_step) if start_step else self.dataset
+
+    def full_batch_size(self) -> int:
+        """Rows in a full batch (the global batch): declared, or read from the first batch."""
+        if self.batch_size is not None:
+            return self.batch_size
+        first = self.first if self.first is not None else next(iter(self.dataset))
+        return int(tf.shape(tf.nest.flatten(first)[0])[0])
+
+    def sample(self, n: int) -> Any:
+        """The batch Keras peeked at; else `n` examples of zeros (empty strings) shaped as the elements.
+
+        Reading a batch would start an iterator on the user's dataset, and a
+        `.shuffle(reshuffle_each_iteration=True)` in it would then give every
+        epoch the order of the next one: `model.fit` reads none before
+        training. Only an element with an open shape is read.
+        """
+        if self.first is not None:
+            return self.first
+        if any(not s.shape.is_fully_defined() for s in tf.nest.flatten(self.example_spec)):
+            return next(iter(self.dataset))
+
+        def zeros(spec):
+            shape = [n, *spec.shape]
+            return tf.fill(shape, "") if spec.dtype == tf.string else tf.zeros(shape, spec.dtype)
+
+        return tf.nest.map_structure(zeros, self.example_spec)
+
+    def epoch_begin(self) -> None:
+        if self.adapter is not None:
+            self.adapter.on_epoch_begin()
+
+    def epoch_end(self, *, read_all: bool) -> list:
+        """Stops a PyDataset's workers; after a whole pass of a batched dataset, starts Keras's spare iterator.
+
+        After reading all of a batched dataset of known length, Keras's epoch
+        iterator starts a new iterator on it (and drops it when the next epoch
+        starts another): that advances a `.shuffle(reshuffle_each_iteration=True)`
+        in the dataset by one order, so every epoch of `model.fit` skips one.
+        The trainer does the same, so that the epochs read the examples in
+        `model.fit`'s order.
+        """
+        if self.adapter is not None:
+            self.adapter.on_epoch_end()
+        elif read_all and self.num_batches:
+            return [iter(self.dataset)]
+        return []
+
+    def per_worker_dataset(self, ctx: tf.distribute.InputContext, num_workers: int,
+                           global_batch_size: int) -> tf.data.Dataset:
+        return self.dataset.shard(num_workers, _worker_index()).repeat()  # whole batches go to a free worker
+
+
+@dataclasses.dataclass(frozen=True)
+class FunctionInput(_Input):
+    """A function `input_context -> tf.data.Dataset` (per-worker pipelines); it shards and batches itself."""
+
+    fn: DatasetFn
+    form = "dataset function"
+    num_examples = None
+
+    def _sharding(self, num_workers: int) -> tuple[str, str]:
+        return "per worker", "your dataset function shards by its input_context"
+
+    def sample(self, n: int) -> Any:
+        return next(iter(self.fn(tf.distribute.InputContext())))
+
+    def reader(self, readers: Readers, epoch: int | None = None, start_step: int = 0, until: int | None = None):
+        del epoch, start_step, until  # it restarts the epoch
+        return feed.DistributedBatches(iter(readers.strategy.distribute_datasets_from_function(self.fn)))
+
+    def per_worker_dataset(self, ctx: tf.distribute.InputContext, num_workers: int,
+                           global_batch_size: int) -> tf.data.Dataset:
+        return self.fn(ctx).repeat()
+
+
+Input = ArrayInput | DatasetInput | BatchedInput | FunctionInput
+
+
+def shard_policy(dataset: tf.data.Dataset, num_workers: int) -> tuple[Any, str]:
+    """The auto-shard policy for a user dataset, and the reason, for the plan."""
+    policy_enum = tf.data.experimental.AutoShardPolicy
+    chosen = dataset.options().experimental_distribute.auto_shard_policy
+    if chosen != policy_enum.AUTO:
+        return chosen, "set on the dataset by the user"
+    if num_workers == 1:
+        return policy_enum.OFF, "one worker reads everything; nothing to shard"
+    return policy_enum.DATA, "every worker reads the data and keeps its share of each batch (exact for any source)"
+
+
+def _worker_index() -> tf.Tensor:
+    """The parameter-server worker running a per-worker dataset function (known at run time).
+
+    The function is traced once and runs on every worker, so shuffle seeds are
+    the same everywhere; sharding by this index keeps the workers' streams apart.
+    """
+    return tf.distribute.coordinator.experimental_get_current_worker_index()
+
+
+class Readers:
+    """Makes what step calls read from an input, for one strategy and global batch.
+
+    `readers(inp, epoch=None, start_step=0, until=None)`: with `epoch`, arrays
+    are shuffled per epoch (from `seed`) and one reader covers epochs `epoch`
+    to `until` (exclusive; one epoch by default); without it, they are read
+    once in input order. `start_step` skips global steps at the start (a
+    resumed run).
+    """
+
+    def __init__(self, strategy: tf.distribute.Strategy, global_batch_size: int, *, shuffle: bool, seed: int):
+        self.strategy = strategy
+        self.global_batch_size = global_batch_size
+        self.shuffle, self.seed = shuffle, seed
+        self.num_workers = strategy_cluster_info(strategy).num_workers
+        self.in_step = feed.supports(strategy)  # CPU replicas read in the step, not through tf.distribute
+        # A dataset read from its start is distributed once and iterated again each epoch:
+        # distributing it rewrites its graph, 10-11 ms a time for the benchmark's pipeline.
+        self._distributed: list[tuple[Input, Any]] = []
+
+    def __call__(self, inp: Input, epoch: int | None = None, start_step: int = 0, until: int | None = None):
+        return inp.reader(self, epoch, start_step, until)
+
+    def epoch_order(self, num_examples: int, epoch: int) -> np.ndarray:
+        return arrays_lib.epoch_order(num_examples, shuffle=self.shuffle, seed=self.seed, epoch=epoch)
+
+    def distributed(self, inp: _DatasetKind, start_step: int) -> feed.DistributedBatches:
+        """TensorFlow's distributed iterator over `inp`'s global batches, split by its shard policy."""
+        if start_step == 0:
+            for known, dataset in self._distributed:
+                if known is inp:
+                    return feed.DistributedBatches(iter(dataset))
+        policy, _ = shard_policy(inp.dataset, self.num_workers)
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = policy
+        dataset = self.strategy.experimental_distribute_dataset(
+            inp.global_batches(self.global_batch_size, start_step).with_options(options))
+        if start_step == 0:
+            self._distributed.append((inp, dataset))
+        return feed.DistributedBatches(iter(dataset))
