@@ -182,6 +182,10 @@ class TwoOptimizerGAN(keras.Model):
         return {"d_loss": self.d_loss_tracker.result(), "g_loss": self.g_loss_tracker.result()}
 
 
+def _features_only():
+    return _regression()[0], None, None
+
+
 def _gan():
     model = TwoOptimizerGAN()
     model.compile(d_optimizer=keras.optimizers.Adam(0.01), g_optimizer=keras.optimizers.Adam(0.01, global_clipnorm=0.1),
@@ -464,6 +468,11 @@ CASES: dict[str, Case] = {
     "compile_steps_per_execution": Case(lambda: _compiled(_dense(), metrics=["mae"], steps_per_execution=3),
                                         _regression),
     "compile_jit_compile": Case(lambda: _compiled(_dense(), metrics=["mae"], jit_compile=True), _regression),
+    # Features alone, no y: `model.fit(x)` for models whose own steps or losses need no targets.
+    "features_only_gan": Case(_gan, _features_only, evaluate=False),
+    "features_only_gan_dataset": Case(_gan, _features_only, evaluate=False, form="dataset"),
+    "features_only_add_loss": Case(lambda: _compiled(keras.Sequential([
+        keras.Input((5,)), keras.layers.Dense(4), MeanPenalty(), keras.layers.Dense(1)]), loss=None), _features_only),
 }
 
 

@@ -74,7 +74,7 @@ def _inputs(case, x, y, w, features_only=False):
         if features_only:
             return (x,), {"batch_size": parity_cases.BATCH}
         return (x, y), {"sample_weight": w, "batch_size": parity_cases.BATCH}
-    parts = x if features_only else ((x, y) if w is None else (x, y, w))
+    parts = x if features_only or y is None else ((x, y) if w is None else (x, y, w))
     return (_form(case, parts),), {}
 
 

@@ -42,6 +42,12 @@ def uncompiled_model():
     return keras.Sequential([keras.Input((8,)), keras.layers.Dense(3)])
 
 
+def lossless_model():
+    model = uncompiled_model()
+    model.compile("sgd")  # no loss, and no layer adds one
+    return model
+
+
 def _fit(c, data=None, trainer=None, **kwargs):
     trainer = trainer or Trainer(strategy="default", verbose=0)
     return trainer.fit(c.model, (c.x, c.y) if data is None else data, **kwargs)
@@ -191,14 +197,21 @@ ROWS = [
      "a dict", r"Weight the examples"),
     ("empty-arrays", lambda c: _fit(c, (c.x[:0], c.y[:0])), ValueError, "`data`", "0 examples",
      r"Pass arrays with at least one row"),
-    ("not-a-tuple", lambda c: _fit(c, c.x), TypeError, "`data`", "ndarray", r"data=\(x, y\)"),
+    ("features-only-for-a-compiled-loss", lambda c: _fit(c, c.x), ValueError, "`data`", "arrays with no y",
+     r"Pass the targets: fit\(model, x, y\), or data=\(x, y\)"),
+    ("features-only-dataset-for-a-compiled-loss", lambda c: _fit(c, tf.data.Dataset.from_tensor_slices(
+        {"image": c.x, "label": c.y})), ValueError, "`data`", "tf.data.Dataset with no y",
+     r"Make the tf.data.Dataset yield \(x, y\) elements"),
+    ("class-weight-without-targets", lambda c: c_fit_keras(c, c.x, None, class_weight={0: 2.0}), ValueError,
+     "`class_weight`", "class_weight={0: 2.0}", r"Pass the targets"),
+    ("not-data", lambda c: _fit(c, 3), TypeError, "`data`", "data=3", r"Pass the data"),
     ("validation-shape", lambda c: _fit(c, validation_data=(c.x[:, :4], c.y)), ValueError, "`validation_data`",
      "(4,)", r"Pass validation arrays shaped like the training arrays"),
     ("validation-structure-dict", lambda c: _fit(c, validation_data=({"a": c.x}, c.y)), ValueError,
      "`validation_data`", "{'a': (8,)}", r"Pass validation arrays shaped like the training arrays"),
     # fit's data: datasets (structure and cardinality only; they are never scanned)
     ("dataset-one-component", lambda c: _fit(c, _ds(c.x)), ValueError, "`data`", "float32[8]",
-     r"Map each element to a tuple"),
+     r"Make the tf.data.Dataset yield \(x, y\) elements"),
     ("dataset-four-components", lambda c: _fit(c, _ds(c.x, c.y, c.w, c.w)), ValueError, "`data`",
      "'float32[8]', 'int64[]', 'float32[]', 'float32[]'", r"Map each element to a tuple"),
     ("dataset-infinite", lambda c: _fit(c, _ds(c.x, c.y).repeat()), ValueError, "`data`",
@@ -257,6 +270,8 @@ ROWS = [
     # the model
     ("uncompiled", lambda c: _fit(c), ValueError, "`model`", "uncompiled Sequential", r"Call model.compile",
      uncompiled_model),
+    ("no-loss", lambda c: _fit(c), ValueError, "`model`", "compiled with loss=None",
+     r"Call model.compile\(optimizer=..., loss=...\)", lossless_model),
     ("uncompiled-builder", lambda c: _fit(c), ValueError, "`model()`", "uncompiled Sequential",
      r"Call model.compile", lambda: uncompiled_model),
     ("not-a-model", lambda c: Trainer(strategy="default", verbose=0).fit(3, (c.x, c.y)), TypeError, "`model`",

@@ -134,9 +134,9 @@ def check_data(inp, arg: str, *, steps_arg: str | None, steps: int | None, with_
             _check_sample_weight(inp.arrays[2], arg, per_example=False)
     elif isinstance(inp, (inputs_lib.DatasetInput, inputs_lib.BatchedInput)):
         spec = inp.example_spec
-        if with_targets and not (isinstance(spec, (tuple, list)) and len(spec) in (2, 3)):
+        if with_targets and isinstance(spec, (tuple, list)) and not 1 <= len(spec) <= 3:
             raise ValueError(
-                f"`{arg}` must yield (x, y) or (x, y, sample_weight) elements. Received: {arg} with elements "
+                f"`{arg}` must yield x, (x, y) or (x, y, sample_weight) elements. Received: {arg} with elements "
                 f"{_describe_spec(spec)}. Map each element to a tuple, e.g. "
                 f"{arg}.map(lambda e: (e['image'], e['label']))."
             )
@@ -149,7 +149,7 @@ def check_data(inp, arg: str, *, steps_arg: str | None, steps: int | None, with_
                 f"tf.numpy_function output has). Set the shape in the map, e.g. "
                 f"{arg}.map(lambda x, y: (tf.ensure_shape(x, [28, 28, 1]), tf.ensure_shape(y, [])))."
             )
-        if with_targets and len(spec) == 3:
+        if with_targets and isinstance(spec, (tuple, list)) and len(spec) == 3:
             _check_sample_weight(spec[2], arg, per_example=True)
         if steps is None and _endless(inp):
             pydataset = inp.form == "PyDataset"

@@ -57,14 +57,16 @@ def as_input(x: Any, y: Any = None, sample_weight: Any = None, *, arg: str, with
         return FunctionInput(x)
     if y is not None or sample_weight is not None:
         data = (x, y) if sample_weight is None else (x, y, sample_weight)
-    elif with_targets:
-        if not isinstance(x, (tuple, list)) or len(x) not in (2, 3):
-            raise TypeError(
-                f"`{arg}` must be (x, y), (x, y, sample_weight), a tf.data.Dataset, a generator, a "
-                f"keras.utils.PyDataset or a function input_context -> Dataset. Received: {arg} of type "
-                f"{type(x).__name__}. Pass the targets too: fit(model, x, y), or {arg}=(x, y)."
-            )
+    elif with_targets and isinstance(x, (tuple, list)) and len(x) in (2, 3):
         data = tuple(x[:2]) if len(x) == 3 and x[2] is None else tuple(x)
+    elif with_targets:
+        if x is None or isinstance(x, (str, bytes, numbers.Number)):
+            raise TypeError(
+                f"`{arg}` must be arrays (x alone, or (x, y[, sample_weight])), a tf.data.Dataset, a generator, a "
+                f"keras.utils.PyDataset or a function input_context -> Dataset. Received: {arg}={reprlib.repr(x)} "
+                f"of type {type(x).__name__}. Pass the data: fit(model, x, y), or {arg}=(x, y)."
+            )
+        data = (x,)  # features alone, packed as Keras packs them; `checks` refuses them to a model that needs y
     else:
         data = x
     if with_targets:
@@ -241,11 +243,21 @@ def _class_indices(y: Any) -> Any:
 
 
 def _class_weighted(inp: ArrayInput, class_weight: dict, arg: str) -> ArrayInput:
+    if len(inp.arrays) < 2:
+        _no_targets_to_weigh(class_weight, arg)
     x, y, *weights = inp.arrays
     _single_target(y, weights, class_weight)
     classes = _class_indices(y)
     weights = np.array([class_weight.get(int(c), 1.0) for c in range(int(classes.max()) + 1)], np.float32)
     return ArrayInput((x, y, weights[classes]), inp.num_examples)
+
+
+def _no_targets_to_weigh(class_weight: Any, arg: str) -> None:
+    raise ValueError(
+        f"`class_weight` weighs examples by their target class, and `{arg}` has features only (no y). Received: "
+        f"class_weight={reprlib.repr(class_weight)}. Pass the targets (fit(model, x, y, class_weight=...)), or "
+        "drop class_weight."
+    )
 
 
 def _single_target(y: Any, weights: list, class_weight: Any) -> None:
@@ -366,6 +378,8 @@ def _checked_dataset(dataset: tf.data.Dataset, arg: str, class_weight: Any = Non
         batched = True  # every leading dimension unknown: batches from a source this walk can't see into
     if class_weight is not None:
         spec = dataset.element_spec
+        if not (isinstance(spec, tuple) and len(spec) in (2, 3)):
+            _no_targets_to_weigh(class_weight, arg)
         if isinstance(spec, tuple) and len(spec) == 3:
             _single_target(spec[1], [spec[2]], class_weight)
         if isinstance(spec, tuple) and len(spec) == 2:

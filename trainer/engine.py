@@ -151,6 +151,7 @@ def build(
     x, _, _ = unpack(batch)
     states = models.saved_states(model)
     run_model = models.model_in_scope(model, strategy, x, mixed_precision)
+    models.check_loss(run_model, training=lr is not None)
     lr_plan = None
     if lr is not None and run_model.optimizer is not None:  # a GAN keeps its optimizers elsewhere
         lr_plan = lr.plan_for(run_model.optimizer)

@@ -144,7 +144,8 @@ class _DatasetKind(_Input):
         spec = self.example_spec
         if any(s.shape.rank is None for s in tf.nest.flatten(spec)):
             return None  # unknown; checks.check_data refuses it
-        return tf.nest.map_structure(lambda s: tuple(s.shape), spec)
+        parts = tuple(spec) if isinstance(spec, (tuple, list)) else (spec,)  # x alone, as arrays pack it
+        return tf.nest.map_structure(lambda s: tuple(s.shape), parts)
 
     def _sharding(self, num_workers: int) -> tuple[str, str]:
         policy, reason = shard_policy(self.dataset, num_workers)

@@ -12,21 +12,54 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from trainer import _compat
 from trainer import inputs as inputs_lib
 from trainer.data import subject
+from trainer.objective import ModelSteps
 
 PARTS = ("x", "y", "sample_weight")
 
 
 def check_model_inputs(model: keras.Model, inputs) -> None:
-    """Feature structure, shapes and dtypes against the model's Inputs; sparse label range."""
+    """Targets where the model needs them; feature structure, shapes and dtypes against its Inputs; label range."""
     for inp, arg, with_targets in inputs:
         if isinstance(inp, inputs_lib.FunctionInput):
             continue
         split = parts(structure(inp), with_targets)
+        if with_targets and "y" not in split:
+            _check_needs_no_targets(model, inp, arg)
         _check_features(model, split["x"], arg)
-        if isinstance(inp, inputs_lib.ArrayInput) and with_targets:  # datasets can't be scanned cheaply
+        if isinstance(inp, inputs_lib.ArrayInput) and "y" in split:  # datasets can't be scanned cheaply
             _check_sparse_labels(model, split["y"], arg)
+
+
+def _check_needs_no_targets(model: keras.Model, inp, arg: str) -> None:
+    """Features alone (no y) train only a model whose loss needs no targets: its own steps, or add_loss only.
+
+    `model.fit(x)` runs Keras's compiled loss on y=None and fails inside it.
+    """
+    steps = ModelSteps.of(model)
+    specs = _compat.compiled_specs(model)
+    compiled = [what for what, value in (("loss", specs["loss"]),
+                                         ("metrics", specs["metrics"] or specs["weighted_metrics"])) if value]
+    if steps.train or steps.loss or not compiled:
+        return
+    form = "arrays" if isinstance(inp, inputs_lib.ArrayInput) else inp.form
+    fix = (f"Pass the targets: fit(model, x, y), or {arg}=(x, y)" if isinstance(inp, inputs_lib.ArrayInput) else
+           f"Make the {form} yield (x, y) elements, e.g. {arg}.map(lambda e: (e['image'], e['label']))")
+    raise ValueError(
+        f"`{arg}` holds features only (no targets y), but `model`'s compiled {' and '.join(compiled)} need "
+        f"targets. Received: {arg} as {form} with no y{_elements(inp)}. {fix}; or train a model whose own "
+        "train_step or compute_loss needs no y."
+    )
+
+
+def _elements(inp) -> str:
+    """", elements {'image': float32[28, 28]}": what a dataset yields, for messages ("" for arrays)."""
+    if isinstance(inp, inputs_lib.ArrayInput):
+        return ""
+    described = tf.nest.map_structure(lambda s: f"{s.dtype.name}{list(s.shape)}", inp.example_spec)
+    return f", elements {described}".replace('"', "")
 
 
 def _model_inputs(model: keras.Model) -> tuple[list[str], list[Any]] | None:
@@ -159,7 +192,8 @@ def structure(inp) -> Any:
 
 
 def parts(struct: Any, with_targets: bool) -> dict[str, Any]:
-    if not with_targets:
+    """{"x": ..., "y": ..., "sample_weight": ...} of an element, as Keras unpacks it (x alone: {"x": ...})."""
+    if not with_targets or not isinstance(struct, (tuple, list)):
         return {"x": struct}
     return dict(zip(PARTS, struct))
 

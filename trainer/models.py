@@ -33,18 +33,16 @@ def check_compiled(model: Any, arg: str = "model") -> None:
     """Raises unless `model` is a Keras model compiled for training as `model.fit` needs it.
 
     A model with its own `train_step` needs only `compile()` to have been
-    called (a GAN compiles its own optimizers); one with its own `compute_loss`
-    needs an optimizer; any other needs an optimizer and a loss.
+    called (a GAN compiles its own optimizers); any other needs an optimizer,
+    and a loss (`check_loss`).
     """
     if not isinstance(model, keras.Model):
         raise TypeError(
             f"`{arg}` must be a keras.Model or a zero-argument function returning one. "
             f"Received: {arg} of type {type(model).__name__}."
         )
-    owns_step, owns_loss = overridden(model, "train_step"), overridden(model, "compute_loss")
-    needs = [] if owns_step else ["an optimizer"] if owns_loss else ["an optimizer", "a loss"]
-    missing = [need for need, attr in (("an optimizer", "optimizer"), ("a loss", "loss"))
-               if need in needs and getattr(model, attr, None) is None]
+    needs = [] if overridden(model, "train_step") else ["an optimizer"]  # the loss: `check_loss`, once built
+    missing = [need for need in needs if getattr(model, "optimizer", None) is None]
     if getattr(model, "compiled", False) and not missing:
         return
     got = f"a {type(model).__name__} compiled without {' or '.join(missing)}" if getattr(model, "compiled", False) \
@@ -53,6 +51,25 @@ def check_compiled(model: Any, arg: str = "model") -> None:
         f"`{arg}` must be compiled{' with ' + ' and '.join(needs) if needs else ''}. Received: {got}. "
         "Call model.compile(optimizer=..., loss=...) first (a model with its own train_step or compute_loss "
         "may leave out what its step does not use)."
+    )
+
+
+def check_loss(model: keras.Model, *, training: bool) -> None:
+    """A model that the trainer's own step trains or evaluates needs a loss: compiled, or added by its layers.
+
+    Keras takes `compile(optimizer)` without a loss for a model whose layers
+    call `add_loss` (known once the model has run); with neither, its step
+    fails on the first batch.
+    """
+    step = "train_step" if training else "test_step"
+    if overridden(model, step) or overridden(model, "compute_loss") or getattr(model, "loss", None) is not None:
+        return
+    if model.losses:
+        return
+    raise ValueError(
+        f"`model` must be compiled with a loss, or have layers that add one (add_loss): it has neither, so "
+        f"there is nothing to {'train on' if training else 'evaluate'}. Received: a {type(model).__name__} "
+        "compiled with loss=None. Call model.compile(optimizer=..., loss=...)."
     )
 
 

@@ -32,11 +32,16 @@ from trainer.tracing import graph_function
 
 
 def unpack(batch: Any) -> tuple[Any, Any, tf.Tensor | None]:
-    """(x, y) or (x, y, sample_weight) -> (x, y, sample_weight or None)."""
-    if isinstance(batch, (tuple, list)) and len(batch) in (2, 3):
-        return batch[0], batch[1], batch[2] if len(batch) == 3 else None
+    """(x,), (x, y) or (x, y, sample_weight) -> (x, y or None, sample_weight or None), as Keras unpacks.
+
+    Anything else is x alone: features with no targets (a GAN's images, a model trained on its add_loss).
+    """
+    if not isinstance(batch, (tuple, list)):
+        return batch, None, None
+    if 1 <= len(batch) <= 3:
+        return (*batch, None, None)[:3]
     raise ValueError(
-        "Training and evaluation data must yield (x, y) or (x, y, sample_weight). "
+        "Training and evaluation data must yield x, (x,), (x, y) or (x, y, sample_weight). "
         f"Received an element with structure {tf.nest.map_structure(lambda t: t.shape, batch)}."
     )
 
