@@ -85,12 +85,15 @@ def run_layouts(description: str, runners: Callable, report: Callable[[str, dict
     parser.add_argument("--examples", type=int, default=12800)
     parser.add_argument("--repeats", type=int, default=3, help="timed epochs per variant (median reported)")
     parser.add_argument("--out", default=None, help="JSON file to write (default: print only)")
+    parser.add_argument("--layouts", nargs="*", default=None, help="only these layouts (default: all)")
     args = parser.parse_args()
     if args.repeats < 3:
         parser.error(f"--repeats must be >= 3 for a median; got {args.repeats}")
     x, y, layouts = setup(args.examples)
     results = {"machine": machine(), "examples": args.examples, "layouts": {}}
     for layout, strategy in layouts.items():
+        if args.layouts is not None and layout not in args.layouts:
+            continue
         measured = measure(quietly(lambda: runners(strategy, x, y)), args.repeats)
         results["layouts"][layout] = measured
         print(f"{layout}: examples/s " + ", ".join(f"{k} {v:.0f}" for k, v in measured["examples_per_s"].items()))

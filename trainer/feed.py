@@ -245,8 +245,10 @@ def replica_share(batch: Any) -> Share:
     """
     context = tf.distribute.get_replica_context()
     replicas = context.num_replicas_in_sync
-    replica = tf.cast(context.replica_id_in_sync_group, tf.int32)
     size = tf.shape(tf.nest.flatten(batch)[0])[0]
+    if replicas == 1:  # nothing to cut
+        return Share(batch, tf.cast(size, tf.float32))
+    replica = tf.cast(context.replica_id_in_sync_group, tf.int32)
     base, extra = size // replicas, size % replicas
     begin = replica * base + tf.minimum(replica, extra)
     end = begin + base + tf.cast(replica < extra, tf.int32)
