@@ -37,6 +37,7 @@ class Case:
     # "arrays" (x, y, sample_weight=, batch_size=), or one of FORMS (parity_run.py builds them).
     form: str = "arrays"
     fit_kwargs: dict = dataclasses.field(default_factory=dict)  # more of fit's Keras arguments
+    eval_kwargs: dict = dataclasses.field(default_factory=dict)  # evaluate's and predict's (steps=)
 
 
 FORMS = ("dataset", "dataset_drop_remainder", "dataset_reshuffled", "generator", "pydataset_workers")
@@ -468,6 +469,11 @@ CASES: dict[str, Case] = {
     "compile_steps_per_execution": Case(lambda: _compiled(_dense(), metrics=["mae"], steps_per_execution=3),
                                         _regression),
     "compile_jit_compile": Case(lambda: _compiled(_dense(), metrics=["mae"], jit_compile=True), _regression),
+    # evaluate's and predict's Keras arguments (every row also compares evaluate(return_dict=False)).
+    "evaluate_predict_steps": Case(lambda: _compiled(_dense(), metrics=["mae"]), _regression,
+                                   eval_kwargs={"steps": 2}),
+    "evaluate_predict_steps_dataset": Case(lambda: _compiled(_dense(), metrics=["mae"]), _regression,
+                                           form="dataset", eval_kwargs={"steps": 2}),
     # Features alone, no y: `model.fit(x)` for models whose own steps or losses need no targets.
     "features_only_gan": Case(_gan, _features_only, evaluate=False),
     "features_only_gan_dataset": Case(_gan, _features_only, evaluate=False, form="dataset"),

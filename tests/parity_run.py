@@ -97,9 +97,12 @@ def _keras_run(case, folder):
     evaluated = {}
     if case.evaluate:
         args, kwargs = _inputs(case, x, y, w)
-        evaluated = model.evaluate(*args, **kwargs, return_dict=True, verbose=0)
+        evaluated = model.evaluate(*args, **kwargs, **case.eval_kwargs, return_dict=True, verbose=0)
+        args, kwargs = _inputs(case, x, y, w)
+        evaluated["return_dict=False"] = model.evaluate(*args, **kwargs, **case.eval_kwargs, return_dict=False,
+                                                   verbose=0)
     args, kwargs = _inputs(case, x, y, w, features_only=True)
-    predicted = model.predict(*args, **kwargs, verbose=0)
+    predicted = model.predict(*args, **kwargs, **case.eval_kwargs, verbose=0)
     return history.history, model.get_weights(), evaluated, predicted
 
 
@@ -113,9 +116,12 @@ def _trainer_run(case, folder):
     evaluated = {}
     if case.evaluate:
         args, kwargs = _inputs(case, x, y, w)
-        evaluated = trainer.evaluate(model, *args, **kwargs, return_dict=True, verbose=0)
+        evaluated = trainer.evaluate(model, *args, **kwargs, **case.eval_kwargs, return_dict=True, verbose=0)
+        args, kwargs = _inputs(case, x, y, w)
+        evaluated["return_dict=False"] = trainer.evaluate(model, *args, **kwargs, **case.eval_kwargs,
+                                                     return_dict=False, verbose=0)
     args, kwargs = _inputs(case, x, y, w, features_only=True)
-    predicted = trainer.predict(model, *args, **kwargs, verbose=0)
+    predicted = trainer.predict(model, *args, **kwargs, **case.eval_kwargs, verbose=0)
     return history.history, model.get_weights(), evaluated, predicted
 
 

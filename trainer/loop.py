@@ -25,7 +25,7 @@ from trainer.cluster import ClusterInfo
 _BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
 EVAL_STEPS_PER_EXECUTION = 32
 
-MakeIterator = Callable[..., Any]  # (input, epoch=None, start_step=0, until=None) -> a reader: `inputs.Readers`
+MakeReader = Callable[..., Any]  # (input, epoch=None, start_step=0, until=None) -> a reader (`inputs.Readers`)
 
 
 @dataclasses.dataclass
@@ -79,7 +79,7 @@ class Validation:
     freq: int = 1
     steps: int | None = None
     batch: Any = None  # its scaling.BatchPlan
-    make_iterator: MakeIterator | None = None  # set by the Trainer for the evaluation strategy
+    make_reader: MakeReader | None = None  # set by the Trainer for the evaluation strategy
 
     def due(self, epoch: int) -> bool:
         """Whether to validate at the end of `epoch` (as Keras counts: epochs freq, 2 freq, ...)."""
@@ -108,7 +108,7 @@ def run_epochs(
     steps: Steps,
     context: TrainContext,
     callbacks: keras.callbacks.CallbackList,
-    make_iterator: MakeIterator,
+    make_reader: MakeReader,
     train: Any,
     validation: Validation | None,
     *,
@@ -132,14 +132,14 @@ def run_epochs(
         if fresh:
             release(held)
             until = epoch + 1 if restart_each_epoch else context.epochs
-            held.append(make_iterator(train, epoch=epoch, start_step=first_step, until=until))
+            held.append(make_reader(train, epoch=epoch, start_step=first_step, until=until))
         try:
             while _train_epoch(steps, context, callbacks, held[0], batch_logs, fresh):  # the data ran out
                 release(held)
                 if restart_each_epoch:  # one pass is the epoch
                     break
                 # One stream for all epochs (a dataset with steps_per_epoch): it starts again, and fills this epoch.
-                held.append(make_iterator(train, epoch=epoch, start_step=0, until=context.epochs))
+                held.append(make_reader(train, epoch=epoch, start_step=0, until=context.epochs))
                 fresh = True
         except BaseException:
             train.epoch_end(read_all=False)  # stops a PyDataset's worker threads or processes
@@ -177,13 +177,13 @@ def release(held: list) -> None:
 
 
 @contextlib.contextmanager
-def one_pass(make_iterator: MakeIterator, inp, *, read_all: bool):
+def one_pass(make_reader: MakeReader, inp, *, read_all: bool):
     """A reader of one pass over `inp` (evaluate, predict), with the input's epoch begun and ended around it.
 
     `read_all`: whether the pass will read all of `inp` (no step limit).
     """
     inp.epoch_begin()
-    held = [make_iterator(inp)]  # see `release`
+    held = [make_reader(inp)]  # see `release`
     try:
         yield held[0]
     finally:
@@ -197,7 +197,7 @@ def end_epoch(epoch: int, objective, eval_steps: Steps, validation: Validation |
     if optimizer is not None:
         logs["learning_rate"] = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
     if validation is not None and validation.due(epoch):
-        val_logs = run_eval(eval_steps, validation.make_iterator, validation.inp, callbacks, validation.steps)
+        val_logs = run_eval(eval_steps, validation.make_reader, validation.inp, callbacks, validation.steps)
         logs.update({f"val_{k}": v for k, v in val_logs.items()})
     callbacks.on_epoch_end(epoch, logs)
     return logs
@@ -252,12 +252,12 @@ def _train_epoch(steps: Steps, context: TrainContext, callbacks, iterator, batch
     return False
 
 
-def run_eval(steps: Steps, make_iterator: MakeIterator, inp, callbacks, num_steps: int | None = None
+def run_eval(steps: Steps, make_reader: MakeReader, inp, callbacks, num_steps: int | None = None
              ) -> dict[str, float]:
     """Evaluates over all of `inp` (or `num_steps` steps of it); exact results."""
     steps.objective.reset()
     callbacks.on_test_begin()
-    with one_pass(make_iterator, inp, read_all=num_steps is None) as reader:
+    with one_pass(make_reader, inp, read_all=num_steps is None) as reader:
         done = 0
         while num_steps is None or done < num_steps:
             n = EVAL_STEPS_PER_EXECUTION if num_steps is None else min(EVAL_STEPS_PER_EXECUTION, num_steps - done)

@@ -114,6 +114,14 @@ def metric_names(model: keras.Model) -> list[str]:
     return names
 
 
+def logs_in_order(model: keras.Model, logs: dict[str, float]) -> float | list[float]:
+    """`logs` as `model.evaluate(return_dict=False)` lists them: in the order of the model's metrics, then the
+    others by name; a single value alone."""
+    names = metric_names(model)
+    values = [logs[name] for name in names if name in logs] + [logs[key] for key in sorted(logs) if key not in names]
+    return values[0] if len(values) == 1 else values
+
+
 def flat_masks(y_pred: Any) -> list[Any]:
     return [_compat.get_keras_mask(t) for t in tf.nest.flatten(y_pred)]
 

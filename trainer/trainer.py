@@ -20,7 +20,7 @@ from trainer.cluster import strategy_cluster_info
 from trainer.options import check_int
 from trainer.fusion import StepFusion
 from trainer.history import History
-from trainer.objective import ModelSteps
+from trainer.objective import ModelSteps, logs_in_order
 from trainer.plan import Plan, batch_norm_note, optimizer_note, strategy_label
 from trainer.steps import Steps
 
@@ -273,7 +273,7 @@ class Trainer:
         """Returns {metric name: value}, exact over every example of the data (as `model.evaluate`).
 
         Takes what `model.evaluate` takes, with the model first. `return_dict=False`
-        gives Keras's list (a float when there is one value); the default is the dict.
+        gives Keras's list, in Keras's order (a float when there is one value); the default is the dict.
         `verbose` is accepted for Keras's signature; evaluation prints nothing.
         """
         del verbose
@@ -290,10 +290,7 @@ class Trainer:
         callback_list = keras.callbacks.CallbackList(callbacks, model=run_model)
         logs = loop.run_eval(compiled.eval_steps, self._readers(compiled.eval_strategy, batch), inp,
                              callback_list, num_steps=steps)
-        if return_dict:
-            return logs
-        values = list(logs.values())
-        return values[0] if len(values) == 1 else values
+        return logs if return_dict else logs_in_order(run_model, logs)
 
     @_quiet_tf_info
     def predict(
@@ -460,7 +457,7 @@ class Trainer:
                shuffle: bool, restart_each_epoch: bool) -> None:
         """Runs the epochs: the synchronous loop, or scheduled steps under parameter-server training."""
         if validation is not None:
-            validation.make_iterator = self._readers(compiled.eval_strategy, validation.batch)
+            validation.make_reader = self._readers(compiled.eval_strategy, validation.batch)
         if not ps.is_parameter_server(compiled.strategy):
             loop.run_epochs(compiled.steps, context, callback_list,
                             self._readers(compiled.strategy, batch, shuffle), train, validation,
