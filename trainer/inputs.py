@@ -22,7 +22,6 @@ worker its own repeated stream instead.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Callable
 
 import numpy as np
@@ -109,11 +108,8 @@ class ArrayInput(_Input):
 
     def reader(self, readers: Readers, epoch: int | None = None, start_step: int = 0, until: int | None = None):
         """Epochs `epoch` to `until` (one by default), each shuffled from the seed; without `epoch`, input order once."""
-        order: arrays_lib.OrderFn = lambda _: np.arange(self.num_examples)  # noqa: E731
-        epochs = range(1)
-        if epoch is not None:
-            order = functools.partial(readers.epoch_order, self.num_examples)
-            epochs = range(epoch, until or epoch + 1)
+        order = readers.order(self.num_examples, per_epoch=epoch is not None)
+        epochs = range(1) if epoch is None else range(epoch, until or epoch + 1)
         if readers.in_step:
             return feed.ArrayFeed(self.arrays, order, global_batch_size=readers.global_batch_size,
                                   num_replicas=readers.strategy.num_replicas_in_sync, epochs=epochs,
@@ -355,8 +351,11 @@ class Readers:
     def __call__(self, inp: Input, epoch: int | None = None, start_step: int = 0, until: int | None = None):
         return inp.reader(self, epoch, start_step, until)
 
-    def epoch_order(self, num_examples: int, epoch: int) -> np.ndarray:
-        return arrays_lib.epoch_order(num_examples, shuffle=self.shuffle, seed=self.seed, epoch=epoch)
+    def order(self, num_examples: int, *, per_epoch: bool) -> arrays_lib.OrderFn:
+        """epoch -> the order of the examples: each epoch's, from the seed (when shuffling); else as given."""
+        if not per_epoch:
+            return lambda epoch: np.arange(num_examples)
+        return lambda epoch: arrays_lib.epoch_order(num_examples, shuffle=self.shuffle, seed=self.seed, epoch=epoch)
 
     def distributed(self, inp: _DatasetKind, start_step: int) -> feed.DistributedBatches:
         """TensorFlow's distributed iterator over `inp`'s global batches, split by its shard policy."""
