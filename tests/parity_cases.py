@@ -463,6 +463,8 @@ CASES: dict[str, Case] = {
                                    fit_kwargs={"class_weight": {1: 2.0}}),
     "validation_split": Case(lambda: _compiled(_dense(), metrics=["mae"]), _regression,
                              fit_kwargs={"validation_split": 0.3}),
+    "validation_data_wins_over_split": Case(lambda: _compiled(_dense(), metrics=["mae"]), _regression,
+                                            validation=True, fit_kwargs={"validation_split": 0.3}),
     "validation_freq_and_steps": Case(lambda: _compiled(_dense(), metrics=["mae"]), _regression, validation=True,
                                       fit_kwargs={"validation_freq": 2, "validation_steps": 1,
                                                   "validation_batch_size": 4}),
