@@ -20,7 +20,7 @@ import tensorflow as tf
 from trainer import inputs as inputs_lib
 from trainer import models
 from trainer.data import subject
-from trainer.model_checks import check_model_inputs, leaves, parts
+from trainer.model_checks import check_model_inputs, describe_spec, leaves, parts
 from trainer.options import check_int
 
 
@@ -137,7 +137,7 @@ def check_data(inp, arg: str, *, steps_arg: str | None, steps: int | None, with_
         if with_targets and isinstance(spec, (tuple, list)) and not 1 <= len(spec) <= 3:
             raise ValueError(
                 f"`{arg}` must yield x, (x, y) or (x, y, sample_weight) elements. Received: {arg} with elements "
-                f"{_describe_spec(spec)}. Map each element to a tuple, e.g. "
+                f"{describe_spec(spec)}. Map each element to a tuple, e.g. "
                 f"{arg}.map(lambda e: (e['image'], e['label']))."
             )
         unknown = [name for part, struct in parts(spec, with_targets).items()
@@ -255,7 +255,3 @@ def _against_model(model, inputs) -> Any:
         return built
 
     return build_and_check
-
-
-def _describe_spec(spec: Any) -> str:
-    return str(tf.nest.map_structure(lambda s: f"{s.dtype.name}{list(s.shape)}", spec)).replace('"', "")

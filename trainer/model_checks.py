@@ -56,10 +56,12 @@ def _check_needs_no_targets(model: keras.Model, inp, arg: str) -> None:
 
 def _elements(inp) -> str:
     """", elements {'image': float32[28, 28]}": what a dataset yields, for messages ("" for arrays)."""
-    if isinstance(inp, inputs_lib.ArrayInput):
-        return ""
-    described = tf.nest.map_structure(lambda s: f"{s.dtype.name}{list(s.shape)}", inp.example_spec)
-    return f", elements {described}".replace('"', "")
+    return "" if isinstance(inp, inputs_lib.ArrayInput) else f", elements {describe_spec(inp.example_spec)}"
+
+
+def describe_spec(spec: Any) -> str:
+    """An element's tf.TensorSpecs in words: "(float32[8], int64[])"."""
+    return str(tf.nest.map_structure(lambda s: f"{s.dtype.name}{list(s.shape)}", spec)).replace('"', "")
 
 
 def _model_inputs(model: keras.Model) -> tuple[list[str], list[Any]] | None:
