@@ -3,16 +3,27 @@
 Each is a `keras.callbacks.Callback`. Only the chief writes files or draws;
 under multi-worker training the other workers take part in saves but write to
 temporary directories, which are deleted.
+
+Import them as `trainer.callbacks` (setup.cfg installs this folder under that
+name). As a top-level `callbacks` they would clash with a user's own
+callbacks.py, which comes first on sys.path, and with other distributions of
+that name.
 """
 
-from callbacks.backup import BackupAndRestore
-from callbacks.checkpoint import ModelCheckpoint
-from callbacks.csv_logger import CSVLogger
-from callbacks.json_logger import JSONLogger
-from callbacks.nan_guard import NanGuard
-from callbacks.plot import PlotHistory, plot_history
-from callbacks.progress import ProgressBar
-from callbacks.tensorboard import TensorBoard
+if __name__ != "trainer.callbacks":  # the repository's root on sys.path: a second copy of every class
+    raise ImportError(
+        f"The trainer's callbacks are imported as `trainer.callbacks`, not `{__name__}`. "
+        "Write `from trainer.callbacks import ModelCheckpoint, ...` (after `pip install -e .` in the repository)."
+    )
+
+from .backup import BackupAndRestore
+from .checkpoint import ModelCheckpoint
+from .csv_logger import CSVLogger
+from .json_logger import JSONLogger
+from .nan_guard import NanGuard
+from .plot import PlotHistory, plot_history
+from .progress import ProgressBar
+from .tensorboard import TensorBoard
 
 __all__ = [
     "BackupAndRestore",

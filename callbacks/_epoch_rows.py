@@ -8,8 +8,8 @@ from typing import Any
 
 import keras
 
-from callbacks._cluster import ContextAware
-from callbacks._paths import checked_path
+from ._cluster import ContextAware
+from ._paths import checked_path
 
 
 class EpochRowLogger(ContextAware):

@@ -10,9 +10,9 @@ import threading
 
 import numpy as np
 
-from callbacks._cluster import ContextAware, replace_or_explain, writable_dir
-from callbacks._paths import checked_frequency, checked_path
-from callbacks.checkpoint import weights_are_finite
+from ._cluster import ContextAware, replace_or_explain, writable_dir
+from ._paths import checked_frequency, checked_path
+from .checkpoint import weights_are_finite
 
 BACKUP = "backup.npz"
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 
-import trainer.scaling  # noqa: F401  registers ScaledSchedule, which checkpoints may contain
-from trainer.models import unscaled_learning_rate
-from callbacks._cluster import ContextAware, replace_or_explain, writable_dir
-from callbacks._paths import checked_path
+# trainer.scaling also registers ScaledSchedule, which checkpoints may contain.
+from trainer.scaling import unscaled_learning_rate
+from ._cluster import ContextAware, replace_or_explain, writable_dir
+from ._paths import checked_path
 
 INDEX = "checkpoints.json"
 
@@ -166,7 +166,9 @@ class ModelCheckpoint(ContextAware):
 
     def _save(self, path: str) -> None:
         save = self.model.save_weights if self.save_weights_only else self.model.save
-        with unscaled_learning_rate(self.model):  # the LR as tuned, which the next fit scales for its layout
+        lr_plan = self.context.lr_plan if self.context is not None else None  # None: no trainer scaled it
+        # The LR as tuned, which the next fit scales for its layout.
+        with unscaled_learning_rate(getattr(self.model, "optimizer", None), lr_plan):
             replace_or_explain(lambda tmp: save(tmp), path, suffix=self.suffix, owner="ModelCheckpoint",
                                intact=lambda: self._intact(path))
 

@@ -6,8 +6,8 @@ import json
 import os
 from typing import Any
 
-from callbacks._cluster import replace_atomically
-from callbacks._epoch_rows import EpochRowLogger
+from ._cluster import replace_atomically
+from ._epoch_rows import EpochRowLogger
 
 
 class JSONLogger(EpochRowLogger):

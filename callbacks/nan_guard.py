@@ -10,7 +10,7 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from callbacks._cluster import ContextAware
+from ._cluster import ContextAware
 from trainer.tracing import graph_function
 
 AUTO_OVERHEAD = 0.02  # keep_every="auto": the copies take at most this share of training time
@@ -18,20 +18,6 @@ AUTO_OVERHEAD = 0.02  # keep_every="auto": the copies take at most this share of
 
 def _all_finite(arrays) -> bool:
     return all(np.isfinite(a).all() for a in arrays if np.issubdtype(a.dtype, np.floating))
-
-
-_READERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def _read_all(model, variables: list) -> list:
-    """The variables' values in one graph call: eager reads of distributed variables cost
-    ~0.3 ms each (7 ms for the example's CNN with Adam under MirroredStrategy, 0.6 ms this way).
-    The traced reader is kept per model, for later fits."""
-    key = tuple(id(v) for v in variables)
-    cached = _READERS.get(model)
-    if cached is None or cached[0] != key:
-        cached = _READERS[model] = (key, graph_function(lambda: [tf.identity(v.value) for v in variables]))
-    return cached[1]()
 
 
 class NanGuard(ContextAware):
@@ -69,13 +55,23 @@ class NanGuard(ContextAware):
         self._calls = 0
         self._copy_seconds = 0.0
         self._last_copy = -math.inf
+        self._reader = None  # (the model, weakly; its variables' ids; the traced reader), for later fits
+
+    def _read_all(self, variables: list) -> list:
+        """The variables' values in one graph call: eager reads of distributed variables cost
+        one dispatch each, which adds up for a model with an optimizer's slots."""
+        key = tuple(id(v) for v in variables)
+        if self._reader is None or self._reader[0]() is not self.model or self._reader[1] != key:
+            self._reader = (weakref.ref(self.model), key,
+                            graph_function(lambda: [tf.identity(v.value) for v in variables]))
+        return self._reader[2]()
 
     def _variables(self):
         optimizer = getattr(self.model, "optimizer", None)
         return list(self.model.variables) + (list(optimizer.variables) if optimizer is not None else [])
 
     def _keep(self, where) -> None:
-        values = [np.array(v) for v in _read_all(self.model, self._variables())]
+        values = [np.array(v) for v in self._read_all(self._variables())]
         if _all_finite(values):  # a finite loss can come with NaN weights (the last step's gradient)
             self._kept = (where, values)
 

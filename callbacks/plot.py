@@ -6,8 +6,8 @@ import math
 import os
 from typing import Any, Mapping
 
-from callbacks._cluster import ContextAware, replace_atomically
-from callbacks._paths import checked_path
+from ._cluster import ContextAware, replace_atomically
+from ._paths import checked_path
 
 _NOT_CURVES = ("learning_rate", "epoch_time", "examples_per_second")
 
@@ -40,7 +40,8 @@ def plot_history(history: Any, path: str | os.PathLike | None = None):
         for key, label in ((name, "train"), (f"val_{name}", "validation")):
             if key in logs:
                 values = logs[key]
-                xs = [e + 1 for e in epochs_done] if epochs_done and len(epochs_done) == len(values) else range(1, len(values) + 1)
+                xs = ([e + 1 for e in epochs_done] if epochs_done and len(epochs_done) == len(values)
+                      else range(1, len(values) + 1))
                 ax.plot(list(xs), values, marker="o", markersize=3, label=label)
         ax.set_title(name)
         ax.set_xlabel("epoch")

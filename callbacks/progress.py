@@ -6,7 +6,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from callbacks._cluster import ContextAware
+from ._cluster import ContextAware
 
 _PLAIN_LINES_PER_EPOCH = 4  # progress lines without a terminal, plus one summary
 
@@ -103,7 +103,8 @@ class ProgressBar(ContextAware):
         elif self._style == "plain" and self._total:
             # Print when progress crosses the next quarter of the epoch.
             if done * _PLAIN_LINES_PER_EPOCH >= self._next_line * self._total and done < self._total:
-                self._print(f"{self._title()}  {done}/{self._total}  " + "  ".join(f"{k} {v}" for k, v in postfix.items()))
+                self._print(f"{self._title()}  {done}/{self._total}  "
+                            + "  ".join(f"{k} {v}" for k, v in postfix.items()))
                 self._next_line = done * _PLAIN_LINES_PER_EPOCH // self._total + 1
 
     def on_epoch_end(self, epoch, logs=None):

@@ -6,8 +6,8 @@ import os
 
 import tensorflow as tf
 
-from callbacks._cluster import ContextAware
-from callbacks._paths import checked_frequency, checked_path
+from ._cluster import ContextAware
+from ._paths import checked_frequency, checked_path
 
 
 def _scalar_metadata() -> tf.compat.v1.SummaryMetadata:

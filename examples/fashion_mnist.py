@@ -5,7 +5,7 @@
     sudo apt-get install dataset-fashion-mnist             # Debian's copy of those files, found by default
     python examples/fashion_mnist.py --synthetic 2000 --epochs 1 # offline smoke run
     python examples/fashion_mnist.py --cpu-replicas 2 --strategy mirrored   # 2 replicas on one CPU
-    python examples/fashion_mnist.py --mixed-precision mixed_bfloat16      # 16-bit layers (CPUs with AMX or AVX512_BF16)
+    python examples/fashion_mnist.py --mixed-precision mixed_bfloat16     # 16-bit layers (CPUs with AMX or AVX512_BF16)
     trainer-launch --workers 2 examples/fashion_mnist.py --synthetic 2000  # 2 local workers
 
 It prints the plan, shows a progress bar, writes logs, the best and last
@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the example's 
 DATA_HOST = ("storage.googleapis.com", 443)  # where keras.datasets.fashion_mnist downloads from
 SYSTEM_DATA_DIR = "/usr/share/datasets/fashion-mnist"  # Debian's dataset-fashion-mnist: the official files
 CLASSES = 10
+CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
 
 
 def build_model(learning_rate: float = 1e-3):
@@ -89,6 +90,15 @@ def _has_the_files(directory: str) -> bool:
     return all(os.path.exists(os.path.join(directory, name)) for name in FILES.values())
 
 
+def _keras_cache() -> str:
+    return os.path.join(os.path.expanduser(os.environ.get("KERAS_HOME", "~/.keras")), "datasets", "fashion-mnist")
+
+
+def real_data_available() -> bool:
+    """Whether `load_raw(None, None, ...)` will find the real data: cached, installed by apt, or downloadable."""
+    return _has_the_files(_keras_cache()) or _has_the_files(SYSTEM_DATA_DIR) or _reachable(DATA_HOST)
+
+
 def load_raw(data_dir: str | None, synthetic: int | None, seed: int):
     """uint8 ((x_train, y_train), (x_test, y_test)) from IDX files, generated images or Keras.
 
@@ -103,8 +113,7 @@ def load_raw(data_dir: str | None, synthetic: int | None, seed: int):
         return train, test
     if data_dir is not None:
         return load_dataset(data_dir)
-    cache = os.path.join(os.path.expanduser(os.environ.get("KERAS_HOME", "~/.keras")), "datasets", "fashion-mnist")
-    if not _has_the_files(cache):
+    if not _has_the_files(_keras_cache()):
         if _has_the_files(SYSTEM_DATA_DIR):
             print(f"Fashion-MNIST from {SYSTEM_DATA_DIR}")
             return load_dataset(SYSTEM_DATA_DIR)
@@ -136,7 +145,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", default="runs/fashion_mnist", help="output directory")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--mixed-precision", choices=["mixed_float16", "mixed_bfloat16"], default=None,
-                        help="16-bit layers (default: float32); mixed_bfloat16 is faster on CPUs with AMX or AVX512_BF16")
+                        help="16-bit layers (default: float32); "
+                             "mixed_bfloat16 is faster on CPUs with AMX or AVX512_BF16")
     parser.add_argument("--cpu-replicas", type=int, default=None,
                         help="split the CPU into N logical devices, to try 'mirrored' without GPUs")
     source = parser.add_mutually_exclusive_group()
@@ -163,7 +173,7 @@ def _check_strategy_and_out(parser: argparse.ArgumentParser, args: argparse.Name
         guess = closest_name(args.strategy)
         parser.error(f"--strategy must be one of {', '.join(STRATEGY_NAMES)}. Received: --strategy "
                      f"{args.strategy!r}. " + (f"Did you mean --strategy {guess}?" if guess else "Pass one of those."))
-    from callbacks._paths import checked_path
+    from trainer.callbacks._paths import checked_path
 
     try:
         checked_path(args.out, arg="--out", owner="the example's outputs", is_dir=True)
@@ -180,10 +190,11 @@ def main(argv=None) -> dict:
             tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * args.cpu_replicas)
     import keras
 
-    from callbacks import CSVLogger, JSONLogger, ModelCheckpoint, PlotHistory
+    from trainer.callbacks import CSVLogger, JSONLogger, ModelCheckpoint, PlotHistory
     from trainer import Trainer, cluster_info
 
-    (x_train, y_train), (x_test, y_test) = (prepare(*split) for split in load_raw(args.data_dir, args.synthetic, args.seed))
+    (x_train, y_train), (x_test, y_test) = (prepare(*split)
+                                            for split in load_raw(args.data_dir, args.synthetic, args.seed))
     chief = cluster_info().is_chief
     out = args.out
     trainer = Trainer(strategy=args.strategy, per_replica_batch_size=args.batch, seed=args.seed,

@@ -20,7 +20,7 @@ tf.config.set_logical_device_configuration(
 )
 import keras  # noqa: E402
 
-from callbacks import BackupAndRestore, JSONLogger  # noqa: E402
+from trainer.callbacks import BackupAndRestore, JSONLogger  # noqa: E402
 from trainer import Trainer  # noqa: E402
 
 backup_dir, out = sys.argv[1], sys.argv[2]

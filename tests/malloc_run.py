@@ -1,6 +1,6 @@
 """Run in a fresh process (tf.data pins glibc's threshold once per process): prints a JSON report.
 
-Usage: python malloc_run.py [fit | pin_then_raise]
+Usage: python malloc_run.py [fit | fit_untuned | pin_then_raise]
 """
 
 import ctypes
@@ -61,7 +61,9 @@ def main(mode: str) -> None:
 
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
     model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    Trainer(strategy="one_device", per_replica_batch_size=8, verbose=0).fit(model, dataset, epochs=1)
+    trainer = Trainer(strategy="one_device", per_replica_batch_size=8, verbose=0, tune_malloc=mode != "fit_untuned")
+    trainer.fit(model, dataset, epochs=1)
+    report["plan_process"] = malloc.tune_process(trainer.tune_malloc)  # the plan's line; applied once, by fit
     report["after_fit"] = {"pinned": threshold_pinned(), "faults": faults_reusing_a_buffer()}
     report["raised"] = malloc.raised()
     print(json.dumps(report))

@@ -21,7 +21,7 @@ trainer = Trainer(strategy=strategy, batch_size=64, lr_scaling=None, seed=0, ste
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tiny import tiny_data, tiny_model  # noqa: E402
 
-from callbacks import BackupAndRestore, JSONLogger, ModelCheckpoint  # noqa: E402
+from trainer.callbacks import BackupAndRestore, JSONLogger, ModelCheckpoint  # noqa: E402
 
 files = os.path.join(out, "files")
 x, y, w = tiny_data(1003)
@@ -48,7 +48,8 @@ if os.environ.get("KILL_TASK") == task:  # dies at epoch 1, step 8: a crashed wo
     callbacks.append(Die())
 epochs = int(os.environ.get("EPOCHS", "2"))
 # Global clipping and gradient accumulation: exact only if applied to the workers' summed gradient.
-history = trainer.fit(tiny_model(global_clipnorm=0.5, gradient_accumulation_steps=2), (x, y, w), epochs=epochs, validation_data=(x[:301], y[:301], w[:301]),
+history = trainer.fit(tiny_model(global_clipnorm=0.5, gradient_accumulation_steps=2), (x, y, w), epochs=epochs,
+                      validation_data=(x[:301], y[:301], w[:301]),
                       callbacks=callbacks)
 evaluation = trainer.evaluate(history.model, (x, y, w))
 predictions = trainer.predict(history.model, x)

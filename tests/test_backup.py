@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from callbacks import BackupAndRestore
+from trainer.callbacks import BackupAndRestore
 from conftest import TESTS, tiny_data, tiny_model
 from trainer import Trainer
 

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from callbacks import BackupAndRestore, CSVLogger, JSONLogger, ModelCheckpoint, PlotHistory, ProgressBar, TensorBoard
+from trainer.callbacks import (BackupAndRestore, CSVLogger, JSONLogger, ModelCheckpoint, PlotHistory, ProgressBar,
+                               TensorBoard)
 from conftest import TESTS, mirrored, tiny_data, tiny_model
 from trainer import Trainer, launch
 
@@ -117,7 +118,7 @@ ROWS = [
      "steps_per_execution=0", r"Pass a positive integer, or 'auto'"),
     ("jit-compile", lambda c: Trainer(jit_compile="yes"), ValueError, "`jit_compile`", "jit_compile='yes'",
      r"Pass 'auto'"),
-    ("seed-none", lambda c: Trainer(seed=None), TypeError, "`seed`", "seed=None", r"Pass a non-negative integer"),
+    ("seed-text", lambda c: Trainer(seed="0"), TypeError, "`seed`", "seed='0'", r"Pass a non-negative integer"),
     ("seed-negative", lambda c: Trainer(seed=-1), ValueError, "`seed`", "seed=-1", r"Pass a non-negative integer"),
     ("strategy-typo", lambda c: Trainer(strategy="mirorred"), ValueError, "`strategy`", "strategy='mirorred'",
      r"Did you mean 'mirrored'\?"),
@@ -150,7 +151,7 @@ ROWS = [
      "callbacks=<keras.src.callbacks.history.History", r"Pass a list: callbacks=\[...\]"),
     ("callback-keras-backup-and-restore",
      lambda c: _fit(c, callbacks=[keras.callbacks.BackupAndRestore(str(c.tmp / "backup"))]), ValueError,
-     "`callbacks[0]`", "keras.callbacks.BackupAndRestore", r"from callbacks import BackupAndRestore"),
+     "`callbacks[0]`", "keras.callbacks.BackupAndRestore", r"from trainer.callbacks import BackupAndRestore"),
     ("evaluate-callback-not-a-callback", lambda c: Trainer(strategy="default", verbose=0).evaluate(
         c.model, (c.x, c.y), callbacks=["log"]), TypeError, "`callbacks[0]`", "'log' of type str",
      r"Subclass keras.callbacks.Callback"),

@@ -7,8 +7,8 @@ import keras
 import numpy as np
 import pytest
 
-from callbacks import ModelCheckpoint
-from callbacks.checkpoint import INDEX
+from trainer.callbacks import ModelCheckpoint
+from trainer.callbacks.checkpoint import INDEX
 from conftest import as_worker, mirrored, tiny_data, tiny_model
 from trainer import Trainer
 
@@ -78,7 +78,8 @@ def test_a_full_disk_mid_write_keeps_the_last_checkpoint_and_says_so(tmp_path):
         _fit([FullDiskInSecondEpoch(), ModelCheckpoint(tmp_path)], epochs=3)
     message = str(caught.value)
     assert caught.value.errno == errno.ENOSPC
-    assert f"ModelCheckpoint could not write {tmp_path / 'epoch002.keras'}: No space left on device (OSError:" in message
+    assert (f"ModelCheckpoint could not write {tmp_path / 'epoch002.keras'}: "
+            "No space left on device (OSError:") in message
     assert f"The previous checkpoint {tmp_path / 'last.keras'} is intact" in message
     assert sorted(os.listdir(tmp_path)) == ["checkpoints.json", "epoch001.keras", "last.keras"]  # no temp files
     assert ModelCheckpoint.read_index(tmp_path)["last"]["epoch"] == 0
@@ -155,7 +156,7 @@ def test_non_chief_saves_into_a_temporary_directory_that_is_removed(tmp_path, mo
 
 
 def test_callbacks_also_work_with_plain_model_fit(tmp_path):
-    from callbacks import CSVLogger, JSONLogger, ProgressBar
+    from trainer.callbacks import CSVLogger, JSONLogger, ProgressBar
     import io
 
     x, y, w = tiny_data(128)
@@ -188,7 +189,7 @@ def test_checkpoint_with_a_scaled_schedule_loads_in_a_fresh_process(tmp_path):
     schedule = keras.optimizers.schedules.ExponentialDecay(0.05, decay_steps=10, decay_rate=0.9)
     model.compile(keras.optimizers.SGD(schedule), model.loss)
     _fit([ModelCheckpoint(tmp_path)], epochs=1, model=model)
-    code = ("import keras, callbacks; m = keras.models.load_model(callbacks.ModelCheckpoint.last_path("
+    code = ("import keras, trainer.callbacks as cb; m = keras.models.load_model(cb.ModelCheckpoint.last_path("
             f"{str(tmp_path)!r})); print(type(m.optimizer.get_config()['learning_rate']))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

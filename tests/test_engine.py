@@ -99,7 +99,7 @@ def _run_everything(data, inputs):
 
 @pytest.mark.parametrize("as_dataset", [False, True], ids=["arrays", "dataset"])
 def test_fit_evaluate_predict_need_no_autograph(as_dataset, monkeypatch):
-    """The traced loops are explicit graph code: they trace, and give the same numbers, where AutoGraph converts nothing.
+    """The traced loops are explicit graph code: they trace and give the same numbers, where AutoGraph converts nothing.
 
     A CI run once met an unconverted step loop, whose Python `for` over a
     tensor then failed (see trainer/tracing.py). Here every conversion fails,

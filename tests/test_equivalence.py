@@ -25,7 +25,7 @@ def _softmax_ce(logits, labels):
     return -log_probs[np.arange(len(labels)), labels]
 
 
-@pytest.mark.parametrize("layout", LAYOUTS[1:], ids=lambda l: f"{l[0]}{l[1]}")
+@pytest.mark.parametrize("layout", LAYOUTS[1:], ids=lambda layout: f"{layout[0]}{layout[1]}")
 def test_uneven_last_batch_matches_single_device(runs, layout):
     reference = runs[("none", 1)]
     result, arrays = runs[layout]

@@ -3,8 +3,10 @@
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -93,12 +95,25 @@ def test_without_flags_the_debian_packages_files_are_used(monkeypatch, tmp_path,
     assert x_train.shape == (320, 28, 28) and x_test.shape == (80, 28, 28)
 
 
+DECOY = "NAME = 'the user\\'s own callbacks.py'\n"  # a user's module next to their copy of the example
+
+
+def _copy_with_a_decoy(source: Path, names: list[str], target: Path) -> Path:
+    """`names` from `source` copied into `target`, beside a user's own callbacks.py."""
+    target.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        shutil.copy(source / name, target / name)
+    (target / "callbacks.py").write_text(DECOY)
+    return target
+
+
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
 def test_example_end_to_end_on_idx_files(tmp_path, idx_dir, policy):
     out = tmp_path / "out"
     flags = [] if policy == "float32" else ["--mixed-precision", policy]
+    project = _copy_with_a_decoy(EXAMPLES, ["fashion_mnist.py", "idx.py"], tmp_path / "project")
     proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / "fashion_mnist.py"), "--data-dir", str(idx_dir), "--epochs", "1",
+        [sys.executable, str(project / "fashion_mnist.py"), "--data-dir", str(idx_dir), "--epochs", "1",
          "--out", str(out), "--strategy", "mirrored", "--cpu-replicas", "2", "--batch", "32", *flags],
         capture_output=True, text=True, timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
     )
@@ -126,18 +141,27 @@ def test_example_end_to_end_on_idx_files(tmp_path, idx_dir, policy):
 
 
 def test_notebook_runs_without_errors(tmp_path):
+    """Run from a copy of the repository's layout whose notebooks/ holds a user's own callbacks.py."""
     import nbformat
     from nbclient import NotebookClient
 
     notebook = nbformat.read(TESTS.parent / "notebooks" / "quickstart.ipynb", as_version=4)
     assert all(not cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code"), "strip outputs"
+    _copy_with_a_decoy(EXAMPLES, ["fashion_mnist.py", "idx.py"], tmp_path / "examples")
+    (tmp_path / "examples" / "callbacks.py").unlink()
+    notebooks = _copy_with_a_decoy(TESTS.parent / "notebooks", [], tmp_path / "notebooks")
     client = NotebookClient(notebook, timeout=240, kernel_name="python3",
-                            resources={"metadata": {"path": str(TESTS.parent / "notebooks")}})
+                            resources={"metadata": {"path": str(notebooks)}})
     client.execute()  # raises CellExecutionError on any cell error
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
     text = "".join(o.get("text", "") for o in outputs)
     assert "Training plan" in text and "2 in sync" in text
-    assert any("image/png" in o.get("data", {}) for o in outputs)  # the inline curves
+    real = fashion_mnist.real_data_available()
+    assert ("Fashion-MNIST: 6000 training and 10000 test images" in text) == real, text[:500]
+    assert ("generated images" in text) != real
+    pngs = [cell for cell in notebook.cells if cell.cell_type == "code"
+            and any("image/png" in o.get("data", {}) for o in cell.outputs)]
+    assert len(pngs) == 3  # the training images, the predictions, the curves
     assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in outputs)  # tqdm widget
 
 

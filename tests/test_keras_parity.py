@@ -78,11 +78,13 @@ def test_the_table_covers_each_item_of_the_issue():
                  "early_stopping_val_mae", "checkpoint_best_val_accuracy", "custom_loss_and_metric_unregistered",
                  "custom_loss_class_unregistered", "plain_loss_function", "add_loss_mean", "activity_regularizer",
                  "clipnorm", "global_clipnorm", "clipvalue", "gradient_accumulation", "ema_overwrite",
-                 "ema_final_weights", "train_step_global_clipnorm", "train_step_gradient_accumulation", "gan_two_optimizers",
+                 "ema_final_weights", "train_step_global_clipnorm", "train_step_gradient_accumulation",
+                 "gan_two_optimizers",
                  "padded_seq2seq",
                  # issue 22: every input form and fit argument of model.fit
                  "batched_dataset", "batched_dataset_drop_remainder", "batched_dataset_reshuffled",
-                 "batched_dataset_weighted_classes", "generator", "pydataset_workers", "string_inputs", "string_dataset",
+                 "batched_dataset_weighted_classes", "generator", "pydataset_workers",
+                 "string_inputs", "string_dataset",
                  "class_weight", "class_weight_pydataset", "validation_split", "validation_freq_and_steps",
                  "compile_steps_per_execution", "compile_jit_compile"]:
         assert name in parity_cases.CASES

@@ -130,7 +130,7 @@ def test_notebook_launcher_returns_the_chiefs_result(tmp_path):
     proc = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=180,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))
+    line = next(out_line for out_line in proc.stdout.splitlines() if out_line.startswith("RESULT"))
     task_id, loss = eval(line[len("RESULT "):])
     assert task_id == 0 and 0 < loss < 5
 

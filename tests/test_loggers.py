@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from callbacks import CSVLogger, JSONLogger, TensorBoard
+from trainer.callbacks import CSVLogger, JSONLogger, TensorBoard
 from conftest import as_worker, mirrored, tiny_data, tiny_model
 from trainer import Trainer
 

@@ -32,6 +32,15 @@ def test_fit_on_a_dataset_undoes_the_threshold_tf_data_pins():
     assert report["after_fit"]["faults"] < 20 * 256 / 10
     assert report["raised"] is True
     assert report["before"]["faults"] < 20 * 256 / 10
+    assert report["plan_process"].startswith("glibc's mmap threshold raised to 32 MiB")
+
+
+def test_tune_malloc_false_leaves_the_process_as_tensorflow_set_it():
+    report = _run("fit_untuned")
+    assert report["after_tf_data"]["pinned"] is True
+    assert report["after_fit"]["pinned"] is True  # TensorFlow's pin stays
+    assert report["raised"] is False
+    assert "tune_malloc=False" in report["plan_process"]
 
 
 def test_pin_then_raise_spends_tensorflows_one_pin():

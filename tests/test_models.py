@@ -18,7 +18,8 @@ def test_model_built_outside_scope_is_recreated_and_trained_weights_copied_back(
     for trained, user in zip(history.model.get_weights(), model.get_weights()):
         np.testing.assert_array_equal(trained, user)
     assert any(not np.array_equal(b, a) for b, a in zip(before, model.get_weights()))
-    np.testing.assert_allclose(model.predict(x, verbose=0), history.model.predict(x, verbose=0), rtol=1e-6, atol=1e-6)  # batch splits change the summation order
+    # batch splits change the summation order
+    np.testing.assert_allclose(model.predict(x, verbose=0), history.model.predict(x, verbose=0), rtol=1e-6, atol=1e-6)
     assert history.model.get_compile_config()["weighted_metrics"]  # compile settings survived
 
 
@@ -405,5 +406,6 @@ def test_unregistered_custom_layers_are_recreated_from_the_models_own_classes(da
         np.testing.assert_array_equal(trained, user)
     scaled = _functional(_Scale())
     assert Trainer(strategy=mirrored(2), verbose=0).fit(scaled, (x, y), epochs=1).model is not scaled
-    with pytest.raises(ValueError, match=r"(?s)each custom class \(_Opaque\) a get_config\(\) that returns its __init__"):
+    with pytest.raises(ValueError,
+                       match=r"(?s)each custom class \(_Opaque\) a get_config\(\) that returns its __init__"):
         Trainer(strategy=mirrored(2), verbose=0).fit(_functional(_Opaque([2.0])), (x, y))

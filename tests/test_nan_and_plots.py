@@ -7,7 +7,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from callbacks import BackupAndRestore, ModelCheckpoint, NanGuard, PlotHistory, plot_history
+from trainer.callbacks import BackupAndRestore, ModelCheckpoint, NanGuard, PlotHistory, plot_history
 from conftest import tiny_data, tiny_model
 from trainer import Trainer
 
@@ -90,15 +90,17 @@ def test_history_plot_writes_a_png(tmp_path):
     titles = [ax.get_title() for ax in figure.axes if ax.get_title()]
     assert titles == ["loss", "accuracy", "wce"]
     lines = figure.axes[0].get_lines()
-    assert [l.get_label() for l in lines] == ["train", "validation"]
+    assert [line.get_label() for line in lines] == ["train", "validation"]
     np.testing.assert_allclose(lines[0].get_ydata(), history.history["loss"])
 
 
 def test_plot_history_callback_redraws_each_epoch(tmp_path):
     x, y, w = tiny_data(128)
     seen = []
-    record = keras.callbacks.LambdaCallback(on_epoch_end=lambda e, logs: seen.append((tmp_path / "c.png").stat().st_mtime_ns))
-    Trainer(strategy="default", verbose=0).fit(tiny_model(), (x, y), epochs=2, callbacks=[PlotHistory(tmp_path / "c.png"), record])
+    record = keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda e, logs: seen.append((tmp_path / "c.png").stat().st_mtime_ns))
+    Trainer(strategy="default", verbose=0).fit(tiny_model(), (x, y), epochs=2,
+                                               callbacks=[PlotHistory(tmp_path / "c.png"), record])
     assert len(seen) == 2 and matplotlib.image.imread(tmp_path / "c.png").ndim == 3
 
 

@@ -4,7 +4,7 @@ import io
 
 import pytest
 
-from callbacks import ProgressBar
+from trainer.callbacks import ProgressBar
 from conftest import as_worker, mirrored, tiny_data, tiny_model
 from trainer import Trainer
 
@@ -20,9 +20,9 @@ def test_plain_output_is_a_few_lines_per_epoch():
     _fit([ProgressBar(file=out)], epochs=3, steps_per_execution=1)  # 100 steps per epoch
     lines = out.getvalue().splitlines()
     assert 3 <= len(lines) <= 3 * 5
-    summaries = [l for l in lines if "done in" in l]
+    summaries = [line for line in lines if "done in" in line]
     assert len(summaries) == 3
-    assert all("val_loss" in l and "ex/s" in l for l in summaries)
+    assert all("val_loss" in summary and "ex/s" in summary for summary in summaries)
     assert "Epoch 1/3  25/100" in lines[0]
 
 

@@ -68,9 +68,11 @@ def test_step_cost_times_every_variant_call_by_call(tmp_path):
     profiled = result["profile"]["variants"]
     assert set(profiled) == {"trainer", "trainer_no_metrics", "bare_step"}
     # Every variant runs the same model: the same convolution events per step, and the Trainer more ops in all.
-    convolutions = {name: {t: n for t, n in v["op_type_events"].items() if "Conv2D" in t} for name, v in profiled.items()}
+    convolutions = {name: {t: n for t, n in v["op_type_events"].items() if "Conv2D" in t}
+                    for name, v in profiled.items()}
     assert convolutions["bare_step"] and all(c == convolutions["bare_step"] for c in convolutions.values())
-    assert profiled["trainer"]["op_events"] > profiled["trainer_no_metrics"]["op_events"] > profiled["bare_step"]["op_events"]
+    assert (profiled["trainer"]["op_events"] > profiled["trainer_no_metrics"]["op_events"]
+            > profiled["bare_step"]["op_events"])
     assert "ArgMax" in profiled["trainer"]["beyond_floor"]["op_types"]
     assert "ArgMax" not in profiled["trainer_no_metrics"]["beyond_floor"]["op_types"]
     assert "beyond_floor" not in profiled["bare_step"]

@@ -8,10 +8,12 @@ here, not somewhere in a step function.
 from __future__ import annotations
 
 import contextlib
+import random
 import threading
 from typing import Any, Callable
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 try:  # keras/src/losses/loss.py (3.0-3.15): the 1/replicas scaling of reduced losses
@@ -259,6 +261,54 @@ def all_layers(model: keras.Model) -> list:
     for layer in getattr(model, "layers", []):
         found += all_layers(layer) if isinstance(layer, keras.Model) else [layer]
     return found
+
+
+# Global random state -----------------------------------------------------------
+#
+# Keras draws initializer and dropout seeds from Python's `random`
+# (`make_default_seed`), and `keras.random` calls without a seed from a global
+# SeedGenerator kept in `global_state` with the seed `set_random_seed` stored
+# (keras/src/random/seed_generator.py, keras/src/utils/rng_utils.py; 3.0-3.15).
+# TensorFlow's global seed is left alone: Keras's TF backend draws stateless
+# random numbers from those seeds, and `tf.random.set_seed` clears the kernels
+# of the user's random ops, which no restore can undo.
+
+try:
+    from keras.src.backend.common import global_state as _global_state
+except ImportError:  # pragma: no cover
+    _global_state = None
+_KERAS_RANDOM_ATTRIBUTES = ("global_random_seed", "global_seed_generator")
+
+
+@contextlib.contextmanager
+def global_random_state_kept():
+    """Python's, NumPy's and Keras's global random generators, as they were before the block, after it."""
+    python, numpy_state = random.getstate(), np.random.get_state()
+    keras_state = ({} if _global_state is None else
+                   {name: _global_state.get_global_attribute(name) for name in _KERAS_RANDOM_ATTRIBUTES})
+    try:
+        yield
+    finally:
+        random.setstate(python)
+        np.random.set_state(numpy_state)
+        for name, value in keras_state.items():
+            _global_state.set_global_attribute(name, value)
+
+
+@contextlib.contextmanager
+def seeded(seed: int | None):
+    """Inside: the global generators seeded as `keras.utils.set_random_seed(seed)` seeds them (TensorFlow's
+    aside); after: as they were. `seed=None` seeds nothing."""
+    if seed is None:
+        yield
+        return
+    with global_random_state_kept():
+        random.seed(seed)
+        np.random.seed(seed)
+        if _global_state is not None:
+            _global_state.set_global_attribute("global_random_seed", seed)
+            _global_state.set_global_attribute("global_seed_generator", None)  # made again from the seeds above
+        yield
 
 
 # Compiled losses and metrics ---------------------------------------------------

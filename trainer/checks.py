@@ -70,8 +70,8 @@ def check_callbacks(callbacks: Any) -> list:
             raise ValueError(
                 f"`callbacks[{i}]` is Keras's own keras.callbacks.BackupAndRestore, which resumes model.fit's loop "
                 "only: under Trainer.fit a resumed run would train every epoch again. Use the trainer's: "
-                "`from callbacks import BackupAndRestore`, BackupAndRestore(backup_dir), which resumes mid-epoch "
-                "on every strategy."
+                "`from trainer.callbacks import BackupAndRestore`, BackupAndRestore(backup_dir), which resumes "
+                "mid-epoch on every strategy."
             )
     return list(callbacks)
 

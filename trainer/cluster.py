@@ -95,10 +95,17 @@ def cluster_info() -> ClusterInfo:
     return parse_tf_config(os.environ.get("TF_CONFIG"))
 
 
+def is_parameter_server(strategy) -> bool:
+    """Whether `strategy` is parameter-server training (the one test for it, used everywhere)."""
+    import tensorflow as tf  # here only: callbacks read TF_CONFIG through this module without TensorFlow
+
+    return isinstance(strategy, tf.distribute.ParameterServerStrategy)
+
+
 def strategy_cluster_info(strategy) -> ClusterInfo:
     """The cluster role of this process under `strategy` (single task unless multi-worker)."""
     resolver = getattr(strategy, "cluster_resolver", None)
-    if type(strategy).__name__.startswith("ParameterServerStrategy"):
+    if is_parameter_server(strategy):
         return cluster_info()  # its resolver is TF_CONFIG's, and the chief coordinates
     if resolver is None or not resolver.cluster_spec().as_dict():
         return ClusterInfo()

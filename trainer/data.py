@@ -120,7 +120,8 @@ def fit_inputs(x: Any, y: Any, sample_weight: Any, *, arg: str, class_weight: An
     """fit's training input, and what it validates on (None without): `validation_data`, or the `validation_split`.
 
     As in Keras, `validation_data` wins over `validation_split`, and the split
-    comes first: the class weights weigh the training rows only. Both inputs are checked for the workers they will be read on
+    comes first: the class weights weigh the training rows only. Both inputs
+    are checked for the workers they will be read on
     (under parameter-server training only the training input goes to the
     workers; validation runs on the coordinator).
     """

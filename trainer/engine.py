@@ -15,9 +15,10 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from trainer import checks, models, ps, scaling
+from trainer import checks, models, scaling
 from trainer import inputs as inputs_lib
 from trainer import strategy as strategy_lib
+from trainer.cluster import is_parameter_server
 from trainer.objective import Objective
 from trainer.steps import Steps, unpack
 
@@ -50,10 +51,10 @@ class LRSettings:
     batch: scaling.BatchPlan
     warmup_steps: int
 
-    def plan_for(self, optimizer: keras.optimizers.Optimizer) -> scaling.LRPlan:
+    def plan_for(self, optimizer: keras.optimizers.Optimizer, in_scope: models.InScope) -> scaling.LRPlan:
         rule = scaling.resolve_lr_rule(self.rule, optimizer)
         factor = scaling.lr_factor(rule, self.batch.global_batch_size, self.base_batch_size)
-        return scaling.LRPlan(rule, models.base_learning_rate(optimizer), factor, self.warmup_steps)
+        return scaling.LRPlan(rule, models.base_learning_rate(optimizer, in_scope), factor, self.warmup_steps)
 
 
 def jit_for(strategy: tf.distribute.Strategy, setting: bool | str, model: Any = None) -> bool:
@@ -90,7 +91,7 @@ def cpu_onednn(strategy: tf.distribute.Strategy) -> bool | None:
     at start-up; unset, oneDNN is on only on Linux CPUs with AVX512_VNNI,
     AVX512_BF16, AVX_VNNI or AMX.
     """
-    if (strategy_lib.runs_on_accelerators(strategy) or ps.is_parameter_server(strategy)
+    if (strategy_lib.runs_on_accelerators(strategy) or is_parameter_server(strategy)
             or "TF_ENABLE_ONEDNN_OPTS" in os.environ
             or sys.platform not in ("linux", "win32") or platform.machine().lower() not in ("x86_64", "amd64")):
         return None
@@ -114,11 +115,10 @@ def cpu_native_bf16(strategy: tf.distribute.Strategy) -> str | None:
     """For the plan: the bfloat16 units of the CPU that oneDNN runs this strategy's replicas on.
 
     "AMX" or "AVX512_BF16", or None. With either, `mixed_precision="mixed_bfloat16"`
-    trained the example's CNN faster (bench/mixed_precision.py: 1.65-1.72x with
-    AMX, 1.40-1.57x with AVX512_BF16; README); elsewhere oneDNN emulates
-    bfloat16, so the plan suggests it only here.
+    trained the example's CNN faster (bench/mixed_precision.py, docs/performance.md);
+    elsewhere oneDNN emulates bfloat16, so the plan suggests it only here.
     """
-    if (strategy_lib.runs_on_accelerators(strategy) or ps.is_parameter_server(strategy)
+    if (strategy_lib.runs_on_accelerators(strategy) or is_parameter_server(strategy)
             or sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64")
             or not onednn_enabled()):
         return None
@@ -135,6 +135,7 @@ def build(
     seed: int | None,
     jit_compile: bool | str,
     cache: "list[Engine]",
+    in_scope: models.InScope,
     lr: LRSettings | None = None,
     mixed_precision: str | None = None,
 ) -> tuple[keras.Model, Engine, scaling.LRPlan | None]:
@@ -144,18 +145,20 @@ def build(
       lr: the learning-rate settings when training; None for evaluation.
       cache: recent engines (at most `CACHE_SIZE`), reused while model, strategy,
         optimizer and settings match.
+      in_scope: the Trainer's record of the copies and optimizers it made (`models.InScope`).
       mixed_precision: a Keras dtype policy name for the model's layers, or None.
     """
     model = models.from_builder(model, strategy, seed, mixed_precision)
     batch = sample_batch(model, inp, strategy, global_batch_size)
     x, _, _ = unpack(batch)
     states = models.saved_states(model)
-    run_model = models.model_in_scope(model, strategy, x, mixed_precision)
+    run_model = models.model_in_scope(model, strategy, x, in_scope, mixed_precision)
     models.check_loss(run_model, training=lr is not None)
     lr_plan = None
     if lr is not None and run_model.optimizer is not None:  # a GAN keeps its optimizers elsewhere
-        lr_plan = lr.plan_for(run_model.optimizer)
-        models.optimizer_in_scope(run_model, strategy, factor=lr_plan.factor, warmup_steps=lr.warmup_steps)
+        lr_plan = lr.plan_for(run_model.optimizer, in_scope)
+        models.optimizer_in_scope(run_model, strategy, in_scope, factor=lr_plan.factor, warmup_steps=lr.warmup_steps,
+                                  own_model=run_model is model)
     jit = jit_for(strategy, jit_compile, run_model)
     warmup = lr_plan.float_warmup() if lr_plan else None
     key = (run_model, strategy, run_model.optimizer, jit, warmup)
@@ -164,7 +167,7 @@ def build(
         objective = Objective(run_model, strategy, batch)
         steps = Steps(strategy, run_model, objective, jit_compile=jit, warmup=warmup)
         eval_strategy, eval_steps = strategy, steps
-        if ps.is_parameter_server(strategy):
+        if is_parameter_server(strategy):
             eval_strategy = tf.distribute.get_strategy()  # inline on the coordinator
             eval_steps = Steps(eval_strategy, run_model, objective, jit_compile=jit)
         engine = Engine(key, strategy, objective, steps, eval_strategy, eval_steps)

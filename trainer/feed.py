@@ -12,9 +12,8 @@ what they were handed:
 Arrays need no tf.data pipeline. Each replica reads its slices of the global
 batches from the user's NumPy arrays inside the step function: at the start of
 a call, one `tf.numpy_function` per replica gathers its rows for all of the
-call's steps (up to FETCH_BYTES), and each step slices its own out. One gather
-per step instead cost ~0.5 ms per step on two CPU replicas, most of it in
-TensorFlow's py-function call, not in the gather. There is no iterator to
+call's steps (up to FETCH_BYTES), and each step slices its own out: one gather
+per step would pay TensorFlow's py-function call on every step. There is no iterator to
 create or destroy, no copy of the arrays into TensorFlow, and the global
 example count of every step is known without a cross-replica sum. The slices
 are exactly those of `arrays.array_dataset_fn` (which GPUs and TPUs still
@@ -26,8 +25,8 @@ iterator per worker (`GlobalBatches`; on several workers, unless the dataset
 sets a shard policy of its own, every worker reads all of it, as TensorFlow's
 DATA policy does), and each replica takes its share of every batch inside the
 step (`replica_share`), cut the same way. TensorFlow's distributed
-iterator would cost ~80 ms to set up each epoch under MirroredStrategy: its
-MultiDeviceIterator traces 6 functions per device for every new iterator.
+iterator would be set up again each epoch, and under MirroredStrategy its
+MultiDeviceIterator traces functions for every device for every new iterator.
 
 Both ways give each replica a `Share` of every step. A global batch with fewer
 examples than there are replicas (the last one, say: 2 examples for 3
@@ -47,8 +46,8 @@ from typing import Any, Callable, Iterator, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from trainer import malloc
 from trainer import strategy as strategy_lib
+from trainer.cluster import is_parameter_server
 from trainer.arrays import OrderFn, replica_slices
 
 
@@ -59,8 +58,7 @@ def supports(strategy: tf.distribute.Strategy) -> bool:
     devices while they compute (and TPU replicas cannot run Python). Under
     parameter-server training, steps run on remote workers that hold no arrays.
     """
-    return not (isinstance(strategy, tf.distribute.ParameterServerStrategy)
-                or strategy_lib.runs_on_accelerators(strategy))
+    return not (is_parameter_server(strategy) or strategy_lib.runs_on_accelerators(strategy))
 
 
 FETCH_BYTES = 8 * 2**20  # rows gathered per step call, at most (unless one step needs more)
@@ -279,14 +277,12 @@ class GlobalBatches:
             ran += int(executed)
             if not self.held.has_value():  # the steps ran, or the data ended
                 break
-        malloc.raise_threshold()  # reading a tf.data iterator may have made TensorFlow pin it low
         return ran
 
     def predictions(self, loops) -> Iterator[Any]:
         """The outputs of `loops.global_batch`, one global batch after another."""
         for batch in self.iterator:
             yield loops.global_batch(batch)
-            malloc.raise_threshold()
 
 
 class DistributedBatches:
@@ -302,14 +298,12 @@ class DistributedBatches:
     def run(self, loops, num_steps: int) -> int:
         """Runs up to `num_steps` steps through `loops.distributed`; returns how many ran."""
         ran = int(loops.distributed(self.iterator, tf.constant(num_steps)))
-        malloc.raise_threshold()
         return ran
 
     def predictions(self, loops) -> Iterator[Any]:
         """The outputs of `loops.replica_batch`, one global batch after another."""
         for batch in self.iterator:
             yield loops.replica_batch(batch)
-            malloc.raise_threshold()
 
 
 def shape_key(batch: Any) -> tf.Tensor:

@@ -4,11 +4,10 @@ Every call costs a fixed amount outside the steps (Python, callbacks, the
 dispatch of the function), so short steps want many per call. Many steps per
 call delay what happens between calls: progress updates, NaN checks, backups
 on SIGTERM. "auto" measures the time per step and sizes calls to last about
-`TARGET_CALL_SECONDS`. Measured with bench/throughput.py (CNN, ~10 ms steps on
-2 CPU cores): a call costs ~5 ms outside the steps (callbacks, metric reads)
-plus a pause of the step pipeline at its end; in two of three runs 16 steps per
-call ran 4-7% slower than 64; calls of about a second keep that under 1% while callbacks
-still hear from the loop every second. A fit starts at FIRST_AUTO_STEPS until
+`TARGET_CALL_SECONDS`: a call costs a few milliseconds outside the steps
+(callbacks, metric reads) plus a pause of the step pipeline at its end, which
+calls of about a second make negligible while callbacks still hear from the
+loop every second (the measurements: docs/performance.md, bench/throughput.py). A fit starts at FIRST_AUTO_STEPS until
 it has timed a call, unless an earlier fit of the same engine and batch size
 measured the step time (notebooks and the benchmark call `fit` again and again).
 """

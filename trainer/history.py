@@ -16,6 +16,6 @@ class History(keras.callbacks.History):
         Args:
           path: if given, also writes the figure there as a PNG.
         """
-        from callbacks.plot import plot_history
+        from trainer.callbacks.plot import plot_history
 
         return plot_history(self, path)

@@ -17,7 +17,7 @@ from an input (`kind.reader`): an `ArrayFeed` (arrays on CPU replicas),
 with a shard policy of their own). Each reader runs the step loops that fit it
 (`feed.py`). Under parameter-server training, `per_worker_dataset` gives each
 worker its own repeated stream instead.
-"""
+"""  # noqa: E501 (the Markdown table's rows)
 
 from __future__ import annotations
 
@@ -107,7 +107,8 @@ class ArrayInput(_Input):
         return steps_per_epoch is not None
 
     def reader(self, readers: Readers, epoch: int | None = None, start_step: int = 0, until: int | None = None):
-        """Epochs `epoch` to `until` (one by default), each shuffled from the seed; without `epoch`, input order once."""
+        """Epochs `epoch` to `until` (one by default), each shuffled from the seed; without `epoch`, input order
+        once."""
         order = readers.order(self.num_examples, per_epoch=epoch is not None)
         epochs = range(1) if epoch is None else range(epoch, until or epoch + 1)
         if readers.in_step:
@@ -345,7 +346,7 @@ class Readers:
         self.num_workers = strategy_cluster_info(strategy).num_workers
         self.in_step = feed.supports(strategy)  # CPU replicas read in the step, not through tf.distribute
         # A dataset read from its start is distributed once and iterated again each epoch:
-        # distributing it rewrites its graph, 10-11 ms a time for the benchmark's pipeline.
+        # distributing it rewrites its graph, which costs milliseconds each time.
         self._distributed: list[tuple[Input, Any]] = []
 
     def __call__(self, inp: Input, epoch: int | None = None, start_step: int = 0, until: int | None = None):

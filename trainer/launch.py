@@ -46,7 +46,8 @@ def cluster_spec(workers: int, ps: int, ports: Sequence[int]) -> dict[str, list[
     addresses = [f"localhost:{p}" for p in ports]
     if ps == 0:
         return {"worker": addresses[:workers]}
-    return {"chief": addresses[:1], "worker": addresses[1 : 1 + workers], "ps": addresses[1 + workers : 1 + workers + ps]}
+    return {"chief": addresses[:1], "worker": addresses[1 : 1 + workers],
+            "ps": addresses[1 + workers : 1 + workers + ps]}
 
 
 def tasks(cluster: dict[str, list[str]]) -> list[tuple[str, int]]:

@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager, Protocol
 
 import keras
 import tensorflow as tf
@@ -45,6 +45,8 @@ class TrainContext:
       fusion: how many steps each call runs (fixed, or sized from step time).
       step_seconds: wall seconds spent inside step calls in this call to fit
         (input included); the rest of fit's time is callbacks, logging and set-up.
+      lr_plan: how fit scaled `model.optimizer`'s learning rate (`scaling.LRPlan`),
+        or None; a checkpoint saves the rate unscaled.
     """
 
     strategy: tf.distribute.Strategy
@@ -58,6 +60,7 @@ class TrainContext:
     examples_seen: int = 0
     fusion: StepFusion = dataclasses.field(default_factory=lambda: StepFusion(1))
     step_seconds: float = 0.0
+    lr_plan: Any = None
 
     @property
     def is_chief(self) -> bool:
@@ -104,52 +107,113 @@ def has_batch_hooks(callback: keras.callbacks.Callback) -> bool:
     return overrides_batch_hooks(callback) and not getattr(callback, "handles_fused_steps", False)
 
 
+class StepSource(Protocol):
+    """What the epoch loop runs steps with: `ReaderSteps` (synchronous strategies) or `ps.ScheduledSteps`."""
+
+    steps: Steps  # the train steps (their model, warmup)
+    objective: Any  # whose results are the train logs
+
+    def begin(self) -> None:
+        """Called once, after `on_train_begin`."""
+
+    def epoch(self, epoch: int, first_step: int) -> ContextManager[Callable[[int], tuple[int, bool]]]:
+        """Around one epoch: gives `run(n) -> (steps run, whether the epoch's data ended)`."""
+
+    def end(self) -> None:
+        """Called once, after `on_train_end`."""
+
+
+class ReaderSteps:
+    """Steps read from the input on this process's replicas (every strategy but parameter-server training).
+
+    A reader is made per epoch when the input restarts each epoch; else one
+    reader serves all epochs, and when its data runs out before an epoch is
+    full (a dataset with steps_per_epoch) it starts again and fills the epoch.
+    """
+
+    def __init__(self, steps: Steps, make_reader: MakeReader, inp: Any, *, restart_each_epoch: bool, epochs: int):
+        self.steps, self.make_reader, self.inp = steps, make_reader, inp
+        self.restart_each_epoch, self.epochs = restart_each_epoch, epochs
+        self.objective = steps.objective
+        self._held: list = []  # the reader, alone, so that `release` can destroy it off the main thread
+        self._epoch = 0
+        self._fresh_and_empty = False  # a reader made for this epoch that has not given a step yet
+
+    def begin(self) -> None:
+        pass
+
+    @contextlib.contextmanager
+    def epoch(self, epoch: int, first_step: int):
+        self.inp.epoch_begin()
+        self._epoch = epoch
+        if not self._held or self.restart_each_epoch:
+            until = epoch + 1 if self.restart_each_epoch else self.epochs
+            self._new_reader(epoch=epoch, start_step=first_step, until=until)
+        try:
+            yield self.run
+        except BaseException:
+            self.inp.epoch_end(read_all=False)  # stops a PyDataset's worker threads or processes
+            raise
+        release(self.inp.epoch_end(read_all=self.restart_each_epoch))
+
+    def run(self, num_steps: int) -> tuple[int, bool]:
+        ran = self.steps.train(self._held[0], num_steps)
+        if ran:
+            self._fresh_and_empty = False
+        if ran == num_steps:
+            return ran, False
+        if self._fresh_and_empty:
+            raise ValueError(
+                f"`data` produced no batches in epoch {self._epoch}. Pass a non-empty dataset, "
+                "or one that repeats when steps_per_epoch is set."
+            )
+        if self.restart_each_epoch:  # one pass is the epoch
+            release(self._held)
+            return ran, True
+        # One stream for all epochs (a dataset with steps_per_epoch): it starts again, and fills this epoch.
+        self._new_reader(epoch=self._epoch, start_step=0, until=self.epochs)
+        return ran, False
+
+    def _new_reader(self, **where) -> None:
+        release(self._held)
+        self._held.append(self.make_reader(self.inp, **where))
+        self._fresh_and_empty = True
+
+    def end(self) -> None:
+        release(self._held)
+
+
 def run_epochs(
-    steps: Steps,
+    source: StepSource,
     context: TrainContext,
     callbacks: keras.callbacks.CallbackList,
-    make_reader: MakeReader,
-    train: Any,
     validation: Validation | None,
-    *,
-    restart_each_epoch: bool,
+    eval_steps: Steps,
 ) -> dict[str, Any]:
-    """Trains from `context.initial_epoch` to `context.epochs`; returns the last logs."""
-    model, objective = steps.model, steps.objective
+    """Trains from `context.initial_epoch` to `context.epochs`; returns the last logs.
+
+    The one epoch loop, for every strategy: `source` runs a call's worth of
+    steps; `eval_steps` validates.
+    """
+    model, objective = source.steps.model, source.objective
     batch_logs = any(overrides_batch_hooks(c) for c in callbacks.callbacks)
     model.stop_training = False
     callbacks.on_train_begin()  # a resuming callback may move initial_epoch/initial_step here
-    steps.sync_warmup()
+    source.steps.sync_warmup()
+    source.begin()
     logs: dict[str, Any] = {}
-    held: list = []  # the train iterator, alone, so that `release` can destroy it off the main thread
     for epoch in range(context.initial_epoch, context.epochs):
         first_step = context.initial_step if epoch == context.initial_epoch else 0
         context.epoch, context.step = epoch, first_step
         objective.reset()
         callbacks.on_epoch_begin(epoch)
-        train.epoch_begin()
-        fresh = not held or restart_each_epoch
-        if fresh:
-            release(held)
-            until = epoch + 1 if restart_each_epoch else context.epochs
-            held.append(make_reader(train, epoch=epoch, start_step=first_step, until=until))
-        try:
-            while _train_epoch(steps, context, callbacks, held[0], batch_logs, fresh):  # the data ran out
-                release(held)
-                if restart_each_epoch:  # one pass is the epoch
-                    break
-                # One stream for all epochs (a dataset with steps_per_epoch): it starts again, and fills this epoch.
-                held.append(make_reader(train, epoch=epoch, start_step=0, until=context.epochs))
-                fresh = True
-        except BaseException:
-            train.epoch_end(read_all=False)  # stops a PyDataset's worker threads or processes
-            raise
-        release(train.epoch_end(read_all=restart_each_epoch))
-        logs = end_epoch(epoch, objective, steps, validation, callbacks)
+        with source.epoch(epoch, first_step) as run_steps:
+            _train_epoch(run_steps, model, objective, context, callbacks, batch_logs)
+        logs = end_epoch(epoch, objective, eval_steps, validation, callbacks)
         if model.stop_training:
             break
     end_training(model, context, callbacks, logs)
-    release(held)
+    source.end()
     return logs
 
 
@@ -163,10 +227,9 @@ def end_training(model: keras.Model, context: TrainContext, callbacks: keras.cal
 def release(held: list) -> None:
     """Empties `held` on a helper thread, so that the iterators in it are destroyed there.
 
-    Destroying a tf.data iterator can block for seconds on TF 2.21 (0.2 to 7.5 s
-    measured for MirroredStrategy iterators, even after their data ran out): it
-    waits for tf.data's autotuner, whose sleeps double from 10 ms, so a 3.6 s
-    epoch often ends at 5.11 s. With `autotune.enabled = False` it does not
+    Destroying a tf.data iterator can block for seconds (MirroredStrategy
+    iterators, even after their data ran out): it waits for tf.data's
+    autotuner, whose sleeps double from 10 ms (docs/performance.md). With `autotune.enabled = False` it does not
     wait, but that would also stop tuning the user's pipeline. Training need
     not wait for it.
     """
@@ -203,53 +266,49 @@ def end_epoch(epoch: int, objective, eval_steps: Steps, validation: Validation |
     return logs
 
 
-def _train_epoch(steps: Steps, context: TrainContext, callbacks, iterator, batch_logs: bool, fresh: bool) -> bool:
-    """Runs the epoch's step calls from `context.step` on; returns True when the data ran out first.
-
-    A `fresh` iterator that yields nothing is an error; one carried over from
-    the epoch before may just have ended.
-    """
-    per_epoch, first_step = context.plan.steps_per_epoch, context.step
+def _train_epoch(run_steps: Callable[[int], tuple[int, bool]], model: keras.Model, objective,
+                 context: TrainContext, callbacks, batch_logs: bool) -> None:
+    """Runs the epoch's step calls from `context.step` on, until it is full or its data ended."""
+    per_epoch = context.plan.steps_per_epoch
     while per_epoch is None or context.step < per_epoch:
         n = context.plan.steps_of_one_shape(context.step, context.fusion.steps)
         if per_epoch is not None:
             n = min(n, per_epoch - context.step)
         callbacks.on_train_batch_begin(context.step)
         start = time.perf_counter()
-        try:
-            ran = steps.train(iterator, n)
-        except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as err:
-            raise RuntimeError(
-                f"A collective failed in epoch {context.epoch} near step {context.step}: a peer worker is "
-                "probably dead or stuck (see its log). With BackupAndRestore, re-run the job to resume. "
-                "The per-collective timeout is resolve_strategy('multi_worker', timeout_seconds=...)."
-            ) from err
-        except tf.errors.InternalError as err:
-            if "joining a group" not in str(err):
-                raise
-            raise RuntimeError(
-                "Two MirroredStrategies over different devices used the same collective group key in this "
-                "process (one ran outside the Trainer), and TensorFlow has aborted its collectives. Restart "
-                "the process; then build strategies with trainer.resolve_strategy('mirrored', devices=[...]), "
-                "or use one device layout per process."
-            ) from err
+        with _explained_collective_errors(context):
+            ran, ended = run_steps(n)
         seconds = time.perf_counter() - start
         context.step_seconds += seconds
         context.fusion.observe(ran, seconds)
         context.examples_seen += context.examples_in(ran, context.step)
         context.step += ran
         if ran:
-            callbacks.on_train_batch_end(context.step - 1, steps.objective.results() if batch_logs else None)
-        if ran < n:
-            if context.step == first_step and fresh:
-                raise ValueError(
-                    f"`data` produced no batches in epoch {context.epoch}. Pass a non-empty dataset, "
-                    "or one that repeats when steps_per_epoch is set."
-                )
-            return True
-        if steps.model.stop_training:
+            callbacks.on_train_batch_end(context.step - 1, objective.results() if batch_logs else None)
+        if ended or model.stop_training:
             break
-    return False
+
+
+@contextlib.contextmanager
+def _explained_collective_errors(context: TrainContext):
+    """TensorFlow's errors for a dead peer or a collective-key clash, as errors that say what to do."""
+    try:
+        yield
+    except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as err:
+        raise RuntimeError(
+            f"A collective failed in epoch {context.epoch} near step {context.step}: a peer worker is "
+            "probably dead or stuck (see its log). With BackupAndRestore, re-run the job to resume. "
+            "The per-collective timeout is resolve_strategy('multi_worker', timeout_seconds=...)."
+        ) from err
+    except tf.errors.InternalError as err:
+        if "joining a group" not in str(err):
+            raise
+        raise RuntimeError(
+            "Two MirroredStrategies over different devices used the same collective group key in this "
+            "process (one ran outside the Trainer), and TensorFlow has aborted its collectives. Restart "
+            "the process; then build strategies with trainer.resolve_strategy('mirrored', devices=[...]), "
+            "or use one device layout per process."
+        ) from err
 
 
 def run_eval(steps: Steps, make_reader: MakeReader, inp, callbacks, num_steps: int | None = None

@@ -1,28 +1,27 @@
 """Undoes the glibc setting that tf.data pins for the whole process, which halves CPU step speed.
 
-The first time a process builds a `GeneratorDataset` kernel, TensorFlow 2.21
-calls `mallopt(M_MMAP_THRESHOLD, 128 KiB)` (`ApplyPython311MemoryPatch`, meant
+The first time a process builds a `GeneratorDataset` kernel, TensorFlow (2.18
+to 2.21 at least) calls `mallopt(M_MMAP_THRESHOLD, 128 KiB)` (`ApplyPython311MemoryPatch`, meant
 for `Dataset.from_generator` on Python 3.11). Distributed iterators build one:
 any MirroredStrategy iterator, and a OneDeviceStrategy iterator read inside a
 `tf.function`, which is how the trainer reads datasets. From then on glibc
 serves every allocation above 128 KiB with a fresh `mmap` and unmaps it on
-free, so each step's activations and gradients are new pages to fault in:
-1.1 million page faults per evaluation of 25,600 images instead of 29,000,
-and the example's CNN trained 2.3x slower from a tf.data dataset than from
-arrays on this project's 2-core CPU machine.
+free, so each step's activations and gradients are new pages to fault in, and
+a CNN trains far slower from a tf.data dataset than from arrays
+(bench/mmap_threshold.py; docs/performance.md).
 
 `raise_threshold()` puts the threshold at 32 MiB, the ceiling glibc's own
 dynamic threshold climbs to, with the trim threshold at twice that, as glibc
-pairs them. The trainer calls it after every step call that read a tf.data
-iterator, since it cannot tell whether TensorFlow has pinned the threshold yet
-(whether a request is mmap'ed also depends on the free space in each thread's
-heap, so no probe answers reliably). A user who sets the threshold through
-glibc's environment (`MALLOC_MMAP_THRESHOLD_` or `GLIBC_TUNABLES`) keeps it.
+pairs them. A user who sets the threshold through glibc's environment
+(`MALLOC_MMAP_THRESHOLD_` or `GLIBC_TUNABLES`) keeps it.
 
 TensorFlow pins the threshold once per process, so `pin_then_raise()` makes it
-do so at once and raises the threshold over it: for the worker tasks of a
-parameter-server cluster, whose steps the coordinator schedules on them and
-where no trainer code runs after a step.
+do so at once and raises the threshold over it. This is the trainer's one
+process-wide patch, applied in one place: `Trainer.fit`, `evaluate` and
+`predict` call `tune_process` first, unless `Trainer(tune_malloc=False)`, and
+the plan says which. The worker and ps tasks of a parameter-server cluster
+that `trainer-launch` starts (processes of the trainer's own, where no user
+code runs) call `pin_then_raise` before serving.
 """
 
 from __future__ import annotations
@@ -76,6 +75,20 @@ def raise_threshold() -> bool:
 def raised() -> bool:
     """Whether `raise_threshold` has set the threshold in this process."""
     return _state["raised"]
+
+
+def tune_process(enabled: bool) -> str:
+    """Applies the patch once per process when `enabled`; returns the plan's line for it ("" where none applies)."""
+    if _libc() is None:
+        return ""
+    if user_set_threshold():
+        return "glibc's mmap threshold as the environment sets it"
+    if not enabled:
+        return "left as found (Trainer(tune_malloc=False)); tf.data pins glibc's mmap threshold at 128 KiB"
+    if not raised():
+        pin_then_raise()
+    return (f"glibc's mmap threshold raised to {MMAP_THRESHOLD >> 20} MiB for this process, over the 128 KiB "
+            "that tf.data pins (Trainer(tune_malloc=False) leaves it)")
 
 
 def pin_then_raise() -> bool:

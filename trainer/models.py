@@ -8,6 +8,7 @@ keeping weights, optimizer settings and state, loss and metrics.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import weakref
 from typing import Any, Callable
 
@@ -19,14 +20,33 @@ from trainer.objective import overridden
 
 ModelOrBuilder = keras.Model | Callable[[], keras.Model]
 
-# The learning rate (float or schedule) each optimizer we created was tuned
-# with, before scaling, so that a second `fit` never scales twice.
-_BASE_LR: "weakref.WeakKeyDictionary[keras.optimizers.Optimizer, Any]" = weakref.WeakKeyDictionary()
-_SCALING: "weakref.WeakKeyDictionary[keras.optimizers.Optimizer, tuple]" = weakref.WeakKeyDictionary()
-# The in-scope copy of each user model that had to be re-created, with what it
-# was copied from (`_compiled_as`), so later calls reuse it (and its optimizer
-# state) until the user recompiles the model or changes what is trainable.
-_CLONES: "weakref.WeakKeyDictionary[keras.Model, tuple[keras.Model, tuple]]" = weakref.WeakKeyDictionary()
+
+@dataclasses.dataclass(frozen=True)
+class Scaled:
+    """An optimizer the trainer made: the learning rate it was tuned with, and the scaling it got."""
+
+    base_lr: Any  # a float, or the user's schedule
+    strategy: tf.distribute.Strategy
+    factor: float
+    warmup_steps: int
+
+
+class InScope:
+    """What one Trainer made inside strategies' scopes for the user's objects, so that later calls reuse it.
+
+    - `copies`: user model -> its in-scope copy, with what it was copied from
+      (`_compiled_as`); reused, optimizer state included, until the user
+      recompiles the model or changes what is trainable.
+    - `scaled`: optimizer the trainer made -> `Scaled`, so that a second fit
+      never scales twice.
+
+    Keys are weak: the Trainer never keeps a user's model or optimizer alive.
+    """
+
+    def __init__(self):
+        self.copies: "weakref.WeakKeyDictionary[keras.Model, tuple[keras.Model, tuple]]" = \
+            weakref.WeakKeyDictionary()
+        self.scaled: "weakref.WeakKeyDictionary[keras.optimizers.Optimizer, Scaled]" = weakref.WeakKeyDictionary()
 
 
 def check_compiled(model: Any, arg: str = "model") -> None:
@@ -81,13 +101,12 @@ def from_builder(model: ModelOrBuilder, strategy: tf.distribute.Strategy, seed: 
                  mixed_precision: str | None = None) -> keras.Model:
     """A builder's compiled model, made in `strategy`'s scope after seeding Keras; a model as it is.
 
-    Seeding makes a builder's initial weights reproducible.
+    Seeding makes a builder's initial weights reproducible; the user's global
+    random generators are left as they were (`_compat.seeded`).
     """
     if isinstance(model, keras.Model):
         return model
-    with strategy.scope(), _dtype_policy(mixed_precision):
-        if seed is not None:
-            keras.utils.set_random_seed(seed)
+    with strategy.scope(), _dtype_policy(mixed_precision), _compat.seeded(seed):
         model = model()
     check_compiled(model, arg="model()")
     return model
@@ -97,6 +116,7 @@ def model_in_scope(
     model: keras.Model,
     strategy: tf.distribute.Strategy,
     sample_x: Any,
+    in_scope: InScope,
     mixed_precision: str | None = None,
 ) -> keras.Model:
     """Returns a compiled, built model whose variables live in `strategy`'s scope.
@@ -106,13 +126,13 @@ def model_in_scope(
     object is then a different one from `model`.
     """
     if model.weights and not _ready(model, strategy, mixed_precision):
-        clone, copied_from = _CLONES.get(model, (None, None))
+        clone, copied_from = in_scope.copies.get(model, (None, None))
         compiled_as = _compiled_as(model)
         if clone is not None and _ready(clone, strategy, mixed_precision) and copied_from == compiled_as:
             clone.set_weights(model.get_weights())  # the user's object holds the latest weights
             return clone
         clone = _recreate(model, strategy, sample_x, mixed_precision)
-        _CLONES[model] = clone, compiled_as
+        in_scope.copies[model] = clone, compiled_as
         model = clone
     with strategy.scope():
         model(sample_x, training=False)  # creates any variables not built yet
@@ -279,7 +299,9 @@ def _recreate(
     classes = {type(layer).__name__: type(layer) for layer in _compat.all_layers(model)}
     try:
         config = _with_policy(model.get_config(), mixed_precision)
-        with strategy.scope(), _dtype_policy(mixed_precision), keras.saving.custom_object_scope(classes):
+        # Layers draw their seeds from Python's `random`; the copy's weights come from `model`.
+        with strategy.scope(), _dtype_policy(mixed_precision), keras.saving.custom_object_scope(classes), \
+                _compat.global_random_state_kept():
             clone = model.__class__.from_config(config)
             clone(sample_x, training=False)
     except (NotImplementedError, TypeError, ValueError) as err:
@@ -326,14 +348,25 @@ def _first_line(err: Exception) -> str:
     return f"{type(err).__name__}: {lines[0] if lines else ''}"
 
 
-def base_learning_rate(optimizer: keras.optimizers.Optimizer) -> Any:
+# Set on each optimizer the trainer scales, so that another Trainer refuses it rather than scaling twice.
+_SCALED_BY_A_TRAINER = "_scaled_by_trainer"
+
+
+def base_learning_rate(optimizer: keras.optimizers.Optimizer, in_scope: InScope) -> Any:
     """The unscaled learning rate: a float, or the user's schedule."""
-    if optimizer in _BASE_LR:
-        return _BASE_LR[optimizer]
+    if optimizer in in_scope.scaled:
+        return in_scope.scaled[optimizer].base_lr
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         optimizer = optimizer.inner_optimizer
     lr = optimizer.get_config()["learning_rate"]
     if not isinstance(lr, dict):
+        if getattr(optimizer, _SCALED_BY_A_TRAINER, False):
+            raise ValueError(
+                "`model.optimizer` was made by another Trainer, with its learning rate scaled for that Trainer's "
+                f"replicas ({float(lr):.4g} now), and this Trainer can't know the rate it was tuned with, so it "
+                "would scale it twice. Received: a model trained by another Trainer. Train it with that Trainer, "
+                "or recompile it with the learning rate as tuned: model.compile(optimizer=..., ...)."
+            )
         return float(lr)
     schedule = keras.saving.deserialize_keras_object(lr)
     # A checkpoint of a scaled run: its schedule is ours, so the user's is inside it.
@@ -343,22 +376,37 @@ def base_learning_rate(optimizer: keras.optimizers.Optimizer) -> Any:
 def optimizer_in_scope(
     model: keras.Model,
     strategy: tf.distribute.Strategy,
+    in_scope: InScope,
     *,
     factor: float,
     warmup_steps: int,
+    own_model: bool,
 ) -> keras.optimizers.Optimizer:
-    """Sets `model.optimizer` to one built in scope with its LR scaled by `factor`.
+    """Returns `model.optimizer`, ready for `strategy`, with its LR scaled by `factor`.
 
-    An optimizer already prepared for this strategy and scaling is kept as is,
-    state and any LR changes made by callbacks included. A float16 model gets
-    Keras's dynamic loss scaling (`LossScaleOptimizer`), which float16 gradients
-    need to stay out of the underflow range.
+    Where nothing is scaled, the model is the user's own (`own_model`, not an
+    in-scope copy) and its optimizer can live in `strategy`'s scope (not built
+    yet, or built there), the optimizer object is kept as it is, as `model.fit`
+    keeps it. Else `model.optimizer` is set to one built in scope, with the
+    state of the old one: an optimizer already prepared for this strategy and
+    scaling is kept, state and any LR changes made by callbacks included. A
+    float16 model gets Keras's dynamic loss scaling (`LossScaleOptimizer`),
+    which float16 gradients need to stay out of the underflow range.
     """
     old = model.optimizer
-    scaled_for = _SCALING.get(old)
-    if scaled_for and scaled_for[0] is strategy and scaled_for[1:] == (factor, warmup_steps):
+    needs_loss_scale = ("mixed_float16" in layer_policies(model)
+                        and not isinstance(old, keras.optimizers.LossScaleOptimizer))
+    if factor == 1.0 and own_model and not needs_loss_scale and old not in in_scope.scaled and (
+            not old.built or _in_scope(strategy, old.variables)):
+        if not old.built:
+            with strategy.scope():
+                old.build(model.trainable_variables)
         return old
-    base = base_learning_rate(old)
+    scaled_for = in_scope.scaled.get(old)
+    if scaled_for and scaled_for.strategy is strategy and (scaled_for.factor, scaled_for.warmup_steps) == (
+            factor, warmup_steps):
+        return old
+    base = base_learning_rate(old, in_scope)
     # A LossScaleOptimizer (ours, or compile's for a float16 model) is re-created around its inner one.
     inner = old.inner_optimizer if isinstance(old, keras.optimizers.LossScaleOptimizer) else old
     if isinstance(base, keras.optimizers.schedules.LearningRateSchedule):
@@ -374,33 +422,12 @@ def optimizer_in_scope(
         if "mixed_float16" in layer_policies(model):
             new = keras.optimizers.LossScaleOptimizer(new)
             new.build(model.trainable_variables)
-    _BASE_LR[new], _SCALING[new] = base, (strategy, factor, warmup_steps)
+    in_scope.scaled[new] = Scaled(base, strategy, factor, warmup_steps)
+    for made in (new, getattr(new, "inner_optimizer", None)):
+        if made is not None and factor != 1.0:
+            setattr(made, _SCALED_BY_A_TRAINER, True)
     model.optimizer = new
     return new
-
-
-@contextlib.contextmanager
-def unscaled_learning_rate(model: keras.Model):
-    """While saving `model`: its optimizer's float LR divided by the factor the trainer scaled it by.
-
-    A checkpoint then holds the learning rate as the user tuned it, like a
-    scaled schedule (which saves its base), so whatever layout loads it scales
-    it once for itself instead of scaling the scaled rate again. A rate changed
-    by a callback (ReduceLROnPlateau) is divided the same way.
-    """
-    optimizer = getattr(model, "optimizer", None)
-    scaled_for = _SCALING.get(optimizer)
-    if scaled_for is None or scaled_for[1] == 1.0 or isinstance(
-            _BASE_LR.get(optimizer), keras.optimizers.schedules.LearningRateSchedule):
-        yield
-        return
-    variable = optimizer.learning_rate  # a LossScaleOptimizer's is its inner optimizer's
-    current = variable.numpy()
-    variable.assign(current / scaled_for[1])
-    try:
-        yield
-    finally:
-        variable.assign(current)
 
 
 def _copy_state(old: keras.optimizers.Optimizer, new: keras.optimizers.Optimizer) -> None:

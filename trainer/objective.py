@@ -254,7 +254,7 @@ class Objective:
         """The model's metrics over every example since `reset`, by Keras's names, as Python values."""
         if self._read is None:
             # One graph call reads every tracker: eager reads of distributed variables cost
-            # ~1 ms each, and the loop reads after every step call.
+            # a dispatch each, and the loop reads after every step call.
             self._read = graph_function(lambda: tf.nest.map_structure(_read, self.model.get_metrics_result()))
         return {name: _to_python(value) for name, value in self._read().items()}
 

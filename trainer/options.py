@@ -42,10 +42,16 @@ def check_trainer_options(
     jit_compile,
     mixed_precision=None,
     seed=0,
+    nan_guard=True,
+    tune_malloc=True,
 ) -> None:
     """Raises ValueError or TypeError, naming the argument, the value and the fix, for a bad Trainer option."""
-    check_int("seed", seed, minimum=0, fix="Pass a non-negative integer, e.g. seed=0; it fixes the shuffle order "
-              "and a builder's initial weights.")
+    check_int("seed", seed, minimum=0, allow_none=True, fix="Pass a non-negative integer, e.g. seed=0; it fixes "
+              "the shuffle order and a builder's initial weights (None: neither is fixed).")
+    for name, value in (("nan_guard", nan_guard), ("tune_malloc", tune_malloc)):
+        if not isinstance(value, bool):
+            raise TypeError(f"`{name}` must be True or False. Received: {name}={value!r} of type "
+                            f"{type(value).__name__}. Pass {name}=True or {name}=False.")
     if per_replica_batch_size is not None and batch_size is not None:
         raise ValueError(
             "Pass `per_replica_batch_size` or `batch_size`, not both. Received: "

@@ -18,20 +18,18 @@ _STRATEGY_LABELS = {
 }
 
 
-# Measured with bench/onednn.py (README, Performance; bench/README.md).
+# The measurements behind both hints: docs/performance.md (bench/onednn.py, bench/mixed_precision.py).
 ONEDNN_HINT = ("oneDNN kernels off in this process; TF_ENABLE_ONEDNN_OPTS=1, set before TensorFlow starts "
-               "(on every worker), may be faster: 1.5x for the example's CNN on 2 AVX2 cores; "
-               "results round differently")
+               "(on every worker), may be faster for convolutions; results round differently "
+               "(measure: bench/onednn.py)")
 
-# Measured with bench/mixed_precision.py, and the example on the real data (README; bench/README.md).
-BF16_SPEEDUP = {"AMX": "1.65-1.72x", "AVX512_BF16": "1.40-1.57x"}  # the example's CNN, 2 cores
+BF16_UNITS = ("AMX", "AVX512_BF16")
 
 
 def bf16_hint(unit: str) -> str:
     """The plan's suggestion for CPUs whose bfloat16 `unit` oneDNN uses ("AMX" or "AVX512_BF16")."""
     return (f"this CPU computes bfloat16 natively ({unit}): Trainer(mixed_precision='mixed_bfloat16') may be "
-            f"faster: {BF16_SPEEDUP[unit]} for the example's CNN on 2 such cores, with the same test accuracy "
-            "within the spread over seeds; results round differently")
+            "faster; results round differently (measure: bench/mixed_precision.py)")
 
 
 _PRECISION = {
@@ -78,11 +76,12 @@ class Plan:
     optimizer: str | None = None  # its clipping, accumulation and EMA, in words (optimizer_note)
     batch_source: str = ""  # where the global batch came from, when not the Trainer's settings
     execution_source: str = ""  # which settings chose steps per call and XLA, when not the Trainer's
+    process: str = ""  # what the trainer changed for the whole process (malloc.tune_process), in words
 
     def __post_init__(self):
-        if self.native_bf16 is not None and self.native_bf16 not in BF16_SPEEDUP:
+        if self.native_bf16 is not None and self.native_bf16 not in BF16_UNITS:
             raise ValueError(
-                f"`native_bf16` must be None or one of {sorted(BF16_SPEEDUP)}. Received: "
+                f"`native_bf16` must be None or one of {sorted(BF16_UNITS)}. Received: "
                 f"native_bf16={self.native_bf16!r}. Pass the CPU's bfloat16 unit, as engine.cpu_native_bf16 returns it."
             )
 
@@ -144,7 +143,8 @@ class Plan:
         rows = [
             ("strategy", self.strategy),
             ("replicas", f"{self.num_replicas} in sync over {self.num_workers} worker(s)"),
-            ("batch", f"global {self.global_batch_size} = {self.per_replica_batch_size} per replica x {self.num_replicas}"
+            ("batch", f"global {self.global_batch_size} = {self.per_replica_batch_size} per replica "
+                      f"x {self.num_replicas}"
                       + (f" ({self.batch_source})" if self.batch_source else "")),
             ("steps/epoch", steps + (f" ({self.num_examples} examples)" if self.num_examples else "")),
             ("sharding", f"{self.shard_policy}: {self.shard_reason}"),
@@ -161,6 +161,8 @@ class Plan:
             rows.append(("batch norm", batch_norm_note(self.batch_norm, self.num_replicas)))
         if self.onednn is False:
             rows.append(("cpu kernels", ONEDNN_HINT))
+        if self.process:
+            rows.append(("process", self.process))
         width = max(len(k) for k, _ in rows)
         return "Training plan\n" + "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
 

@@ -7,27 +7,23 @@ updating the variables on the ps tasks. Each worker reads its own shard of the
 training data, shuffled and repeated, so an epoch is a number of steps, not an
 exact pass.
 
-Evaluation and prediction run inline on the coordinator, with trackers that
-live there, so their numbers are exact. Callbacks run on the coordinator.
+The epoch loop is `loop.run_epochs`, as for every strategy; `ScheduledSteps`
+is what runs a call's worth of steps here. Evaluation and prediction run inline
+on the coordinator, with trackers that live there, so their numbers are exact.
+Callbacks run on the coordinator.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
 
-import keras
 import tensorflow as tf
 
 from trainer import _compat
 from trainer import feed as feed_lib
 from trainer.inputs import Input
-from trainer.loop import TrainContext, end_epoch, end_training
 from trainer.steps import Steps, step_function
 from trainer.tracing import graph_function
-
-
-def is_parameter_server(strategy: tf.distribute.Strategy) -> bool:
-    return isinstance(strategy, tf.distribute.ParameterServerStrategy)
 
 
 def per_worker_iterator(strategy, coordinator, inp: Input, global_batch_size: int, num_workers: int):
@@ -43,58 +39,54 @@ def per_worker_iterator(strategy, coordinator, inp: Input, global_batch_size: in
     return iter(coordinator.create_per_worker_dataset(per_worker_dataset_fn))
 
 
-def run_epochs(
-    coordinator,
-    steps: Steps,
-    eval_steps: Steps,
-    context: TrainContext,
-    callbacks: keras.callbacks.CallbackList,
-    iterator,
-    validation: Any,
-) -> dict[str, Any]:
-    """Schedules `steps_per_epoch` steps per epoch, a call's worth at a time; validates inline."""
-    plan, model = context.plan, steps.model
-    if plan.steps_per_epoch is None:
-        raise ValueError(
-            "Parameter-server training needs a known epoch length. Received data of unknown size. "
-            "Pass steps_per_epoch to fit()."
-        )
+class ScheduledSteps:
+    """Train steps scheduled on the workers, a call's worth at a time (`loop.run_epochs`'s step source).
 
-    @step_function
-    def scheduled_step(per_worker):
-        # Returns the step's labels, outputs and losses, for exact metrics on the coordinator.
-        return steps.strategy.run(lambda batch: steps.train_replica(feed_lib.whole_share(batch)),
-                                  args=(next(per_worker),))
+    Training metrics are kept on the coordinator, in the evaluation trackers
+    (`eval_steps.objective`; see Steps.replica_metrics), which validation only
+    resets after the epoch's train logs are read.
+    """
 
-    # Training metrics are kept on the coordinator (see Steps.replica_metrics), in
-    # the evaluation trackers, which validation only resets after the train logs are read.
-    objective = eval_steps.objective
-    model.stop_training = False
-    callbacks.on_train_begin()
-    steps.sync_warmup()
-    counter = _compat.step_counter(model.optimizer)
-    iterations = int(counter.numpy())
-    logs: dict[str, Any] = {}
-    for epoch in range(context.initial_epoch, context.epochs):
-        context.epoch, context.step = epoch, context.initial_step if epoch == context.initial_epoch else 0
-        objective.reset()
-        callbacks.on_epoch_begin(epoch)
-        while context.step < plan.steps_per_epoch and not model.stop_training:
-            n = min(plan.steps_per_execution, plan.steps_per_epoch - context.step)
-            callbacks.on_train_batch_begin(context.step)
-            results = [coordinator.schedule(scheduled_step, args=(iterator,)) for _ in range(n)]
-            coordinator.join()  # also re-raises a failed step's error here
-            for result in results:
-                eval_steps.track_gathered(**tf.nest.map_structure(tf.convert_to_tensor, result.fetch()))
-            # Concurrent workers lose some of Keras's read-modify-write increments; set the true count.
-            iterations += n
-            counter.assign(iterations)
-            steps.sync_warmup()  # a float LR's warmup moves once per call here
-            context.examples_seen += context.examples_in(n, context.step)
-            context.step += n
-            callbacks.on_train_batch_end(context.step - 1, objective.results())
-        logs = end_epoch(epoch, objective, eval_steps, validation, callbacks)
-        if model.stop_training:
-            break
-    end_training(model, context, callbacks, logs)
-    return logs
+    def __init__(self, coordinator, steps: Steps, eval_steps: Steps, iterator, steps_per_epoch: int | None):
+        if steps_per_epoch is None:
+            raise ValueError(
+                "Parameter-server training needs a known epoch length. Received data of unknown size. "
+                "Pass steps_per_epoch to fit()."
+            )
+        self.coordinator, self.steps, self.eval_steps, self.iterator = coordinator, steps, eval_steps, iterator
+        self.objective = eval_steps.objective
+        self._counter = None
+        self._iterations = 0
+
+        @step_function
+        def scheduled_step(per_worker):
+            # Returns the step's labels, outputs and losses, for exact metrics on the coordinator.
+            return steps.strategy.run(lambda batch: steps.train_replica(feed_lib.whole_share(batch)),
+                                      args=(next(per_worker),))
+
+        self._scheduled_step = scheduled_step
+
+    def begin(self) -> None:
+        """After `on_train_begin` (a resumed run has restored the optimizer's step count)."""
+        self._counter = _compat.step_counter(self.steps.model.optimizer)
+        self._iterations = int(self._counter.numpy())
+
+    @contextlib.contextmanager
+    def epoch(self, epoch: int, first_step: int):
+        del epoch, first_step  # every worker repeats its shard: an epoch is a step count
+        yield self.run
+
+    def run(self, num_steps: int) -> tuple[int, bool]:
+        """Schedules `num_steps` steps and waits for them; returns (steps run, False: the data never ends)."""
+        results = [self.coordinator.schedule(self._scheduled_step, args=(self.iterator,)) for _ in range(num_steps)]
+        self.coordinator.join()  # also re-raises a failed step's error here
+        for result in results:
+            self.eval_steps.track_gathered(**tf.nest.map_structure(tf.convert_to_tensor, result.fetch()))
+        # Concurrent workers lose some of Keras's read-modify-write increments; set the true count.
+        self._iterations += num_steps
+        self._counter.assign(self._iterations)
+        self.steps.sync_warmup()  # a float LR's warmup moves once per call here
+        return num_steps, False
+
+    def end(self) -> None:
+        pass

@@ -9,8 +9,10 @@ from the base rate to the scaled one.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+from typing import Any
 
 import keras
 
@@ -148,3 +150,24 @@ class LRPlan:
             return f"{self.base:.4g}", f"{self.base * self.factor:.4g}"
         name = type(self.base).__name__
         return name, f"{name} x {self.factor:.4g}"
+
+
+@contextlib.contextmanager
+def unscaled_learning_rate(optimizer: Any, plan: LRPlan | None):
+    """While saving: `optimizer`'s float LR divided by the factor that `plan` scaled it by.
+
+    A checkpoint then holds the learning rate as the user tuned it, like a
+    scaled schedule (which saves its base), so whatever layout loads it scales
+    it once for itself instead of scaling the scaled rate again. A rate changed
+    by a callback (ReduceLROnPlateau) is divided the same way.
+    """
+    if optimizer is None or plan is None or plan.factor == 1.0 or not isinstance(plan.base, float):
+        yield
+        return
+    variable = optimizer.learning_rate  # a LossScaleOptimizer's is its inner optimizer's
+    current = variable.numpy()
+    variable.assign(current / plan.factor)
+    try:
+        yield
+    finally:
+        variable.assign(current)

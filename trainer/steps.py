@@ -27,6 +27,7 @@ import tensorflow as tf
 from trainer import _compat
 from trainer import feed as feed_lib
 from trainer import objective as objective_lib
+from trainer.cluster import is_parameter_server
 from trainer.objective import Objective
 from trainer.tracing import graph_function
 
@@ -47,7 +48,8 @@ def unpack(batch: Any) -> tuple[Any, Any, tf.Tensor | None]:
 
 
 def step_function(fn, **kwargs):
-    """`graph_function(fn)`, traced with `_compat.replica_hooks` installed (replica shares, global clipping, one apply)."""
+    """`graph_function(fn)`, traced with `_compat.replica_hooks` installed (replica shares, global clipping,
+    one apply)."""
     @functools.wraps(fn)
     def traced(*args):
         with _compat.replica_hooks():  # the body runs only while TensorFlow traces it
@@ -143,8 +145,8 @@ class Steps:
         # CentralStorageStrategy (one copy on one device) and parameter-server
         # training (copies on ps tasks). There the replicas return their tensors
         # instead, and the metrics are updated once, away from the replicas.
-        self.replica_metrics = not isinstance(
-            strategy, (tf.distribute.experimental.CentralStorageStrategy, tf.distribute.ParameterServerStrategy))
+        self.replica_metrics = not (isinstance(strategy, tf.distribute.experimental.CentralStorageStrategy)
+                                    or is_parameter_server(strategy))
         self.model_steps = objective_lib.ModelSteps.of(model)
         if self.model_steps.train and not self.replica_metrics:
             raise ValueError(
@@ -161,7 +163,8 @@ class Steps:
         predict_batch = step_function(self._predict_step, reduce_retracing=True)
         self._predict_loops = PredictLoops(
             self._use_feed, step_function(self._predict_feed_step),
-            global_batch=lambda batch: predict_batch(batch, True), replica_batch=lambda batch: predict_batch(batch, False))
+            global_batch=lambda batch: predict_batch(batch, True),
+            replica_batch=lambda batch: predict_batch(batch, False))
 
     def _use_feed(self, feed: feed_lib.ArrayFeed) -> None:
         self._feed = feed
@@ -246,7 +249,8 @@ class Steps:
             y, y_pred, sample_weight = objective_lib.slice_rows((y, y_pred, sample_weight), *share.tracked)
         count = objective_lib.rows(y_pred)
         # Rank 1, so that the replicas' values are concatenated (`_concat_replicas` keeps one scalar).
-        gathered = {"y": y, "y_pred": y_pred, "loss_sum": tf.reshape(local * count, [1]), "count": tf.reshape(count, [1]),
+        gathered = {"y": y, "y_pred": y_pred, "loss_sum": tf.reshape(local * count, [1]),
+                    "count": tf.reshape(count, [1]),
                     "masks": {i: m for i, m in enumerate(objective_lib.flat_masks(y_pred)) if m is not None}}
         if sample_weight is not None:
             gathered["sample_weight"] = sample_weight
@@ -345,7 +349,8 @@ class Steps:
         def body(executed, ended):
             del ended
             optional = iterator.get_next_as_optional()  # read only when a step is due: no batch is lost
-            return tf.cond(optional.has_value(), lambda: step(executed, optional), lambda: (executed, tf.constant(True)))
+            return tf.cond(optional.has_value(), lambda: step(executed, optional),
+                           lambda: (executed, tf.constant(True)))
 
         executed, _ = tf.while_loop(lambda executed, ended: tf.logical_and(executed < num_steps, tf.logical_not(ended)),
                                     body, (tf.constant(0), tf.constant(False)))

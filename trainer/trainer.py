@@ -11,12 +11,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from trainer import checks, collectives, loop, models, options, ps, scaling
+from trainer import checks, collectives, loop, malloc, models, options, ps, scaling
 from trainer import data as data_lib
 from trainer import inputs as inputs_lib
 from trainer import engine as engine_lib
 from trainer import strategy as strategy_lib
-from trainer.cluster import strategy_cluster_info
+from trainer.cluster import is_parameter_server, strategy_cluster_info
 from trainer.options import check_int
 from trainer.fusion import StepFusion
 from trainer.history import History
@@ -50,7 +50,7 @@ def _data_arg(y: Any, sample_weight: Any) -> str:
 def _workers(strategy: tf.distribute.Strategy, *, training: bool = True) -> dict[str, Any]:
     """The workers that will read an input: under parameter-server training, evaluation and prediction run on
     the coordinator, one process."""
-    parameter_server = ps.is_parameter_server(strategy)
+    parameter_server = is_parameter_server(strategy)
     num_workers = 1 if parameter_server and not training else strategy_cluster_info(strategy).num_workers
     return {"num_workers": num_workers, "parameter_server": parameter_server and training}
 
@@ -85,7 +85,11 @@ class Trainer:
         (a fixed global batch then keeps its learning rate).
       warmup_epochs: epochs of linear warmup from the base to the scaled LR.
       warmup_steps: the same in optimizer steps. Not both.
-      seed: seeds the per-epoch shuffle of array inputs and builder-made models.
+      seed: seeds the per-epoch shuffle of array inputs and a builder's initial
+        weights, from generators of the trainer's own: the global ones (`random`,
+        `np.random`, Keras's) are left as they were. None: a builder draws from
+        the global generators as Keras does, and the shuffle from a seed drawn
+        once per Trainer (one worker only: several must agree on an order).
       shuffle: shuffle array inputs each epoch.
       steps_per_execution: steps fused into one `tf.function` call, or "auto":
         sized from the measured step time to ~1 s per call (see `trainer.fusion`);
@@ -98,7 +102,12 @@ class Trainer:
         stay float32. Opt-in; the plan suggests it on such CPUs.
       verbose: 0 silent, 1 plan and progress bar, 2 plan and one line per epoch
         (chief only).
-      nan_guard: stop training at the first non-finite loss (see `callbacks.NanGuard`).
+      nan_guard: stop training at the first non-finite loss (see `trainer.callbacks.NanGuard`).
+      tune_malloc: the trainer's one process-wide patch (`trainer.malloc`): raise
+        glibc's mmap threshold over the 128 KiB that tf.data pins for the whole
+        process, which makes every large allocation fault its pages in again.
+        Applied once per process, at the first fit/evaluate/predict; the plan
+        says so. False leaves the process as TensorFlow set it.
     """
 
     def __init__(
@@ -118,13 +127,14 @@ class Trainer:
         mixed_precision: str | None = None,
         verbose: int = 1,
         nan_guard: bool = True,
+        tune_malloc: bool = True,
     ):
         strategy_lib.check_strategy_name(strategy)
         options.check_trainer_options(
             per_replica_batch_size=per_replica_batch_size, batch_size=batch_size, base_batch_size=base_batch_size,
             lr_scaling=lr_scaling, warmup_epochs=warmup_epochs, warmup_steps=warmup_steps,
             steps_per_execution=steps_per_execution, jit_compile=jit_compile, mixed_precision=mixed_precision,
-            seed=seed,
+            seed=seed, nan_guard=nan_guard, tune_malloc=tune_malloc,
         )
         self._batch_given = batch_size is not None or per_replica_batch_size is not None
         if batch_size is None and per_replica_batch_size is None:
@@ -138,17 +148,22 @@ class Trainer:
         self.warmup_epochs = warmup_epochs
         self.warmup_steps = warmup_steps
         self.seed = seed
+        # The shuffle's seed: the user's, else drawn once from the OS (not from the global generators).
+        self._shuffle_seed = seed if seed is not None else int(np.random.SeedSequence().entropy % 2**32)
         self.shuffle = shuffle
         self.steps_per_execution = steps_per_execution
         self.jit_compile = jit_compile
         self.mixed_precision = mixed_precision
         self.verbose = verbose
         self.nan_guard = nan_guard
+        self.tune_malloc = tune_malloc
         self._strategies: dict[Any, tf.distribute.Strategy] = {}
         self._coordinators: list[tuple[tf.distribute.Strategy, Any]] = []
         # Resolve now: multi-worker strategies must be created before TensorFlow runs any op.
         self._resolve_strategy(None)
         self._engines: list[engine_lib.Engine] = []
+        self._in_scope = models.InScope()  # the in-scope copies and scaled optimizers this Trainer made
+        self._nan_guard = None  # the default NanGuard, made at the first fit
 
     # Public API ----------------------------------------------------------------
 
@@ -220,6 +235,7 @@ class Trainer:
         train, val = data_lib.fit_inputs(x, y, sample_weight, arg=arg, class_weight=class_weight, shuffle=shuffle,
                                          validation_split=validation_split, validation_data=validation_data,
                                          **_workers(strategy))
+        self._check_shuffle_seed(train, shuffle, strategy)
         if isinstance(model, keras.Model):
             models.check_compiled(model)
         batch, batch_source = self._batch_plan(strategy, train, batch_size)
@@ -230,12 +246,13 @@ class Trainer:
                                  epochs=epochs, initial_epoch=initial_epoch, warmup=(self.warmup_epochs, warmup_steps),
                                  global_batch_size=batch.global_batch_size)
         lr = engine_lib.LRSettings(self.lr_scaling, self._base_batch_size(batch, batch_source), batch, warmup_steps)
+        process = malloc.tune_process(self.tune_malloc)  # the checks are done: the process may change now
         run_model, compiled, lr_plan = self._build(model, strategy, train, batch, lr=lr)
         fusion, fusion_source = self._fusion(compiled, batch, steps_per_epoch, callbacks)
         plan = self._plan(strategy, train, batch, steps_per_epoch, lr_plan, fusion, run_model,
-                          batch_source=batch_source, fusion_source=fusion_source)
+                          batch_source=batch_source, fusion_source=fusion_source, process=process)
         context = loop.TrainContext(strategy, strategy_cluster_info(strategy), plan, epochs=epochs,
-                                    initial_epoch=initial_epoch, fusion=fusion)
+                                    initial_epoch=initial_epoch, fusion=fusion, lr_plan=lr_plan)
         verbose = self.verbose if verbose is None else 1 if verbose == "auto" else verbose  # Keras's "auto" is 1
         if verbose and context.is_chief:
             print(plan.describe(), flush=True)
@@ -286,6 +303,7 @@ class Trainer:
             models.check_compiled(model)
         model = checks.check_evaluate(model, inp, steps=steps)
         batch, _ = self._batch_plan(strategy, inp, batch_size)
+        malloc.tune_process(self.tune_malloc)
         run_model, compiled, _ = self._build(model, strategy, inp, batch)
         callback_list = keras.callbacks.CallbackList(callbacks, model=run_model)
         logs = loop.run_eval(compiled.eval_steps, self._readers(compiled.eval_strategy, batch), inp,
@@ -319,12 +337,13 @@ class Trainer:
         data_lib.check_workers(inp, **_workers(strategy, training=False), arg="x")
         model = checks.check_predict(model, inp)
         batch, _ = self._batch_plan(strategy, inp, batch_size)
+        malloc.tune_process(self.tune_malloc)
         model = models.from_builder(model, strategy, self.seed, self.mixed_precision)
         sample_x = engine_lib.sample_batch(model, inp, strategy, batch.global_batch_size)
         states = models.saved_states(model)
-        run_model = models.model_in_scope(model, strategy, sample_x, self.mixed_precision)
+        run_model = models.model_in_scope(model, strategy, sample_x, self._in_scope, self.mixed_precision)
         models.restore_states(run_model, states)
-        if ps.is_parameter_server(strategy):
+        if is_parameter_server(strategy):
             strategy = tf.distribute.get_strategy()  # inline on the coordinator
         with loop.one_pass(self._readers(strategy, batch), inp, read_all=steps is None) as reader:
             outputs = self._predict_steps(run_model, strategy).predict(reader, steps)
@@ -340,6 +359,15 @@ class Trainer:
         resolved = key if isinstance(key, tf.distribute.Strategy) else self._strategies[key]
         collectives.check_group_keys(resolved)
         return resolved
+
+    def _check_shuffle_seed(self, train: inputs_lib.Input, shuffle: bool, strategy: tf.distribute.Strategy) -> None:
+        num_workers = _workers(strategy)["num_workers"]
+        if self.seed is None and shuffle and num_workers > 1 and isinstance(train, inputs_lib.ArrayInput):
+            raise ValueError(
+                f"The {num_workers} workers must shuffle the arrays alike, and with seed=None each drew its own "
+                "seed. Received: Trainer(seed=None) with shuffle=True on several workers. Pass Trainer(seed=0) "
+                "(any integer, the same on every worker), or shuffle=False."
+            )
 
     def _batch_plan(self, strategy: tf.distribute.Strategy, inp: inputs_lib.Input | None = None,
                     batch_size: int | None = None) -> tuple[scaling.BatchPlan, str]:
@@ -379,7 +407,8 @@ class Trainer:
     def _build(self, model, strategy, inp, batch: scaling.BatchPlan, lr: engine_lib.LRSettings | None = None):
         return engine_lib.build(model, strategy, inp, global_batch_size=batch.global_batch_size,
                                 seed=self.seed, jit_compile=self.jit_compile,
-                                cache=self._engines, lr=lr, mixed_precision=self.mixed_precision)
+                                cache=self._engines, in_scope=self._in_scope, lr=lr,
+                                mixed_precision=self.mixed_precision)
 
     def _fusion(self, compiled: engine_lib.Engine, batch: scaling.BatchPlan, steps_per_epoch: int | None,
                 callbacks: list) -> tuple[StepFusion, str]:
@@ -400,9 +429,9 @@ class Trainer:
         return fusion, source
 
     def _plan(self, strategy, inp, batch, steps_per_epoch, lr_plan: scaling.LRPlan, fusion: StepFusion,
-              model, *, batch_source: str = "", fusion_source: str = "") -> Plan:
+              model, *, batch_source: str = "", fusion_source: str = "", process: str = "") -> Plan:
         num_workers = strategy_cluster_info(strategy).num_workers
-        parameter_server = ps.is_parameter_server(strategy)
+        parameter_server = is_parameter_server(strategy)
         policy, why = inp.sharding(num_workers, parameter_server=parameter_server)
         if lr_plan is None:  # no model.optimizer: a model whose train_step uses optimizers of its own
             lr_plan = scaling.LRPlan(None, 0.0, 1.0, 0)
@@ -436,6 +465,7 @@ class Trainer:
             optimizer=optimizer_note(model.optimizer, strategy.num_replicas_in_sync),
             batch_source=batch_source,
             execution_source="; ".join(filter(None, [fusion_source, self._jit_source(model)])),
+            process=process,
         )
 
     def _jit_source(self, model) -> str:
@@ -455,26 +485,29 @@ class Trainer:
 
     def _train(self, compiled, context, callback_list, train, validation: loop.Validation | None, batch, *,
                shuffle: bool, restart_each_epoch: bool) -> None:
-        """Runs the epochs: the synchronous loop, or scheduled steps under parameter-server training."""
+        """Runs the epochs: steps read on this process's replicas, or scheduled under parameter-server training."""
         if validation is not None:
             validation.make_reader = self._readers(compiled.eval_strategy, validation.batch)
-        if not ps.is_parameter_server(compiled.strategy):
-            loop.run_epochs(compiled.steps, context, callback_list,
-                            self._readers(compiled.strategy, batch, shuffle), train, validation,
-                            restart_each_epoch=restart_each_epoch)
-            return
-        coordinator = self._coordinator(compiled.strategy)
-        iterator = ps.per_worker_iterator(compiled.strategy, coordinator, train, batch.global_batch_size,
-                                          num_workers=context.plan.num_workers)
-        ps.run_epochs(coordinator, compiled.steps, compiled.eval_steps, context, callback_list, iterator, validation)
+        if is_parameter_server(compiled.strategy):
+            coordinator = self._coordinator(compiled.strategy)
+            iterator = ps.per_worker_iterator(compiled.strategy, coordinator, train, batch.global_batch_size,
+                                              num_workers=context.plan.num_workers)
+            source = ps.ScheduledSteps(coordinator, compiled.steps, compiled.eval_steps, iterator,
+                                       context.plan.steps_per_epoch)
+        else:
+            source = loop.ReaderSteps(compiled.steps, self._readers(compiled.strategy, batch, shuffle), train,
+                                      restart_each_epoch=restart_each_epoch, epochs=context.epochs)
+        loop.run_epochs(source, context, callback_list, validation, compiled.eval_steps)
 
     def _default_callbacks(self, callbacks: list, verbose: int) -> list:
         """NanGuard (unless turned off) and a ProgressBar for verbose 1 or 2, unless given."""
-        from callbacks import NanGuard, ProgressBar  # callbacks/ builds on trainer/
+        from trainer.callbacks import NanGuard, ProgressBar  # callbacks/ builds on trainer/
 
         extra = []
         if self.nan_guard and not any(isinstance(c, NanGuard) for c in callbacks):
-            extra.append(NanGuard())
+            if self._nan_guard is None:  # one for every fit: it keeps its traced reader of the variables
+                self._nan_guard = NanGuard()
+            extra.append(self._nan_guard)
         if verbose and not any(isinstance(c, ProgressBar) for c in callbacks):
             extra.append(ProgressBar(mode="auto" if verbose == 1 else "epoch"))
         return extra + callbacks
@@ -483,7 +516,7 @@ class Trainer:
                  shuffle: bool | None = None) -> inputs_lib.Readers:
         """Input -> what step calls read from it, under `strategy` with `batch`'s global batch."""
         return inputs_lib.Readers(strategy, batch.global_batch_size,
-                                  shuffle=self.shuffle if shuffle is None else shuffle, seed=self.seed)
+                                  shuffle=self.shuffle if shuffle is None else shuffle, seed=self._shuffle_seed)
 
     def _coordinator(self, strategy: tf.distribute.Strategy):
         for known, coordinator in self._coordinators:  # one coordinator per strategy
