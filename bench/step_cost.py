@@ -139,7 +139,8 @@ def beyond_floor(variant: dict, bare: dict) -> dict:
 
 def _print_profile(result: dict, rounds: int) -> None:
     names = list(result)
-    print(f"\nprofiled: {rounds} calls of each variant, per step (ops overlap on the cores: op time can exceed wall time)")
+    print(f"\nprofiled: {rounds} calls of each variant, per step "
+          "(ops overlap on the cores: op time can exceed wall time)")
     print(f"{'':<22}" + "".join(f"{name:>20}" for name in names))
     for label, key in (("wall ms", "wall_ms"), ("summed op ms", "op_ms"), ("op events", "op_events")):
         print(f"{label:<22}" + "".join(f"{result[n][key]:>20.2f}" for n in names))
@@ -152,7 +153,8 @@ def _print_profile(result: dict, rounds: int) -> None:
         if not extra:
             continue
         print(f"{name}: {extra['events']:.1f} op events per step beyond the bare step's, "
-              f"{extra['ms']:.3f} ms of op time ({extra['ms'] / result[name]['wall_ms']:.1%} of its profiled wall time):")
+              f"{extra['ms']:.3f} ms of op time "
+              f"({extra['ms'] / result[name]['wall_ms']:.1%} of its profiled wall time):")
         ranked = sorted(extra["op_types"].items(), key=lambda item: -item[1]["ms"])
         print("  " + ", ".join(f"{t} +{e['events']:.1f} ({e['ms']:+.3f} ms)" for t, e in ranked))
 

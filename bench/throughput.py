@@ -251,7 +251,8 @@ def _print_table(layout: str, result: dict) -> None:
           f"(arrays), {result['epoch_overhead_share_dataset']:.1%} (dataset)")
     mmap = result["mmap_threshold"]
     print(f"glibc mmap threshold (trainer/malloc.py): raised by the Trainer in warm-up: "
-          f"{mmap['raised_by_trainer_in_warm_up']}; by the benchmark before the timed rounds: {mmap['raised_by_bench']}")
+          f"{mmap['raised_by_trainer_in_warm_up']}; "
+          f"by the benchmark before the timed rounds: {mmap['raised_by_bench']}")
 
 
 def _memory_probe(examples: int) -> dict:
