@@ -41,6 +41,7 @@ def uninterrupted(tmp_path_factory):
     ("kill", -signal.SIGKILL, 8),  # killed before the backup due at step 12: resumes from step 8
     ("term", 128 + signal.SIGTERM, 8),  # SIGTERM at step 6: saved at the end of that call (step 8)
 ])
+@pytest.mark.slow
 def test_interrupted_run_resumes_to_the_same_weights(tmp_path, uninterrupted, how, expected_status, resume_step):
     step = 10 if how == "kill" else 6
     first = _run(tmp_path, how, "1", str(step))
@@ -65,6 +66,7 @@ def test_interrupted_run_resumes_to_the_same_weights(tmp_path, uninterrupted, ho
         assert [json.loads(line)["epoch"] for line in f] == [0, 1, 2]  # the log continued, no duplicates
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["batched", "pydataset"])
 def test_batched_forms_resume_mid_epoch_to_the_same_weights(tmp_path, form):
     """A batched dataset and a PyDataset resume at the saved step: the skipped batches are read and dropped."""
@@ -109,6 +111,7 @@ def test_bad_save_freq():
         BackupAndRestore("x", save_freq="batch")
 
 
+@pytest.mark.slow
 def test_a_full_disk_mid_backup_keeps_the_previous_backup_and_resumes_from_it(tmp_path, monkeypatch, capsys):
     x, y, w = tiny_data(64)
     trainer = Trainer(strategy="default", per_replica_batch_size=8, steps_per_execution=2, verbose=0)

@@ -381,6 +381,7 @@ def _weights(model):
     return [w.copy() for w in model.get_weights()] if model.built else []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("row", [pytest.param(r, id=r[0]) for r in ROWS])
 def test_bad_input_is_refused_clearly_before_anything_changes(row, tmp_path, monkeypatch, capsys):
     name, call, error, arg, value, fix, *make_model = row
@@ -428,6 +429,7 @@ def test_the_table_covers_every_entry_point():
         assert any(i.startswith(prefix) for i in ids), prefix
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["x", "y", "sample_weight", "validation_data"])
 def test_non_finite_arrays_warn_with_the_count_and_the_array(where):
     x, y, w = tiny_data()

@@ -15,6 +15,7 @@ def _fit(callbacks, epochs=6, lr=0.05, strategy=None, **kwargs):
                        callbacks=callbacks, **kwargs)
 
 
+@pytest.mark.slow
 def test_history_records_every_epoch_and_points_at_the_model():
     history = _fit([], epochs=3)
     assert history.epoch == [0, 1, 2]
@@ -24,6 +25,7 @@ def test_history_records_every_epoch_and_points_at_the_model():
     assert history.params["epochs"] == 3 and history.params["steps"] == 8
 
 
+@pytest.mark.slow
 def test_early_stopping_restores_best_weights():
     class Snapshot(keras.callbacks.Callback):
         weights = {}
@@ -42,6 +44,7 @@ def test_early_stopping_restores_best_weights():
         np.testing.assert_array_equal(restored, kept)
 
 
+@pytest.mark.slow
 def test_reduce_lr_on_plateau_lowers_the_learning_rate():
     # Epoch 0 sets the best loss; epochs 1 and 2 can't beat it by min_delta, so each halves the LR.
     reducer = keras.callbacks.ReduceLROnPlateau(monitor="loss", factor=0.5, patience=0, min_delta=10.0)
@@ -49,6 +52,7 @@ def test_reduce_lr_on_plateau_lowers_the_learning_rate():
     np.testing.assert_allclose(history.history["learning_rate"], [0.04, 0.04, 0.02, 0.01], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_learning_rate_scheduler_sets_each_epoch():
     scheduler = keras.callbacks.LearningRateScheduler(lambda epoch, lr: 0.1 / (epoch + 1))
     history = _fit([scheduler], epochs=3)
@@ -65,6 +69,7 @@ def test_terminate_on_nan_stops_training():
     assert np.isnan(history.history["loss"][0])
 
 
+@pytest.mark.slow
 def test_lambda_callback_sees_every_hook_in_order():
     events = []
     hooks = keras.callbacks.LambdaCallback(
@@ -80,6 +85,7 @@ def test_lambda_callback_sees_every_hook_in_order():
                       + batches + ["epoch_end1:accuracy", "train_end"])
 
 
+@pytest.mark.slow
 def test_stop_training_is_honoured_mid_epoch():
     class StopAtStep(keras.callbacks.Callback):
         steps = 0
@@ -110,6 +116,7 @@ def test_fused_steps_call_batch_hooks_once_per_execution():
     assert counter.seen == [2, 5, 8, 11, 14, 15]  # 16 steps: five executions of 3, then 1
 
 
+@pytest.mark.slow
 def test_keras_file_callbacks_work_on_one_worker(tmp_path):
     csv_logger = keras.callbacks.CSVLogger(str(tmp_path / "keras.csv"))
     checkpoint = keras.callbacks.ModelCheckpoint(str(tmp_path / "best.keras"), monitor="val_loss", save_best_only=True)

@@ -21,6 +21,7 @@ def _fit(callbacks, epochs=4, lr=0.05, model=None):
     return trainer, history
 
 
+@pytest.mark.slow
 def test_keeps_the_best_k_and_the_last(tmp_path):
     checkpoint = ModelCheckpoint(tmp_path, monitor="val_loss", save_best_only=True, keep=2)
     _, history = _fit([checkpoint], epochs=5)
@@ -34,6 +35,7 @@ def test_keeps_the_best_k_and_the_last(tmp_path):
     assert index["last"]["epoch"] == 4
 
 
+@pytest.mark.slow
 def test_checkpoint_from_a_strategy_loads_without_one_and_evaluates_the_same(tmp_path):
     x, y, w = tiny_data(256)
     trainer, history = _fit([ModelCheckpoint(tmp_path), ModelCheckpoint(tmp_path / "w", save_weights_only=True)],
@@ -52,11 +54,13 @@ def test_checkpoint_from_a_strategy_loads_without_one_and_evaluates_the_same(tmp
     assert int(loaded.optimizer.iterations.numpy()) == 2 * 8  # optimizer state came along
 
 
+@pytest.mark.slow
 def test_recent_k_when_not_ranking(tmp_path):
     _fit([ModelCheckpoint(tmp_path, keep=2, save_last=False)], epochs=4)
     assert set(os.listdir(tmp_path)) == {"epoch003.keras", "epoch004.keras", INDEX}
 
 
+@pytest.mark.slow
 def test_a_full_disk_mid_write_keeps_the_last_checkpoint_and_says_so(tmp_path):
     first_epoch = []
 
@@ -87,6 +91,7 @@ def test_a_full_disk_mid_write_keeps_the_last_checkpoint_and_says_so(tmp_path):
         np.testing.assert_array_equal(saved, expected)
 
 
+@pytest.mark.slow
 def test_a_crash_after_an_eviction_leaves_no_index_entry_without_its_file(tmp_path):
     class FailOnSecondSaveOfEpochTwo(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
@@ -110,6 +115,7 @@ def test_a_crash_after_an_eviction_leaves_no_index_entry_without_its_file(tmp_pa
         keras.models.load_model(named)
 
 
+@pytest.mark.slow
 def test_a_loaded_checkpoint_is_scaled_once_by_the_next_fit(tmp_path):
     x, y, w = tiny_data(256)
     trainer = Trainer(strategy=mirrored(2), per_replica_batch_size=16, lr_scaling="linear", verbose=0)
@@ -123,6 +129,7 @@ def test_a_loaded_checkpoint_is_scaled_once_by_the_next_fit(tmp_path):
     assert resumed.history["learning_rate"] == [pytest.approx(0.1)]  # not 0.2
 
 
+@pytest.mark.slow
 def test_non_finite_weights_are_never_saved(tmp_path):
     checkpoint = ModelCheckpoint(tmp_path)
     _fit([checkpoint], epochs=1)
@@ -143,6 +150,7 @@ def test_bad_arguments():
         ModelCheckpoint("x", keep=0)
 
 
+@pytest.mark.slow
 def test_non_chief_saves_into_a_temporary_directory_that_is_removed(tmp_path, monkeypatch):
     import tempfile
 
@@ -155,6 +163,7 @@ def test_non_chief_saves_into_a_temporary_directory_that_is_removed(tmp_path, mo
     assert len(ours) == 2 and not any(os.path.exists(d) for d in ours)  # saved each epoch, then deleted
 
 
+@pytest.mark.slow
 def test_callbacks_also_work_with_plain_model_fit(tmp_path):
     from trainer.callbacks import CSVLogger, JSONLogger, ProgressBar
     import io
@@ -173,6 +182,7 @@ def test_callbacks_also_work_with_plain_model_fit(tmp_path):
     assert history.history["loss"]
 
 
+@pytest.mark.slow
 def test_a_new_run_in_the_same_directory_keeps_its_own_checkpoints(tmp_path):
     _fit([ModelCheckpoint(tmp_path, keep=3)], epochs=3)
     _fit([ModelCheckpoint(tmp_path, keep=3)], epochs=1)  # a fresh run, same folder
@@ -181,6 +191,7 @@ def test_a_new_run_in_the_same_directory_keeps_its_own_checkpoints(tmp_path):
     assert (tmp_path / "epoch001.keras").exists() and index["best"] == "epoch001.keras"
 
 
+@pytest.mark.slow
 def test_checkpoint_with_a_scaled_schedule_loads_in_a_fresh_process(tmp_path):
     import subprocess
     import sys

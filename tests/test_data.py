@@ -95,6 +95,7 @@ def test_num_steps():
     (4, [range(0, 40), range(40, 80), [*range(80, 100), *range(0, 20)]]),  # runs out mid-epoch: starts again
     (5, [range(0, 50), range(50, 100), range(0, 50)]),  # runs out at an epoch's end
 ])
+@pytest.mark.slow
 def test_a_dataset_with_steps_per_epoch_is_one_stream_that_starts_again_when_it_ends(steps_per_epoch, seen):
     import keras
 
@@ -184,6 +185,7 @@ def test_on_accelerators_a_dataset_is_distributed_once_and_each_epoch_reads_a_wh
     assert len(distribute_calls) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_a_dataset_batch_of_another_shape_waits_for_the_next_step_call(replicas):
     """30 examples in global batches of 12: the last batch of 6 is held back from the call that read it.

@@ -32,10 +32,12 @@ def _assert_same(result, reference):
     np.testing.assert_allclose(weights, reference[1], rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_xla_matches_no_xla(reference):
     _assert_same(_fit("default", jit_compile=True), reference)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("steps_per_execution", [1, 5])
 def test_steps_per_execution_does_not_change_results(reference, steps_per_execution):
     _assert_same(_fit("default", steps_per_execution=steps_per_execution), reference)
@@ -50,6 +52,7 @@ def test_central_storage_matches_default(reference):
     _assert_same(_fit(strategy), reference)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["central_storage", "one_device"])
 def test_optimizer_options_match_default(strategy):
     # Global clipping, accumulation and EMA (Keras applies the last two inside a `cond`, and its
@@ -60,6 +63,7 @@ def test_optimizer_options_match_default(strategy):
     _assert_same(_fit(strategy, optimizer_options=options), _fit("default", optimizer_options=options))
 
 
+@pytest.mark.slow
 def test_a_model_without_regularization_matches_default_under_xla_and_central_storage():
     # Its replicas track no regularization; under CentralStorageStrategy they return their values instead.
     plain = _fit("default", regularized=False)
@@ -68,6 +72,7 @@ def test_a_model_without_regularization_matches_default_under_xla_and_central_st
     _assert_same(_fit(strategy, regularized=False), plain)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replicas, examples", [(2, 203), (3, 203), (3, 193)],
                          ids=["2replicas", "3replicas", "last-batch-of-1"])
 def test_a_dataset_on_cpu_replicas_gives_the_default_strategys_numbers(replicas, examples):
@@ -97,6 +102,7 @@ def _run_everything(data, inputs):
     return history.history, trainer.evaluate(history.model, data), trainer.predict(history.model, inputs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("as_dataset", [False, True], ids=["arrays", "dataset"])
 def test_fit_evaluate_predict_need_no_autograph(as_dataset, monkeypatch):
     """The traced loops are explicit graph code: they trace and give the same numbers, where AutoGraph converts nothing.
@@ -134,6 +140,7 @@ print(json.dumps([engine.onednn_enabled(), engine.cpu_onednn(tf.distribute.get_s
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux" or platform.machine() != "x86_64",
                     reason="TensorFlow's oneDNN default is for x86-64 Linux builds")
 def test_onednn_state_follows_the_variable_and_tensorflows_cpu_rule(tmp_path):

@@ -5,6 +5,8 @@ import pytest
 
 from conftest import TESTS, assert_same_run, run_python, tiny_data
 
+pytestmark = pytest.mark.slow  # subprocesses, layouts or whole trainings: not in the everyday tier
+
 LAYOUTS = [("none", 1), ("mirrored", 1), ("mirrored", 2), ("mirrored", 4)]
 
 

@@ -107,6 +107,7 @@ def _copy_with_a_decoy(source: Path, names: list[str], target: Path) -> Path:
     return target
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
 def test_example_end_to_end_on_idx_files(tmp_path, idx_dir, policy):
     out = tmp_path / "out"
@@ -140,6 +141,7 @@ def test_example_end_to_end_on_idx_files(tmp_path, idx_dir, policy):
         assert [json.loads(line)["epoch"] for line in f] == [0]
 
 
+@pytest.mark.slow
 def test_notebook_runs_without_errors(tmp_path):
     """Run from a copy of the repository's layout whose notebooks/ holds a user's own callbacks.py."""
     import nbformat
@@ -165,6 +167,7 @@ def test_notebook_runs_without_errors(tmp_path):
     assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in outputs)  # tqdm widget
 
 
+@pytest.mark.slow
 def test_example_runs_unchanged_under_the_launcher(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(

@@ -80,6 +80,7 @@ def test_claims_stay_in_one_epoch_and_move_through_the_epochs():
     assert seen == [3, 4]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replicas", [1, 2, 4])
 def test_replicas_gather_the_global_batch_in_the_epoch_order(replicas):
     n, batch = 37, 8
@@ -123,6 +124,7 @@ def test_fits_on_new_arrays_of_the_same_shape_reuse_the_traced_steps():
     assert steps._train_loops.feed.experimental_get_tracing_count() == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replicas", [1, 4])
 def test_predict_reads_every_row_once_in_input_order(replicas):
     x, _, _ = tiny_data(203)  # 4 replicas: batches of 128, then 75 split 19/19/19/18
@@ -132,6 +134,7 @@ def test_predict_reads_every_row_once_in_input_order(replicas):
     np.testing.assert_allclose(predictions, model.predict(x, verbose=0), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_fit_through_the_feed_equals_fit_through_the_dataset_pipeline(monkeypatch):
     # Accelerators keep the tf.data pipeline for arrays; both paths must train identically.
     x, y, w = tiny_data(203)
@@ -152,6 +155,7 @@ def test_fit_through_the_feed_equals_fit_through_the_dataset_pipeline(monkeypatc
     np.testing.assert_allclose(fed[2], piped[2], rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_fit_is_the_same_when_each_call_is_split_into_several_gathers(monkeypatch):
     x, y, w = tiny_data(203)
 
@@ -170,6 +174,7 @@ def test_fit_is_the_same_when_each_call_is_split_into_several_gathers(monkeypatc
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_where_tf_data_splits_arrays_the_uneven_last_step_gets_a_call_of_its_own(monkeypatch):
     monkeypatch.setattr(feed_lib, "supports", lambda strategy: False)  # as on GPUs: TF's distributed iterator
     x, y, _ = tiny_data(30)  # global batches of 12: steps of 12, 12 and 6

@@ -56,6 +56,7 @@ def results(tmp_path_factory):
         return {replicas: future.result() for replicas, future in futures.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replicas,case", [(r, c) for r, cases in LAYOUTS.items() for c in cases],
                          ids=lambda v: f"{v}replicas" if isinstance(v, int) else v)
 def test_trainer_fit_gives_model_fit_numbers(results, replicas, case):

@@ -23,6 +23,8 @@ import pytest
 
 from conftest import TESTS
 
+pytestmark = pytest.mark.slow  # subprocesses, layouts or whole trainings: not in the everyday tier
+
 FAMILIES = ["embedding", "gru", "lstm", "siamese", "cnn", "cnn_syncbn"]
 CNNS = ["cnn", "cnn_syncbn"]  # oneDNN's kernels differ from TensorFlow's own in convolutions and pooling
 # (layout, TF_ENABLE_ONEDNN_OPTS, families)

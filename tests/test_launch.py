@@ -109,6 +109,7 @@ def test_serve_takes_no_script():
     assert out.returncode == 2 and "--serve takes no script" in out.stderr and "'train.py'" in out.stderr
 
 
+@pytest.mark.slow
 def test_notebook_launcher_returns_the_chiefs_result(tmp_path):
     script = _script(tmp_path, """
         from trainer.launch import notebook_launcher

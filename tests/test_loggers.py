@@ -30,6 +30,7 @@ def _read_csv(path):
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow
 def test_rows_equal_the_history(tmp_path):
     history = _fit([CSVLogger(tmp_path / "log.csv"), JSONLogger(tmp_path / "log.jsonl")])
     json_rows, csv_rows = _read_jsonl(tmp_path / "log.jsonl"), _read_csv(tmp_path / "log.csv")
@@ -43,6 +44,7 @@ def test_rows_equal_the_history(tmp_path):
         assert row["learning_rate"] == pytest.approx(0.05 * 2)  # SGD: linear rule, 2 replicas
 
 
+@pytest.mark.slow
 def test_resumed_run_continues_without_duplicating_epochs(tmp_path):
     model = tiny_model()
     paths = tmp_path / "log.jsonl", tmp_path / "log.csv"
@@ -55,6 +57,7 @@ def test_resumed_run_continues_without_duplicating_epochs(tmp_path):
     np.testing.assert_allclose([r["loss"] for r in json_rows[1:]], history.history["loss"], rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_a_line_torn_by_a_crash_is_dropped_on_resume(tmp_path):
     model, path = tiny_model(), tmp_path / "log.jsonl"
     _fit([JSONLogger(path)], epochs=2, model=model)
@@ -74,6 +77,7 @@ def test_a_bad_line_that_is_not_the_last_is_refused_with_its_number(tmp_path):
     assert path.read_text().startswith('{"epoch": 0')  # left as it was
 
 
+@pytest.mark.slow
 def test_only_the_chief_writes(tmp_path):
     _fit([as_worker(CSVLogger(tmp_path / "log.csv")), as_worker(JSONLogger(tmp_path / "log.jsonl")),
           as_worker(TensorBoard(tmp_path / "tb"))], epochs=1)
@@ -89,6 +93,7 @@ def _scalars(directory):
     return values
 
 
+@pytest.mark.slow
 def test_tensorboard_event_files_hold_the_history(tmp_path):
     history = _fit([TensorBoard(tmp_path / "tb", update_freq=3)], epochs=2)
     train, val = _scalars(tmp_path / "tb" / "train"), _scalars(tmp_path / "tb" / "validation")

@@ -21,6 +21,7 @@ def _run(mode: str = "fit", **env) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_fit_on_a_dataset_undoes_the_threshold_tf_data_pins():
     report = _run()
     assert report["before"]["pinned"] is False
@@ -35,6 +36,7 @@ def test_fit_on_a_dataset_undoes_the_threshold_tf_data_pins():
     assert report["plan_process"].startswith("glibc's mmap threshold raised to 32 MiB")
 
 
+@pytest.mark.slow
 def test_tune_malloc_false_leaves_the_process_as_tensorflow_set_it():
     report = _run("fit_untuned")
     assert report["after_tf_data"]["pinned"] is True
@@ -43,6 +45,7 @@ def test_tune_malloc_false_leaves_the_process_as_tensorflow_set_it():
     assert "tune_malloc=False" in report["plan_process"]
 
 
+@pytest.mark.slow
 def test_pin_then_raise_spends_tensorflows_one_pin():
     report = _run("pin_then_raise")
     assert report["before"]["pinned"] is False
@@ -69,6 +72,7 @@ def test_parameter_server_tasks_raise_the_threshold_before_serving(monkeypatch):
     assert calls == ["pin_then_raise", ("join", "worker", 1)]
 
 
+@pytest.mark.slow
 def test_a_threshold_the_user_set_is_left_alone():
     report = _run(MALLOC_MMAP_THRESHOLD_="131072")
     assert report["before"]["pinned"] is True  # the user's own 128 KiB

@@ -16,6 +16,7 @@ def _fit(policy, strategy="default"):
     return history, trainer.evaluate(history.model, (x, y, w))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy, compute", [("mixed_bfloat16", "bfloat16"), ("mixed_float16", "float16")])
 def test_layers_compute_in_16_bits_and_train_like_float32(policy, compute):
     reference, ref_eval = _fit(None)
@@ -37,6 +38,7 @@ def test_the_plan_names_the_policy(capsys):
     assert "precision      mixed_bfloat16: layers compute in bfloat16" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_mixed_precision_under_mirrored_strategy():
     history, evaluation = _fit("mixed_bfloat16", strategy=mirrored(2))
     assert np.isfinite(evaluation["loss"]) and history.history["loss"][-1] < history.history["loss"][0]
@@ -47,6 +49,7 @@ def test_unknown_policy_is_rejected():
         Trainer(mixed_precision="float16")
 
 
+@pytest.mark.slow
 def test_a_reloaded_float16_model_keeps_loss_scaling_and_its_policy(tmp_path, capsys):
     # Keras reloads a Sequential with float32 as the container's own policy; its layers keep float16.
     x, y, w = tiny_data()
@@ -111,6 +114,7 @@ def test_activity_and_weight_regularization_add_up_in_float32():
     assert history.history["loss"][-1] < history.history["loss"][0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 def test_a_float32_output_head_is_kept_when_the_model_is_recreated_in_a_strategys_scope(policy):
     x, y, w = tiny_data()

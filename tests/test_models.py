@@ -9,6 +9,7 @@ from conftest import mirrored, tiny_model
 from trainer import Trainer
 
 
+@pytest.mark.slow
 def test_model_built_outside_scope_is_recreated_and_trained_weights_copied_back(data):
     x, y, w = data
     model = tiny_model()
@@ -96,6 +97,7 @@ def _two_headed():
     return model
 
 
+@pytest.mark.slow
 def test_multi_output_losses_are_weighted_per_output(data):
     x, y, w = data
     targets = {"cls": y, "reg": x[:, :1] * 2.0}
@@ -116,6 +118,7 @@ def test_multi_output_losses_are_weighted_per_output(data):
     np.testing.assert_allclose(out["reg"], pred["reg"], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_dataset_and_function_inputs_match_arrays(data):
     x, y, w = data  # 203 examples: the last global batch of 32 holds 11, split 3/3/3/2
     strategy = mirrored(4)
@@ -136,6 +139,7 @@ def test_dataset_and_function_inputs_match_arrays(data):
         np.testing.assert_allclose(from_function[key], from_arrays[key], rtol=1e-5, err_msg=key)
 
 
+@pytest.mark.slow
 def test_predict_keeps_input_order_with_an_uneven_split(data):
     x, y, w = data
     model = tiny_model()
@@ -147,6 +151,7 @@ def test_predict_keeps_input_order_with_an_uneven_split(data):
     np.testing.assert_allclose(unbatched, out, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_dict_inputs_under_four_replicas(data):
     x, y, w = data
     inputs = {"a": keras.Input((4,), name="a"), "b": keras.Input((4,), name="b")}
@@ -162,6 +167,7 @@ def test_dict_inputs_under_four_replicas(data):
     np.testing.assert_allclose(history.history["val_accuracy"][0], np.mean(logits.argmax(1) == y), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_model_built_outside_scope_keeps_its_optimizer_state_across_fits(data):
     x, y, w = data
     model = tiny_model()
@@ -174,6 +180,7 @@ def test_a_model_built_outside_scope_keeps_its_optimizer_state_across_fits(data)
         np.testing.assert_array_equal(trained, user)
 
 
+@pytest.mark.slow
 def test_fine_tuning_a_model_built_outside_scope_takes_the_new_trainable_flags_and_compile(data):
     x, y, w = data
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -198,6 +205,7 @@ def test_fine_tuning_a_model_built_outside_scope_takes_the_new_trainable_flags_a
     assert trainer.fit(model, (x, y), epochs=1).model is second.model  # unchanged since: reused
 
 
+@pytest.mark.slow
 def test_engine_cache_is_bounded(data):
     from trainer.engine import CACHE_SIZE
 
@@ -208,6 +216,7 @@ def test_engine_cache_is_bounded(data):
     assert len(trainer._engines) == CACHE_SIZE
 
 
+@pytest.mark.slow
 def test_a_model_built_under_another_strategy_continues_under_the_requested_one(data):
     x, y, w = data
     two, four = mirrored(2), mirrored(4)
@@ -244,6 +253,7 @@ def _sequences(n: int = 16):
     return rng.normal(size=(n, 5, 2)).astype("float32"), rng.normal(size=(n, 1)).astype("float32")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["default", "mirrored1"])
 def test_a_stateful_rnn_trains_on_one_device_as_model_fit_does(strategy):
     x, y = _sequences()
@@ -283,6 +293,7 @@ def test_a_stateful_rnn_is_refused_what_it_cannot_run_before_anything_changes(tr
     assert int(model.optimizer.iterations.numpy()) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_a_model_with_a_fixed_batch_shape_trains_as_model_fit_does(replicas):
     x, y = _sequences(14)
@@ -342,6 +353,7 @@ def test_model_built_outside_the_scope_keeps_unregistered_custom_loss_and_metric
     assert np.isfinite(history.history["loss"][0])
 
 
+@pytest.mark.slow
 def test_a_model_with_its_own_compile_asks_for_a_builder_when_it_must_be_recreated(data):
     # A GAN's compile(d_optimizer=..., g_optimizer=...) can't be repeated on a copy; a builder can.
     import sys
@@ -396,6 +408,7 @@ def _functional(layer):
     return model
 
 
+@pytest.mark.slow
 def test_unregistered_custom_layers_are_recreated_from_the_models_own_classes(data):
     x, y, w = data
     model = _functional(_Factor(0.5))

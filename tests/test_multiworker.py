@@ -11,6 +11,8 @@ import pytest
 
 from conftest import TESTS, assert_same_run
 
+pytestmark = pytest.mark.slow  # subprocesses, layouts or whole trainings: not in the everyday tier
+
 SCRIPT = str(TESTS / "multiworker_run.py")
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
 

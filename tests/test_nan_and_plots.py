@@ -12,6 +12,7 @@ from conftest import tiny_data, tiny_model
 from trainer import Trainer
 
 
+@pytest.mark.slow
 def test_nan_guard_stops_names_the_step_and_keeps_the_last_finite_weights(tmp_path, capfd):
     x, y, w = tiny_data(256)
     # NaN sample weights from step 13 on (rows 192-207): that step's loss, sum(w * l) / sum(w), is NaN
@@ -81,6 +82,7 @@ def test_nan_guard_can_be_turned_off():
     assert history.epoch == [0, 1] and np.isnan(history.history["loss"]).all()
 
 
+@pytest.mark.slow
 def test_history_plot_writes_a_png(tmp_path):
     x, y, w = tiny_data(128)
     history = Trainer(strategy="default", verbose=0).fit(tiny_model(), (x, y), epochs=3, validation_data=(x, y))
@@ -94,6 +96,7 @@ def test_history_plot_writes_a_png(tmp_path):
     np.testing.assert_allclose(lines[0].get_ydata(), history.history["loss"])
 
 
+@pytest.mark.slow
 def test_plot_history_callback_redraws_each_epoch(tmp_path):
     x, y, w = tiny_data(128)
     seen = []

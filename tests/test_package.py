@@ -30,6 +30,7 @@ def _builder():
     return model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["none", "mirrored2"])
 @pytest.mark.parametrize("form", ["builder", "model", "dataset"])
 def test_fit_evaluate_predict_leave_the_global_random_generators_alone(strategy, form):
@@ -88,6 +89,7 @@ def test_seed_none_is_refused_where_workers_must_shuffle_alike(monkeypatch):
 DECOY = "NAME = 'the user\\'s own callbacks.py'\n"
 
 
+@pytest.mark.slow
 def test_a_callbacks_py_in_the_working_directory_leaves_fit_working(tmp_path):
     (tmp_path / "callbacks.py").write_text(DECOY)
     code = textwrap.dedent("""
@@ -117,6 +119,7 @@ def test_the_repository_callbacks_folder_refuses_a_second_name():
     assert "`from trainer.callbacks import ModelCheckpoint, ...`" in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["none", "mirrored2"])
 def test_the_models_optimizer_is_untouched_where_nothing_is_scaled(strategy):
     x, y, _ = tiny_data(64)
@@ -133,6 +136,7 @@ def test_the_models_optimizer_is_untouched_where_nothing_is_scaled(strategy):
     assert model.optimizer is optimizer and int(optimizer.iterations.numpy()) == 12
 
 
+@pytest.mark.slow
 def test_a_scaled_optimizer_is_refused_by_another_trainer_rather_than_scaled_twice():
     x, y, _ = tiny_data(64)
     strategy = mirrored(2)

@@ -10,6 +10,8 @@ import pytest
 
 from conftest import TESTS, tiny_data
 
+pytestmark = pytest.mark.slow  # subprocesses, layouts or whole trainings: not in the everyday tier
+
 SCRIPT = str(TESTS / "ps_run.py")
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
 

@@ -108,6 +108,7 @@ def test_plan_names_the_optimizer_options_that_act_on_the_global_gradient():
     assert "  optimizer" in text and note in text
 
 
+@pytest.mark.slow
 def test_fit_says_where_its_batch_and_execution_settings_came_from(capsys):
     """fit's batch_size wins over the Trainer's, the data's own batches are the global batch, and
     compile(steps_per_execution=..., jit_compile=...) fill in the Trainer's "auto"; the plan says which."""

@@ -15,6 +15,7 @@ def _fit(callbacks, epochs=2, n=800, verbose=0, **kwargs):
     return trainer.fit(tiny_model(), (x, y), epochs=epochs, validation_data=(x[:50], y[:50]), callbacks=callbacks)
 
 
+@pytest.mark.slow
 def test_plain_output_is_a_few_lines_per_epoch():
     out = io.StringIO()  # not a TTY
     _fit([ProgressBar(file=out)], epochs=3, steps_per_execution=1)  # 100 steps per epoch
@@ -26,6 +27,7 @@ def test_plain_output_is_a_few_lines_per_epoch():
     assert "Epoch 1/3  25/100" in lines[0]
 
 
+@pytest.mark.slow
 def test_bar_mode_draws_tqdm_with_metrics():
     out = io.StringIO()
     _fit([ProgressBar(mode="bar", file=out)], epochs=1)
@@ -33,18 +35,21 @@ def test_bar_mode_draws_tqdm_with_metrics():
     assert "Epoch 1/1" in text and "100/100" in text and "val_accuracy" in text and "step" in text
 
 
+@pytest.mark.slow
 def test_epoch_mode_is_one_line_per_epoch():
     out = io.StringIO()
     _fit([ProgressBar(mode="epoch", file=out)], epochs=2)
     assert len(out.getvalue().splitlines()) == 2
 
 
+@pytest.mark.slow
 def test_non_chief_draws_nothing():
     out = io.StringIO()
     _fit([as_worker(ProgressBar(file=out))], epochs=1)
     assert out.getvalue() == ""
 
 
+@pytest.mark.slow
 def test_verbose_fit_prints_plan_and_one_progress_display(capsys):
     _fit([], epochs=2, verbose=1)
     out = capsys.readouterr().out

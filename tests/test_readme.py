@@ -1,5 +1,6 @@
 """The README's quickstart runs as pasted, and .ci/run runs the README's commands."""
 
+import pytest
 import re
 import subprocess
 import sys
@@ -9,6 +10,7 @@ from conftest import TESTS
 README = (TESTS.parent / "README.md").read_text()
 
 
+@pytest.mark.slow
 def test_quickstart_runs_as_pasted(tmp_path):
     code = re.search(r"```python\n(.*?)```", README, re.S).group(1)
     assert len(code.strip().splitlines()) <= 10

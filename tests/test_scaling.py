@@ -86,12 +86,14 @@ def _lrs_during_fit(replicas, rule, optimizer, warmup_steps=0, schedule=False):
     ("auto", "sgd", lambda r: 0.01 * r),
     ("auto", "adam", lambda r: 0.01 * math.sqrt(r)),
 ])
+@pytest.mark.slow
 def test_fit_applies_scaled_lr(replicas, rule, optimizer, expected):
     seen, history = _lrs_during_fit(replicas, rule, optimizer)
     np.testing.assert_allclose(seen, expected(replicas), rtol=1e-6)
     np.testing.assert_allclose(history.history["learning_rate"], [expected(replicas)], rtol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replicas", [2, 4])
 @pytest.mark.parametrize("schedule", [False, True], ids=["float", "schedule"])
 def test_warmup_goes_linearly_from_base_to_scaled_lr(replicas, schedule):
@@ -102,6 +104,7 @@ def test_warmup_goes_linearly_from_base_to_scaled_lr(replicas, schedule):
     np.testing.assert_allclose(seen[-1], 0.01 * replicas, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_float_lr_stays_settable_after_scaling():
     x, y, w = tiny_data(256)
     model = tiny_model(lr=0.01)

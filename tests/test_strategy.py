@@ -88,6 +88,7 @@ def test_bad_strategy_options():
         resolve_strategy("mirrored", cross_device_ops="allreduce")
 
 
+@pytest.mark.slow
 def test_repeated_fits_under_mirrored_strategies_of_different_sizes():
     result = run_python(TESTS / "repeated_fit_run.py")
     losses = result["losses"]

@@ -1,5 +1,6 @@
 """bench/throughput.py's ratios: Trainer / each variant, round by round, with a teardown left out or not."""
 
+import pytest
 import os
 import statistics
 import sys
@@ -48,6 +49,7 @@ def test_measure_reports_teardown_and_ratios_without_it(monkeypatch):
     assert 0.8 < without < 1.25
 
 
+@pytest.mark.slow
 def test_step_cost_times_every_variant_call_by_call(tmp_path):
     import json
     import subprocess
