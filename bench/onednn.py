@@ -37,7 +37,7 @@ def _child(examples: int, flip: bool) -> None:
 
     import variants
     from fashion_mnist import prepare, synthetic_images
-    from trainer.engine import onednn_enabled
+    from trainer._compat import onednn_enabled
 
     x, y = prepare(*synthetic_images(examples))
     strategy = tf.distribute.get_strategy()

@@ -266,7 +266,8 @@ def machine() -> dict:
     import keras
     import tensorflow as tf
 
-    from trainer.engine import cpu_flags, onednn_enabled
+    from trainer._compat import onednn_enabled
+    from trainer.engine import cpu_flags
 
     cpuinfo = open("/proc/cpuinfo").read().splitlines() if os.path.exists("/proc/cpuinfo") else []
     model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")),

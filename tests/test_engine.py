@@ -136,7 +136,7 @@ _ONEDNN_PROBE = """
 import json
 import tensorflow as tf
 from trainer import engine
-print(json.dumps([engine.onednn_enabled(), engine.cpu_onednn(tf.distribute.get_strategy())]))
+print(json.dumps([engine._compat.onednn_enabled(), engine.cpu_onednn(tf.distribute.get_strategy())]))
 """
 
 
@@ -180,7 +180,7 @@ def test_cpu_native_bf16_names_amx_or_avx512_bf16_under_onednn_on_x86_linux(monk
     monkeypatch.setattr(engine.strategy_lib, "runs_on_accelerators", lambda s: False)  # also where a GPU is seen
     monkeypatch.setattr(sys, "platform", "linux")
     monkeypatch.setattr(platform, "machine", lambda: "x86_64")
-    monkeypatch.setattr(engine, "onednn_enabled", lambda: True)
+    monkeypatch.setattr(engine._compat, "onednn_enabled", lambda: True)
     monkeypatch.setattr(engine, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}))
     assert engine.cpu_native_bf16(strategy) == "AMX"
     monkeypatch.setattr(engine, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))  # no AMX
@@ -188,8 +188,8 @@ def test_cpu_native_bf16_names_amx_or_avx512_bf16_under_onednn_on_x86_linux(monk
     monkeypatch.setattr(engine, "cpu_flags", lambda: frozenset({"avx512f", "avx512_vnni", "avx2"}))  # emulated
     assert engine.cpu_native_bf16(strategy) is None
     monkeypatch.setattr(engine, "cpu_flags", lambda: frozenset({"avx512_bf16", "amx_tile", "amx_bf16"}))
-    monkeypatch.setattr(engine, "onednn_enabled", lambda: False)  # TF_ENABLE_ONEDNN_OPTS=0: Eigen's kernels
+    monkeypatch.setattr(engine._compat, "onednn_enabled", lambda: False)  # TF_ENABLE_ONEDNN_OPTS=0: Eigen's kernels
     assert engine.cpu_native_bf16(strategy) is None
-    monkeypatch.setattr(engine, "onednn_enabled", lambda: True)
+    monkeypatch.setattr(engine._compat, "onednn_enabled", lambda: True)
     monkeypatch.setattr(platform, "machine", lambda: "aarch64")
     assert engine.cpu_native_bf16(strategy) is None

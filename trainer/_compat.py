@@ -1,8 +1,9 @@
-"""The private Keras attributes the trainer reads, in one place.
+"""The private Keras and TensorFlow attributes the trainer reads, in one place.
 
-Each was checked on Keras 3.15.1 (TensorFlow backend); each has a fallback or
-fails with a message that names it, so a Keras release that moves one breaks
-here, not somewhere in a step function.
+Each names the versions it was checked on (the supported range is setup.cfg's,
+tested at both ends by CI); each has a fallback or fails with a message that
+names it, so a release that moves one breaks here, not somewhere in a step
+function.
 """
 
 from __future__ import annotations
@@ -416,3 +417,51 @@ def declared_batch_size(dataset: tf.data.Dataset) -> tuple[bool, int | None]:
             return True, (int(value) if value is not None and int(value) > 0 else None)
         dataset = getattr(dataset, "_input_dataset", None)
     return False, None
+
+
+# TensorFlow internals ----------------------------------------------------------
+
+
+def onednn_enabled() -> bool | None:
+    """Whether TensorFlow's CPU kernels use oneDNN in this process (None if TF does not say).
+
+    `tensorflow/python/util/_pywrap_util_port.IsMklEnabled` (2.5-2.21).
+    """
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+    except ImportError:  # pragma: no cover
+        return None
+    is_enabled = getattr(_pywrap_util_port, "IsMklEnabled", None)
+    return None if is_enabled is None else bool(is_enabled())
+
+
+@contextlib.contextmanager
+def collective_key_base(base: int):
+    """MirroredStrategies made inside number their collective group keys from `base`.
+
+    `MirroredStrategy._collective_key_base`, the class attribute TensorFlow's own
+    tests set (2.4-2.21); a TensorFlow without it builds strategies as usual.
+    """
+    cls = tf.distribute.MirroredStrategy
+    previous = getattr(cls, "_collective_key_base", 0)
+    cls._collective_key_base = base
+    try:
+        yield
+    finally:
+        cls._collective_key_base = previous
+
+
+def collective_group_keys(strategy: tf.distribute.Strategy) -> dict[int, str]:
+    """Group key -> the devices it reduces over, for the keys a MirroredStrategy's collectives took so far.
+
+    `extended._cross_device_ops` and `extended._collective_keys._known_groups`
+    (2.4-2.21); empty where they are missing, or where the strategy reduces
+    without collectives (ReductionToOneDevice).
+    """
+    if not isinstance(strategy, tf.distribute.MirroredStrategy):
+        return {}
+    extended = strategy.extended
+    if type(getattr(extended, "_cross_device_ops", None)).__name__ != "CollectiveAllReduce":
+        return {}
+    known = getattr(getattr(extended, "_collective_keys", None), "_known_groups", None) or {}
+    return {key: devices for devices, key in known.items()}

@@ -8,10 +8,10 @@ size 2"). Strategies the trainer builds get a range of keys of their own; a
 strategy passed in whose keys clash with one already used is refused before it
 runs anything.
 
-TensorFlow has no public way to choose the keys: this uses the class attribute
-its own tests use (`MirroredStrategy._collective_key_base`) and reads the keys a
-strategy took. If a TensorFlow version lacks them, strategies are built as usual
-and not checked.
+TensorFlow has no public way to choose the keys: `_compat.collective_key_base`
+sets the class attribute its own tests use, and `_compat.collective_group_keys`
+reads the keys a strategy took. If a TensorFlow version lacks them, strategies
+are built as usual and not checked.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import threading
 
 import tensorflow as tf
 
+from trainer import _compat
+
 _KEYS_PER_STRATEGY = 1000  # a strategy takes one group key per device set it reduces over
 _bases = itertools.count(1)
 _lock = threading.Lock()
@@ -29,19 +31,13 @@ _used: dict[int, str] = {}  # group key -> the devices that used it, in this pro
 
 def mirrored_strategy(devices: list[str], cross_device_ops=None) -> tf.distribute.MirroredStrategy:
     """A MirroredStrategy whose collective group keys no other strategy of this process uses."""
-    cls = tf.distribute.MirroredStrategy
-    with _lock:
-        previous = getattr(cls, "_collective_key_base", 0)
-        cls._collective_key_base = _KEYS_PER_STRATEGY * next(_bases)
-        try:
-            return cls(devices=devices, cross_device_ops=cross_device_ops)
-        finally:
-            cls._collective_key_base = previous
+    with _lock, _compat.collective_key_base(_KEYS_PER_STRATEGY * next(_bases)):
+        return tf.distribute.MirroredStrategy(devices=devices, cross_device_ops=cross_device_ops)
 
 
 def check_group_keys(strategy: tf.distribute.Strategy) -> None:
     """Raises ValueError if `strategy` would reuse a group key that other devices used in this process."""
-    groups = _group_keys(strategy)
+    groups = _compat.collective_group_keys(strategy)
     with _lock:
         for key, devices in groups.items():
             if _used.get(key, devices) != devices:
@@ -54,13 +50,3 @@ def check_group_keys(strategy: tf.distribute.Strategy) -> None:
                     "cross_device_ops=tf.distribute.ReductionToOneDevice(), or use one device layout per process."
                 )
         _used.update(groups)
-
-
-def _group_keys(strategy: tf.distribute.Strategy) -> dict[int, str]:
-    if not isinstance(strategy, tf.distribute.MirroredStrategy):
-        return {}
-    extended = strategy.extended
-    if type(getattr(extended, "_cross_device_ops", None)).__name__ != "CollectiveAllReduce":
-        return {}  # e.g. ReductionToOneDevice: no collective ops outside XLA
-    known = getattr(getattr(extended, "_collective_keys", None), "_known_groups", None) or {}
-    return {key: devices for devices, key in known.items()}

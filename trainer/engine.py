@@ -15,7 +15,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from trainer import checks, models, scaling
+from trainer import _compat, checks, models, scaling
 from trainer import inputs as inputs_lib
 from trainer import strategy as strategy_lib
 from trainer.cluster import is_parameter_server
@@ -71,16 +71,6 @@ def jit_for(strategy: tf.distribute.Strategy, setting: bool | str, model: Any = 
     return strategy_lib.runs_on_accelerators(strategy)
 
 
-def onednn_enabled() -> bool | None:
-    """Whether TensorFlow's CPU kernels use oneDNN in this process (None if TF does not say)."""
-    try:
-        from tensorflow.python.util import _pywrap_util_port  # not public
-    except ImportError:
-        return None
-    is_enabled = getattr(_pywrap_util_port, "IsMklEnabled", None)
-    return None if is_enabled is None else bool(is_enabled())
-
-
 def cpu_onednn(strategy: tf.distribute.Strategy) -> bool | None:
     """For the plan: whether oneDNN's CPU kernels run this strategy's replicas.
 
@@ -95,7 +85,7 @@ def cpu_onednn(strategy: tf.distribute.Strategy) -> bool | None:
             or "TF_ENABLE_ONEDNN_OPTS" in os.environ
             or sys.platform not in ("linux", "win32") or platform.machine().lower() not in ("x86_64", "amd64")):
         return None
-    return onednn_enabled()
+    return _compat.onednn_enabled()
 
 
 def cpu_flags() -> frozenset[str]:
@@ -120,7 +110,7 @@ def cpu_native_bf16(strategy: tf.distribute.Strategy) -> str | None:
     """
     if (strategy_lib.runs_on_accelerators(strategy) or is_parameter_server(strategy)
             or sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64")
-            or not onednn_enabled()):
+            or not _compat.onednn_enabled()):
         return None
     flags = cpu_flags()
     return next((unit for flag, unit in BF16_UNITS if flag in flags), None)
