@@ -21,6 +21,7 @@ import pickle
 import subprocess
 import sys
 
+import keras
 import pytest
 
 from conftest import TESTS
@@ -35,6 +36,13 @@ UNEVEN = ["class_weighted_loss", "activity_regularizer", "add_loss_mean", "maski
           "own_steps_no_compiled_loss", "compute_loss_penalty", "global_clipnorm", "gradient_accumulation",
           "train_step_global_clipnorm", "gan_two_optimizers", "padded_seq2seq"]
 LAYOUTS = {1: ALL, 2: ALL, 3: UNEVEN}
+# Rows whose model.fit reference is wrong on an older Keras: (the first Keras that gets it right, what goes wrong).
+KERAS_BUGS = {
+    "masking_timedistributed": ((3, 9), "Keras's TimeDistributed fails on a mask in a graph (before Keras 3.9)"),
+    "test_step_override": ((3, 14), "before Keras 3.14, model.evaluate returns a test_step's nested CompileMetrics "
+                                    "dict as it is, and fit's callbacks flatten it into the training metrics' names"),
+}
+KERAS = tuple(int("".join(c for c in part if c.isdigit()) or 0) for part in keras.version().split(".")[:2])
 
 
 def _run(replicas: int, cases: list[str], folder) -> dict:
@@ -60,6 +68,8 @@ def results(tmp_path_factory):
 @pytest.mark.parametrize("replicas,case", [(r, c) for r, cases in LAYOUTS.items() for c in cases],
                          ids=lambda v: f"{v}replicas" if isinstance(v, int) else v)
 def test_trainer_fit_gives_model_fit_numbers(results, replicas, case):
+    if case in KERAS_BUGS and KERAS < KERAS_BUGS[case][0]:
+        pytest.skip(f"Keras {keras.version()}: {KERAS_BUGS[case][1]}")
     reference, result = results[1][case], results[replicas][case]
     assert "error" not in reference, reference.get("error")
     assert "error" not in result, result.get("error")

@@ -312,6 +312,108 @@ def seeded(seed: int | None):
         yield
 
 
+# Activity regularizers ------------------------------------------------------------
+#
+# Keras 3.14+ divides an activity regularizer's value by the batch size
+# (`Layer.__call__`, keras/src/layers/layer.py; checked on 3.14 and 3.15), so the
+# term is a mean over the batch, which the replicas weigh as they weigh the loss.
+# Keras 3.8-3.13 adds the sum over the batch: weighed as a mean, on R replicas
+# it would count about 1/R as much as on one device. `activity_share` scales it,
+# while a replica traces, by the global batch's examples over the replica's rows:
+# a mean times the examples, which the replicas add up to the one-device sum.
+
+
+def _keras_version() -> tuple[int, ...]:
+    parts = []
+    for part in keras.version().split(".")[:2]:
+        digits = "".join(c for c in part if c.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+ACTIVITY_SUMS = _keras_version() < (3, 14)  # the activity regularizer is a sum over the batch
+
+
+class _ScaledActivity:
+    """A layer's activity regularizer, times `examples` / the rows of its input."""
+
+    def __init__(self, regularizer, examples):
+        self.regularizer, self.examples = regularizer, examples
+
+    def __call__(self, output):
+        loss = self.regularizer(output)
+        if output.shape.rank == 0:
+            return loss
+        rows = tf.cast(tf.shape(output)[0], loss.dtype)
+        return loss * tf.math.divide_no_nan(tf.cast(self.examples, loss.dtype), rows)
+
+
+def activity_layers(model: keras.Model) -> list:
+    """The layers whose activity regularizer sums over the batch (none on Keras 3.14+)."""
+    if not ACTIVITY_SUMS:
+        return []
+    return [layer for layer in all_layers(model) if getattr(layer, "activity_regularizer", None) is not None]
+
+
+@contextlib.contextmanager
+def activity_share(model: keras.Model, examples):
+    """While a replica traces `model`'s forward pass: each activity regularizer that sums over the batch is
+    scaled by `examples` (the examples of the global batch) over the rows its layer sees. None: as Keras has it."""
+    layers = activity_layers(model) if examples is not None else []
+    for layer in layers:
+        layer.activity_regularizer = _ScaledActivity(layer.activity_regularizer, examples)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.activity_regularizer = layer.activity_regularizer.regularizer
+
+
+# Metric variables across replicas -----------------------------------------------
+#
+# Keras 3.10+ creates every metric variable with synchronization="on_read"
+# (keras/src/metrics/metric.py, checked on 3.10 and 3.15): under MirroredStrategy
+# each replica accumulates into a copy of its own and a read sums (or averages)
+# the copies. Keras 3.8 and 3.9 pass only the aggregation, so the variable is an
+# on-write MirroredVariable, and Keras's `assign_add` (`assign(self + value)`)
+# in R replicas leaves R * old + the sum of the updates: every metric and loss
+# tracker after the first step of an epoch is wrong (keras-team/keras#21054,
+# fixed by #21072; Keras's own fit and evaluate are wrong there too).
+# `metric_variables_on_read` gives such variables what Keras 3.10 would have
+# created (checked on 3.8 and 3.15); on a Keras that does so itself it changes nothing.
+
+
+def _on_write_mirrored(value) -> bool:
+    return (type(value).__name__ == "MirroredVariable"
+            and getattr(value, "aggregation", tf.VariableAggregation.NONE) != tf.VariableAggregation.NONE)
+
+
+def metric_variables_on_read(model: keras.Model, strategy: tf.distribute.Strategy) -> bool:
+    """Re-creates the metric variables of `model` that are on-write mirrored as on-read ones (Keras 3.8 and
+    3.9; a no-op on 3.10+, which creates them so). Returns whether any was replaced."""
+    metrics = list(model.metrics)
+    metrics += [m for m in (loss_tracker(model), compile_metrics(model)) if m is not None]
+    compiled = compile_loss(model)
+    metrics += list(getattr(compiled, "metrics", None) or [])
+    replaced, seen = False, set()
+    for metric in metrics:
+        for variable in getattr(metric, "variables", []):
+            value = getattr(variable, "_value", None)
+            if id(variable) in seen or value is None or not _on_write_mirrored(value):
+                continue
+            seen.add(id(variable))
+            with strategy.scope(), tf.init_scope():
+                variable._value = tf.Variable(
+                    value.read_value(), dtype=value.dtype, trainable=False, name=variable.name,
+                    aggregation=value.aggregation, synchronization=tf.VariableSynchronization.ON_READ)
+            replaced = True
+    if replaced:  # functions Keras traced before captured the variables replaced
+        for name in ("train_function", "test_function"):
+            if getattr(model, name, None) is not None:
+                setattr(model, name, None)
+    return replaced
+
+
 # Compiled losses and metrics ---------------------------------------------------
 
 

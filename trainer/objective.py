@@ -160,6 +160,7 @@ class Objective:
         self.strategy = strategy
         with strategy.scope():
             _compat.symbolic_build(model, data_batch)
+        _compat.metric_variables_on_read(model, strategy)  # Keras 3.8 and 3.9 mirror them on write
         self.loss_tracker = _compat.loss_tracker(model)
         self.model_steps = ModelSteps.of(model)
         self._read = self._reset = None

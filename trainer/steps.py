@@ -155,6 +155,7 @@ class Steps:
                 "MultiWorkerMirroredStrategy, or move the step's logic into compute_loss."
             )
         self._grads = graph_function(self._loss_and_grads, jit_compile=True) if jit_compile else self._loss_and_grads
+        self._activity_sums = bool(_compat.activity_layers(model))  # Keras < 3.14 sums them over the batch
         self._feed: feed_lib.ArrayFeed | None = None  # the feed that the traced feed loops read when they run
         self._train_loops = Loops(self._use_feed, step_function(self._train_feed_loop),
                                   step_function(self._train_global_loop), step_function(self._train_loop))
@@ -189,10 +190,11 @@ class Steps:
 
     # Replica context -------------------------------------------------------
 
-    def _loss_and_grads(self, x, y, sample_weight, global_count):
+    def _loss_and_grads(self, x, y, sample_weight, global_count, examples=None):
         model, optimizer = self.model, self.model.optimizer
         with tf.GradientTape() as tape:
-            y_pred = model(x, training=True)
+            with _compat.activity_share(model, examples):
+                y_pred = model(x, training=True)
             loss, local = self.objective.replica_loss(x, y, y_pred, sample_weight, global_count, training=True)
             scaled = optimizer.scale_loss(loss)
         grads = tape.gradient(scaled, model.trainable_variables)
@@ -204,7 +206,7 @@ class Steps:
         if self.model_steps.train:
             return self._model_step(self.model.train_step, share)
         x, y, sample_weight = unpack(share.batch)
-        y_pred, masks, local, grads = self._grads(x, y, sample_weight, share.global_count)
+        y_pred, masks, local, grads = self._grads(x, y, sample_weight, share.global_count, self._examples(share))
         self.model.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
         return self._track(share, x, y, _with_masks(y_pred, masks), sample_weight, local)
 
@@ -213,7 +215,8 @@ class Steps:
         if self.model_steps.test:
             return self._model_step(self.model.test_step, share)
         x, y, sample_weight = unpack(share.batch)
-        y_pred = self.model(x, training=False)
+        with _compat.activity_share(self.model, self._examples(share)):
+            y_pred = self.model(x, training=False)
         _, local = self.objective.replica_loss(x, y, y_pred, sample_weight, share.global_count, training=False)
         return self._track(share, x, y, y_pred, sample_weight, local)
 
@@ -235,10 +238,21 @@ class Steps:
         count = objective_lib.rows(batch)
         context = tf.distribute.get_replica_context()
         total = context.all_reduce("SUM", count) if context.num_replicas_in_sync > 1 else count
-        with _compat.replica_share(gradients=tf.math.divide_no_nan(count, total)):
+        examples = total if context.num_replicas_in_sync > 1 else None
+        with _compat.replica_share(gradients=tf.math.divide_no_nan(count, total)), \
+                _compat.activity_share(self.model, examples):
             logs = method(batch)
         self.model_steps.check_logs(method.__name__, logs, self.model)
         return ()
+
+    def _examples(self, share: feed_lib.Share):
+        """The examples in the global step (each counted once), for `_compat.activity_share`; None when not needed."""
+        context = tf.distribute.get_replica_context()
+        if not self._activity_sums or context.num_replicas_in_sync == 1:
+            return None
+        counted = objective_lib.rows(share.batch) if share.tracked is None else tf.cast(
+            share.tracked[1] - share.tracked[0], tf.float32)
+        return context.all_reduce("SUM", counted)
 
     def _track(self, share, x, y, y_pred, sample_weight, local):
         if self.replica_metrics:
