@@ -67,8 +67,15 @@ def _pump(stream, prefix: str, out) -> None:
 
 
 class _Task:
-    def __init__(self, kind: str, index: int, command: list[str], env: dict[str, str], out):
+    """One task's process. Made first and started after, so that the launcher knows every task it may have
+    started when Ctrl-C lands while tasks start (then `process` may still be None)."""
+
+    def __init__(self, kind: str, index: int):
         self.name = f"{kind}:{index}"
+        self.process: subprocess.Popen | None = None
+        self.pump: threading.Thread | None = None
+
+    def start(self, command: list[str], env: dict[str, str], out) -> None:
         self.process = subprocess.Popen(
             command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
             start_new_session=True,  # Ctrl-C reaches the launcher only, which stops the tasks in order
@@ -118,7 +125,9 @@ def run(
                 task_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # non-chief tasks: warnings and errors only
             runs_script = ps == 0 or kind == "chief"
             argv = list(command) if runs_script else (server_command or _server_command)(kind, index)
-            running.append(_Task(kind, index, argv, task_env, out))
+            task = _Task(kind, index)
+            running.append(task)
+            task.start(argv, task_env, out)
         return _supervise(running, out, script_tasks=[t for t in running if ps == 0 or t.name == "chief:0"])
     except KeyboardInterrupt as interrupt:
         out.write("[launcher] interrupted; stopping every task\n")
@@ -162,7 +171,7 @@ def _supervise(running: list[_Task], out, script_tasks: list[_Task]) -> int:
 
 
 def _stop(tasks_: list[_Task]) -> None:
-    live = [t for t in tasks_ if t.process.poll() is None]
+    live = [t for t in tasks_ if t.process is not None and t.process.poll() is None]
     for task in live:
         task.signal(signal.SIGTERM)
     deadline = time.monotonic() + GRACE_SECONDS
