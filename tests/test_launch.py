@@ -1,5 +1,6 @@
 """trainer-launch without TensorFlow in the tasks: cluster specs, prefixes, failures, Ctrl-C."""
 
+import io
 import json
 import os
 import signal
@@ -30,8 +31,29 @@ def _script(tmp_path, body):
 
 
 def _launch(script, *args, workers=2, ps=0, **kwargs):
-    return subprocess.Popen([sys.executable, "-m", "trainer.launch", "--workers", str(workers), "--ps", str(ps),
-                             script, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
+    # -X faulthandler: a launcher that hangs can be made to print every thread's stack (see _output)
+    return subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "trainer.launch", "--workers", str(workers),
+                             "--ps", str(ps), script, *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
+
+
+def _output(proc, timeout=30):
+    """The launcher's output once it exits; a launcher still running after `timeout` fails the test with
+    its threads' stacks (SIGABRT makes faulthandler print them)."""
+    try:
+        return proc.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        out, _ = proc.communicate(timeout=30)
+        pytest.fail(f"trainer.launch still ran {timeout}s on; its output, then its threads' stacks:\n{out}")
+
+
+def _gone(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
 
 
 def test_each_task_gets_its_tf_config_and_a_prefix(tmp_path):
@@ -40,7 +62,7 @@ def test_each_task_gets_its_tf_config_and_a_prefix(tmp_path):
         task = json.loads(os.environ["TF_CONFIG"])["task"]
         print("hello from", task["type"], task["index"], "args", sys.argv[1:])
     """)
-    out, _ = _launch(script, "--flag", "1", workers=3).communicate(timeout=60)
+    out = _output(_launch(script, "--flag", "1", workers=3), timeout=60)
     for i in range(3):
         assert f"[worker:{i}] hello from worker {i} args ['--flag', '1']" in out
 
@@ -54,7 +76,7 @@ def test_a_failing_task_stops_the_others_with_its_status(tmp_path):
     """)
     start = time.monotonic()
     proc = _launch(script)
-    out, _ = proc.communicate(timeout=60)
+    out = _output(proc, timeout=60)
     assert proc.returncode == 3
     assert "task worker:1 failed with exit status 3" in out
     assert time.monotonic() - start < 30
@@ -64,7 +86,13 @@ def test_a_failing_task_stops_the_others_with_its_status(tmp_path):
 def test_interrupt_stops_every_task(tmp_path, signum, status):
     marker = tmp_path / "pids"
     script = _script(tmp_path, f"""
-        import os, time
+        import os, signal, sys, time
+
+        def stop(signum, frame):  # as BackupAndRestore does: save, say so, exit
+            print("saved and stopped", flush=True)
+            sys.exit(143)
+
+        signal.signal(signal.SIGTERM, stop)
         with open({str(marker)!r}, "a") as f:
             f.write(f"{{os.getpid()}}\\n")
         time.sleep(60)
@@ -74,11 +102,61 @@ def test_interrupt_stops_every_task(tmp_path, signum, status):
     while (not marker.exists() or len(marker.read_text().split()) < 2) and time.monotonic() < deadline:
         time.sleep(0.1)
     proc.send_signal(signum)
-    out, _ = proc.communicate(timeout=30)
-    assert proc.returncode == status and "interrupted" in out
-    for pid in map(int, marker.read_text().split()):
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
+    try:
+        out = _output(proc)
+    finally:
+        pids = [int(pid) for pid in marker.read_text().split()]
+        survivors = [pid for pid in pids if not _gone(pid)]
+        for pid in survivors:  # leave no task behind, even when the test fails
+            os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == status and "interrupted" in out, out
+    assert len(pids) == 2 and not survivors
+    assert "[worker:0] saved and stopped" in out and "[worker:1] saved and stopped" in out, out
+
+
+@pytest.mark.parametrize("ignored", [False, True], ids=["default", "ignored"])
+def test_run_stops_on_sigint_unless_the_parent_ignores_it(tmp_path, ignored):
+    """In-process: the task sends Ctrl-C to the launcher itself, then waits to be stopped (or exits). A
+    launcher started with SIGINT ignored (a background job of a script) keeps ignoring it, as Python does.
+    The launcher's handlers are put back afterwards."""
+    script = _script(tmp_path, """
+        import os, signal, sys, time
+        os.kill(os.getppid(), signal.SIGINT)
+        time.sleep(60 if sys.argv[1] == "wait" else 0)
+    """)
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN if ignored else signal.default_int_handler)
+    sigterm = signal.getsignal(signal.SIGTERM)
+    out = io.StringIO()
+    try:
+        start = time.monotonic()
+        status = launch.run([sys.executable, script, "exit" if ignored else "wait"], workers=1, out=out)
+        assert signal.getsignal(signal.SIGINT) is (signal.SIG_IGN if ignored else signal.default_int_handler)
+        assert signal.getsignal(signal.SIGTERM) is sigterm
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert (status, "interrupted" in out.getvalue()) == ((0, False) if ignored else (130, True))
+    assert time.monotonic() - start < 30
+
+
+def test_a_task_that_cannot_start_stops_those_that_did(tmp_path):
+    marker = tmp_path / "pid"
+    script = _script(tmp_path, f"""
+        import os, time
+        with open({str(marker)!r} + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace({str(marker)!r} + ".tmp", {str(marker)!r})
+        time.sleep(60)
+    """)
+
+    def missing_server(kind, index):  # once the chief runs, a worker whose program does not exist
+        deadline = time.monotonic() + 30
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return [str(tmp_path / "no-such-program")]
+
+    with pytest.raises(FileNotFoundError, match="no-such-program"):
+        launch.run([sys.executable, script], workers=1, ps=1, out=io.StringIO(), server_command=missing_server)
+    assert _gone(int(marker.read_text()))
 
 
 def test_missing_script_is_a_usage_error():

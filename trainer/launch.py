@@ -67,8 +67,7 @@ def _pump(stream, prefix: str, out) -> None:
 
 
 class _Task:
-    """One task's process. Made first and started after, so that the launcher knows every task it may have
-    started when Ctrl-C lands while tasks start (then `process` may still be None)."""
+    """One task's process; `process` stays None if it could not be started."""
 
     def __init__(self, kind: str, index: int):
         self.name = f"{kind}:{index}"
@@ -113,64 +112,88 @@ def run(
     """
     out = out or sys.stdout
     cluster = cluster_spec(workers, ps, free_ports(workers + ps + (1 if ps else 0)))
-    # A preempted launcher (SIGTERM) stops its tasks the same way, so they can save backups.
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt) if _main_thread() else None
     base_env = dict(os.environ if env is None else env)
+    with _stop_requests() as requested:
+        running = _start_tasks(cluster, command, server_command or _server_command, base_env, out, requested)
+        script_tasks = [t for t in running if ps == 0 or t.name == "chief:0"]
+        return _supervise(running, out, script_tasks, requested)
+
+
+def _start_tasks(cluster, command, server_command, base_env, out, requested: list[int]) -> list[_Task]:
+    """Starts every task (until a stop is requested); if one can't start, stops those that did."""
+    ps = len(cluster.get("ps", []))
     running: list[_Task] = []
     try:
         for kind, index in tasks(cluster):
+            if requested:
+                break
             task_env = {**base_env, "TF_CONFIG": tf_config(cluster, kind, index)}
             chief = (kind, index) in (("chief", 0), ("worker", 0)) and (ps == 0 or kind == "chief")
             if not chief:
                 task_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # non-chief tasks: warnings and errors only
             runs_script = ps == 0 or kind == "chief"
-            argv = list(command) if runs_script else (server_command or _server_command)(kind, index)
             task = _Task(kind, index)
             running.append(task)
-            task.start(argv, task_env, out)
-        return _supervise(running, out, script_tasks=[t for t in running if ps == 0 or t.name == "chief:0"])
-    except KeyboardInterrupt as interrupt:
-        out.write("[launcher] interrupted; stopping every task\n")
+            task.start(list(command) if runs_script else server_command(kind, index), task_env, out)
+    except BaseException:
         _stop(running)
-        return 128 + (signal.SIGTERM if isinstance(interrupt, _Terminated) else signal.SIGINT)
+        raise
+    return running
+
+
+@contextlib.contextmanager
+def _stop_requests():
+    """The stop signals received while the launcher runs: Ctrl-C (SIGINT), and SIGTERM (a preempted job).
+
+    The handler only records the signal; the supervising loop stops the tasks. An exception raised by the
+    handler could land inside `subprocess`'s own bookkeeping (between taking and releasing a Popen's wait
+    lock), after which waiting for that task would block for good. Off the main thread, where Python
+    delivers no signals, nothing is installed; a signal the parent ignores (a background job's Ctrl-C)
+    stays ignored.
+    """
+    requested: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield requested
+        return
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    for signum, handler in previous.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(signum, lambda received, frame: requested.append(received))
+    try:
+        yield requested
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)  # None: set outside Python
 
 
-def _main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
-
-
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM, handled like Ctrl-C."""
-
-
-def _raise_interrupt(signum, frame):
-    raise _Terminated
-
-
-def _supervise(running: list[_Task], out, script_tasks: list[_Task]) -> int:
+def _supervise(running: list[_Task], out, script_tasks: list[_Task], requested: list[int]) -> int:
+    """Waits for a stop request, a failed task or the script's end; then stops the rest. Returns the status."""
     while True:
-        for task in running:
-            code = task.process.poll()
-            if code is not None and code != 0:
-                out.write(f"[launcher] task {task.name} failed with exit status {_exit_status(code)}; "
-                          "stopping the others\n")
-                out.flush()
-                _stop([t for t in running if t is not task])
-                for other in running:  # let the failed task's last lines through
-                    other.pump.join(timeout=5)
-                return _exit_status(code)
-        if all(t.process.poll() == 0 for t in script_tasks):
-            _stop([t for t in running if t not in script_tasks])  # servers run until told to stop
-            for task in running:
-                task.pump.join(timeout=5)
-            return 0
-        time.sleep(0.1)
+        failed = next((t for t in running if t.process.poll() not in (None, 0)), None)
+        if requested:
+            status, stopping = 128 + requested[0], running
+            _say(out, "interrupted; stopping every task")
+        elif failed is not None:
+            status, stopping = _exit_status(failed.process.returncode), [t for t in running if t is not failed]
+            _say(out, f"task {failed.name} failed with exit status {status}; stopping the others")
+        elif all(t.process.poll() == 0 for t in script_tasks):
+            status, stopping = 0, [t for t in running if t not in script_tasks]  # servers run until told to stop
+        else:
+            time.sleep(0.1)
+            continue
+        _stop(stopping)
+        for task in running:  # let every task's last lines through
+            task.pump.join(timeout=5)
+        return status
+
+
+def _say(out, message: str) -> None:
+    out.write(f"[launcher] {message}\n")
+    out.flush()
 
 
 def _stop(tasks_: list[_Task]) -> None:
+    """SIGTERM to each task's process group (time to save a backup); SIGKILL after GRACE_SECONDS."""
     live = [t for t in tasks_ if t.process is not None and t.process.poll() is None]
     for task in live:
         task.signal(signal.SIGTERM)
