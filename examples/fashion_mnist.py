@@ -210,7 +210,7 @@ def main(argv=None) -> dict:
             PlotHistory(os.path.join(out, "curves.png")),
         ],
     )
-    test = trainer.evaluate(history.model, (x_test, y_test))
+    test = trainer.evaluate(history.model, (x_test, y_test), return_dict=True)
 
     results = {"test_accuracy": test["accuracy"], "test_loss": test["loss"], "epochs": len(history.epoch)}
     if not chief:  # the checkpoint files are the chief's

@@ -50,7 +50,7 @@ for family in chosen or FAMILIES:
         x, y = make_data(family, SIZES[case], seed=0)
         data, val = ((x, y), (val_x, val_y)) if form == "arrays" else (as_dataset(x, y), as_dataset(val_x, val_y))
         history = trainer.fit(model, data, epochs=2, validation_data=val)
-        results[key] = {"history": history.history, "evaluate": trainer.evaluate(model, data)}
+        results[key] = {"history": history.history, "evaluate": trainer.evaluate(model, data, return_dict=True)}
         arrays[f"{key}/weights"] = np.concatenate([w.ravel() for w in model.get_weights()])
         arrays[f"{key}/predictions"] = trainer.predict(model, x if form == "arrays" else as_dataset(x, y).map(
             lambda features, _: features))

@@ -31,7 +31,7 @@ trainer = Trainer(strategy=strategy, batch_size=64, lr_scaling=None, seed=0, ver
 
 history = trainer.fit(tiny_model(), (x, y, w), epochs=2, validation_data=(x[:301], y[:301], w[:301]))
 model = history.model
-evaluation = trainer.evaluate(model, (x, y, w))
+evaluation = trainer.evaluate(model, (x, y, w), return_dict=True)
 predictions = trainer.predict(model, x)
 
 # At LR 0 the weights never move, so the epoch loss must be the weighted mean.

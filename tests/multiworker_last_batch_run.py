@@ -55,7 +55,7 @@ for family in ("embedding", "cnn"):
         x, y = make_data(family, SIZES.get(case, SIZES["fused"]), seed=0)
         history = trainer.fit(model, form(x, y), epochs=2, shuffle=False)
         results[f"{family}/{case}"] = {"history": history.history,
-                                       "evaluate": trainer.evaluate(model, form(x, y))}
+                                       "evaluate": trainer.evaluate(model, form(x, y), return_dict=True)}
         weights[f"{family}/{case}"] = np.concatenate([w.ravel() for w in model.get_weights()])
 info = cluster_info()
 task = f"{info.task_type or 'single'}{info.task_id}"

@@ -51,7 +51,7 @@ epochs = int(os.environ.get("EPOCHS", "2"))
 history = trainer.fit(tiny_model(global_clipnorm=0.5, gradient_accumulation_steps=2), (x, y, w), epochs=epochs,
                       validation_data=(x[:301], y[:301], w[:301]),
                       callbacks=callbacks)
-evaluation = trainer.evaluate(history.model, (x, y, w))
+evaluation = trainer.evaluate(history.model, (x, y, w), return_dict=True)
 predictions = trainer.predict(history.model, x)
 np.savez(os.path.join(out, f"{task}.npz"), predictions=predictions,
          weights=np.concatenate([v.ravel() for v in history.model.get_weights()]))

@@ -471,7 +471,8 @@ CASES: dict[str, Case] = {
     "compile_steps_per_execution": Case(lambda: _compiled(_dense(), metrics=["mae"], steps_per_execution=3),
                                         _regression),
     "compile_jit_compile": Case(lambda: _compiled(_dense(), metrics=["mae"], jit_compile=True), _regression),
-    # evaluate's and predict's Keras arguments (every row also compares evaluate(return_dict=False)).
+    # evaluate's and predict's Keras arguments (every row also compares evaluate's default return: a list or
+    # a float).
     "evaluate_predict_steps": Case(lambda: _compiled(_dense(), metrics=["mae"]), _regression,
                                    eval_kwargs={"steps": 2}),
     "evaluate_predict_steps_dataset": Case(lambda: _compiled(_dense(), metrics=["mae"]), _regression,

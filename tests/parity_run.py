@@ -99,8 +99,7 @@ def _keras_run(case, folder):
         args, kwargs = _inputs(case, x, y, w)
         evaluated = model.evaluate(*args, **kwargs, **case.eval_kwargs, return_dict=True, verbose=0)
         args, kwargs = _inputs(case, x, y, w)
-        evaluated["return_dict=False"] = model.evaluate(*args, **kwargs, **case.eval_kwargs, return_dict=False,
-                                                   verbose=0)
+        evaluated["default"] = model.evaluate(*args, **kwargs, **case.eval_kwargs, verbose=0)  # a list or a float
     args, kwargs = _inputs(case, x, y, w, features_only=True)
     predicted = model.predict(*args, **kwargs, **case.eval_kwargs, verbose=0)
     return history.history, model.get_weights(), evaluated, predicted
@@ -118,8 +117,7 @@ def _trainer_run(case, folder):
         args, kwargs = _inputs(case, x, y, w)
         evaluated = trainer.evaluate(model, *args, **kwargs, **case.eval_kwargs, return_dict=True, verbose=0)
         args, kwargs = _inputs(case, x, y, w)
-        evaluated["return_dict=False"] = trainer.evaluate(model, *args, **kwargs, **case.eval_kwargs,
-                                                     return_dict=False, verbose=0)
+        evaluated["default"] = trainer.evaluate(model, *args, **kwargs, **case.eval_kwargs, verbose=0)
     args, kwargs = _inputs(case, x, y, w, features_only=True)
     predicted = trainer.predict(model, *args, **kwargs, **case.eval_kwargs, verbose=0)
     return history.history, model.get_weights(), evaluated, predicted

@@ -17,7 +17,7 @@ from tiny import tiny_data, tiny_model  # noqa: E402
 
 x, y, w = tiny_data(1003)
 history = trainer.fit(lambda: tiny_model(lr=0.05), (x, y, w), epochs=4, validation_data=(x[:300], y[:300]))
-evaluation = trainer.evaluate(history.model, (x, y, w))
+evaluation = trainer.evaluate(history.model, (x, y, w), return_dict=True)
 logits = trainer.predict(history.model, x)
 # A model without regularization losses: its steps return no regularization term of their own.
 plain = trainer.fit(lambda: tiny_model(lr=0.05, regularized=False), (x, y, w), epochs=1, steps_per_epoch=8)

@@ -40,16 +40,16 @@ def test_checkpoint_from_a_strategy_loads_without_one_and_evaluates_the_same(tmp
     x, y, w = tiny_data(256)
     trainer, history = _fit([ModelCheckpoint(tmp_path), ModelCheckpoint(tmp_path / "w", save_weights_only=True)],
                             epochs=2)
-    expected = trainer.evaluate(history.model, (x, y, w))
+    expected = trainer.evaluate(history.model, (x, y, w), return_dict=True)
     plain = Trainer(strategy="default", batch_size=32, verbose=0)
 
     loaded = keras.models.load_model(ModelCheckpoint.last_path(tmp_path))
-    for key, value in plain.evaluate(loaded, (x, y, w)).items():
+    for key, value in plain.evaluate(loaded, (x, y, w), return_dict=True).items():
         assert value == pytest.approx(expected[key], rel=1e-6), key
 
     fresh = tiny_model()
     fresh.load_weights(ModelCheckpoint.last_path(tmp_path / "w"))
-    for key, value in plain.evaluate(fresh, (x, y, w)).items():
+    for key, value in plain.evaluate(fresh, (x, y, w), return_dict=True).items():
         assert value == pytest.approx(expected[key], rel=1e-6), key
     assert int(loaded.optimizer.iterations.numpy()) == 2 * 8  # optimizer state came along
 

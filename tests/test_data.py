@@ -110,7 +110,7 @@ def test_a_dataset_with_steps_per_epoch_is_one_stream_that_starts_again_when_it_
                           steps_per_epoch=steps_per_epoch)
     assert int(history.model.optimizer.iterations.numpy()) == 3 * steps_per_epoch
     # The weights never move (LR 0), so each epoch's loss is the loss over the examples it read.
-    expected = [trainer.evaluate(model, (x[list(rows)], y[list(rows)]))["loss"] for rows in seen]
+    expected = [trainer.evaluate(model, (x[list(rows)], y[list(rows)]), return_dict=True)["loss"] for rows in seen]
     np.testing.assert_allclose(history.history["loss"], expected, rtol=1e-5)
 
 

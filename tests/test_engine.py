@@ -86,7 +86,7 @@ def test_a_dataset_on_cpu_replicas_gives_the_default_strategys_numbers(replicas,
         history = trainer.fit(tiny_model(), data, epochs=2, validation_data=data)
         weights = np.concatenate([v.ravel() for v in history.model.get_weights()])
         predictions = trainer.predict(history.model, tf.data.Dataset.from_tensor_slices(x))
-        return history.history, weights, trainer.evaluate(history.model, data), predictions
+        return history.history, weights, trainer.evaluate(history.model, data, return_dict=True), predictions
 
     reference, result = run("default"), run(mirrored(replicas))
     _assert_same(result[:2], reference[:2])
@@ -99,7 +99,8 @@ def test_a_dataset_on_cpu_replicas_gives_the_default_strategys_numbers(replicas,
 def _run_everything(data, inputs):
     trainer = Trainer(strategy=mirrored(2), batch_size=32, lr_scaling="linear", warmup_steps=5, seed=0, verbose=0)
     history = trainer.fit(tiny_model(), data, epochs=2, validation_data=data)
-    return history.history, trainer.evaluate(history.model, data), trainer.predict(history.model, inputs)
+    evaluation = trainer.evaluate(history.model, data, return_dict=True)
+    return history.history, evaluation, trainer.predict(history.model, inputs)
 
 
 @pytest.mark.slow

@@ -142,7 +142,7 @@ def test_fit_through_the_feed_equals_fit_through_the_dataset_pipeline(monkeypatc
     def run():
         trainer = Trainer(strategy=mirrored(2), per_replica_batch_size=16, verbose=0)
         history = trainer.fit(tiny_model(), (x, y, w), epochs=2, validation_data=(x, y))
-        return history, trainer.evaluate(history.model, (x, y, w)), trainer.predict(history.model, x)
+        return history, trainer.evaluate(history.model, (x, y, w), return_dict=True), trainer.predict(history.model, x)
 
     fed = run()
     monkeypatch.setattr(feed_lib, "supports", lambda strategy: False)

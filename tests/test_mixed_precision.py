@@ -13,7 +13,7 @@ def _fit(policy, strategy="default"):
     trainer = Trainer(strategy=strategy, per_replica_batch_size=32, lr_scaling=None, mixed_precision=policy,
                       verbose=0)
     history = trainer.fit(tiny_model(), (x, y, w), epochs=3)
-    return history, trainer.evaluate(history.model, (x, y, w))
+    return history, trainer.evaluate(history.model, (x, y, w), return_dict=True)
 
 
 @pytest.mark.slow

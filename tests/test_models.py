@@ -103,7 +103,7 @@ def test_multi_output_losses_are_weighted_per_output(data):
     targets = {"cls": y, "reg": x[:, :1] * 2.0}
     trainer = Trainer(strategy=mirrored(4), batch_size=32, verbose=0)
     model = trainer.fit(_two_headed, (x, targets), epochs=1).model
-    result = trainer.evaluate(model, (x, targets))
+    result = trainer.evaluate(model, (x, targets), return_dict=True)
     pred = model.predict(x, verbose=0)
     logits = pred["cls"] - pred["cls"].max(axis=1, keepdims=True)
     ce = -(logits - np.log(np.exp(logits).sum(axis=1, keepdims=True)))[np.arange(len(y)), y]
@@ -233,8 +233,8 @@ def test_a_model_built_under_another_strategy_continues_under_the_requested_one(
     for got, user, want in zip(moved.get_weights(), first.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
         np.testing.assert_array_equal(user, got)  # the user's object (still under `two`) sees the training
-    evaluation = Trainer(strategy=four, **options).evaluate(first, (x, y))
-    for key, value in Trainer(strategy="default", **options).evaluate(reference, (x, y)).items():
+    evaluation = Trainer(strategy=four, **options).evaluate(first, (x, y), return_dict=True)
+    for key, value in Trainer(strategy="default", **options).evaluate(reference, (x, y), return_dict=True).items():
         assert evaluation[key] == pytest.approx(value, rel=1e-5), key
     np.testing.assert_allclose(Trainer(strategy=four, **options).predict(first, x), reference.predict(x, verbose=0),
                                rtol=1e-5, atol=1e-6)
@@ -269,7 +269,7 @@ def test_a_stateful_rnn_trains_on_one_device_as_model_fit_does(strategy):
     for a, b in zip(ours.get_weights(), theirs.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
     # The states carry on from training in both, as each call moves them on.
-    assert trainer.evaluate(ours, (x, y)) == pytest.approx(theirs.evaluate(x, y, batch_size=4, return_dict=True),
+    assert trainer.evaluate(ours, (x, y)) == pytest.approx(theirs.evaluate(x, y, batch_size=4),
                                                            rel=1e-5)
     np.testing.assert_allclose(trainer.predict(ours, x), theirs.predict(x, batch_size=4, verbose=0), rtol=1e-5,
                                atol=1e-6)

@@ -284,14 +284,15 @@ class Trainer:
         sample_weight: Any = None,
         steps: int | None = None,
         callbacks: Sequence[keras.callbacks.Callback] | None = None,
-        return_dict: bool = True,
+        return_dict: bool = False,
         strategy: str | tf.distribute.Strategy | None = None,
-    ) -> dict[str, float] | float | list[float]:
-        """Returns {metric name: value}, exact over every example of the data (as `model.evaluate`).
+    ) -> float | list[float] | dict[str, float]:
+        """Returns the loss and metrics, exact over every example of the data, as `model.evaluate` does.
 
-        Takes what `model.evaluate` takes, with the model first. `return_dict=False`
-        gives Keras's list, in Keras's order (a float when there is one value); the default is the dict.
-        `verbose` is accepted for Keras's signature; evaluation prints nothing.
+        Takes what `model.evaluate` takes, with the model first, and returns what it returns: a float
+        when there is one value, else a list in Keras's order (`model.metrics_names`); with
+        `return_dict=True`, {metric name: value}. `verbose` is accepted for Keras's signature;
+        evaluation prints nothing.
         """
         del verbose
         strategy = self._resolve_strategy(strategy)
