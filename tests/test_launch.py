@@ -1,5 +1,6 @@
 """trainer-launch without TensorFlow in the tasks: cluster specs, prefixes, failures, Ctrl-C."""
 
+import contextlib
 import io
 import json
 import os
@@ -46,6 +47,18 @@ def _output(proc, timeout=30):
         proc.send_signal(signal.SIGABRT)
         out, _ = proc.communicate(timeout=30)
         pytest.fail(f"trainer.launch still ran {timeout}s on; its output, then its threads' stacks:\n{out}")
+
+
+@contextlib.contextmanager
+def _sigint_as_in_a_terminal():
+    """Children started inside get SIGINT's default action, as a command typed at a terminal does. Where the
+    test run itself ignores SIGINT (a job started in the background without job control, as CI may start
+    it), its children inherit that, and the launcher rightly keeps ignoring Ctrl-C."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # exec turns a handler into SIG_DFL
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _gone(pid):
@@ -97,7 +110,8 @@ def test_interrupt_stops_every_task(tmp_path, signum, status):
             f.write(f"{{os.getpid()}}\\n")
         time.sleep(60)
     """)
-    proc = _launch(script)
+    with _sigint_as_in_a_terminal():
+        proc = _launch(script)
     deadline = time.monotonic() + 30
     while (not marker.exists() or len(marker.read_text().split()) < 2) and time.monotonic() < deadline:
         time.sleep(0.1)
