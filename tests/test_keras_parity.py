@@ -25,6 +25,7 @@ import keras
 import pytest
 
 from conftest import TESTS
+from trainer import _compat
 
 sys.path.insert(0, str(TESTS))
 import parity_cases  # noqa: E402
@@ -42,7 +43,7 @@ KERAS_BUGS = {
     "test_step_override": ((3, 14), "before Keras 3.14, model.evaluate returns a test_step's nested CompileMetrics "
                                     "dict as it is, and fit's callbacks flatten it into the training metrics' names"),
 }
-KERAS = tuple(int("".join(c for c in part if c.isdigit()) or 0) for part in keras.version().split(".")[:2])
+KERAS = _compat.KERAS_VERSION
 
 
 def _run(replicas: int, cases: list[str], folder) -> dict:

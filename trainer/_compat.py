@@ -331,7 +331,8 @@ def _keras_version() -> tuple[int, ...]:
     return tuple(parts)
 
 
-ACTIVITY_SUMS = _keras_version() < (3, 14)  # the activity regularizer is a sum over the batch
+KERAS_VERSION = _keras_version()  # (major, minor)
+ACTIVITY_SUMS = KERAS_VERSION < (3, 14)  # the activity regularizer is a sum over the batch
 
 
 class _ScaledActivity:
