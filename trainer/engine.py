@@ -15,12 +15,12 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from trainer import _compat, checks, models, scaling
+from trainer import _compat, checks, models, placement, scaling
 from trainer import inputs as inputs_lib
 from trainer import strategy as strategy_lib
 from trainer.cluster import is_parameter_server
 from trainer.objective import Objective
-from trainer.steps import Steps, unpack
+from trainer.steps import Steps
 
 CACHE_SIZE = 4
 
@@ -51,10 +51,10 @@ class LRSettings:
     batch: scaling.BatchPlan
     warmup_steps: int
 
-    def plan_for(self, optimizer: keras.optimizers.Optimizer, in_scope: models.InScope) -> scaling.LRPlan:
+    def plan_for(self, optimizer: keras.optimizers.Optimizer) -> scaling.LRPlan:
         rule = scaling.resolve_lr_rule(self.rule, optimizer)
         factor = scaling.lr_factor(rule, self.batch.global_batch_size, self.base_batch_size)
-        return scaling.LRPlan(rule, models.base_learning_rate(optimizer, in_scope), factor, self.warmup_steps)
+        return scaling.LRPlan(rule, models.base_learning_rate(optimizer), factor, self.warmup_steps)
 
 
 def jit_for(strategy: tf.distribute.Strategy, setting: bool | str, model: Any = None) -> bool:
@@ -128,42 +128,48 @@ def build(
     in_scope: models.InScope,
     lr: LRSettings | None = None,
     mixed_precision: str | None = None,
-) -> tuple[keras.Model, Engine, scaling.LRPlan | None]:
+) -> tuple[keras.Model, Engine, scaling.LRPlan | None, placement.Move]:
     """Puts the model (and, when training, its scaled optimizer) in scope; returns it with its engine.
+
+    The model is the user's own object, moved into the scope for the call
+    (`placement.Move`): the caller puts it home with `move.back()`.
 
     Args:
       lr: the learning-rate settings when training; None for evaluation.
       cache: recent engines (at most `CACHE_SIZE`), reused while model, strategy,
-        optimizer and settings match.
-      in_scope: the Trainer's record of the copies and optimizers it made (`models.InScope`).
-      mixed_precision: a Keras dtype policy name for the model's layers, or None.
+        optimizer, compiled losses and metrics, backing variables and settings match.
+      in_scope: the Trainer's record of the backings it made (`models.InScope`).
+      mixed_precision: a Keras dtype policy name for a builder's layers, or None.
     """
     model = models.from_builder(model, strategy, seed, mixed_precision)
     batch = sample_batch(model, inp, strategy, global_batch_size)
-    x, _, _ = unpack(batch)
-    states = models.saved_states(model)
-    run_model = models.model_in_scope(model, strategy, x, in_scope, mixed_precision)
-    models.check_loss(run_model, training=lr is not None)
-    lr_plan = None
-    if lr is not None and run_model.optimizer is not None:  # a GAN keeps its optimizers elsewhere
-        lr_plan = lr.plan_for(run_model.optimizer, in_scope)
-        models.optimizer_in_scope(run_model, strategy, in_scope, factor=lr_plan.factor, warmup_steps=lr.warmup_steps,
-                                  own_model=run_model is model)
-    jit = jit_for(strategy, jit_compile, run_model)
-    warmup = lr_plan.float_warmup() if lr_plan else None
-    key = (run_model, strategy, run_model.optimizer, jit, warmup)
-    engine = next((e for e in cache if _same(e.key, key)), None)
-    if engine is None:
-        objective = Objective(run_model, strategy, batch)
-        steps = Steps(strategy, run_model, objective, jit_compile=jit, warmup=warmup)
-        eval_strategy, eval_steps = strategy, steps
-        if is_parameter_server(strategy):
-            eval_strategy = tf.distribute.get_strategy()  # inline on the coordinator
-            eval_steps = Steps(eval_strategy, run_model, objective, jit_compile=jit)
-        engine = Engine(key, strategy, objective, steps, eval_strategy, eval_steps)
-        cache[:] = [engine] + cache[: CACHE_SIZE - 1]  # bounded: engines hold their models
-    models.restore_states(run_model, states)  # the calls on `x` only built the model
-    return run_model, engine, lr_plan
+    move = placement.move_in(model, strategy, in_scope.table(model, strategy), batch, targets=True)
+    try:
+        models.check_loss(model, training=lr is not None)
+        lr_plan = None
+        if lr is not None and model.optimizer is not None:  # a GAN keeps its optimizers elsewhere
+            lr_plan = lr.plan_for(model.optimizer)
+            move.undo.append(models.scale_learning_rate(model, strategy, lr_plan))
+        jit = jit_for(strategy, jit_compile, model)
+        warmup = lr_plan.float_warmup() if lr_plan else None
+        scaled = (lr_plan.factor, lr_plan.warmup_steps) if lr_plan else None
+        objects = (model, strategy, model.optimizer, _compat.compile_loss(model), _compat.compile_metrics(model))
+        variables, _ = _compat.model_state(model)
+        key = (objects, (jit, warmup, scaled, tuple(id(_compat.backing(v)) for v in variables)))
+        engine = next((e for e in cache if _same(e.key, key)), None)
+        if engine is None:
+            objective = Objective(model, strategy)
+            steps = Steps(strategy, model, objective, jit_compile=jit, warmup=warmup)
+            eval_strategy, eval_steps = strategy, steps
+            if is_parameter_server(strategy):
+                eval_strategy = tf.distribute.get_strategy()  # inline on the coordinator
+                eval_steps = Steps(eval_strategy, model, objective, jit_compile=jit)
+            engine = Engine(key, strategy, objective, steps, eval_strategy, eval_steps)
+            cache[:] = [engine] + cache[: CACHE_SIZE - 1]  # bounded: engines hold their models
+    except BaseException:
+        move.back()
+        raise
+    return model, engine, lr_plan, move
 
 
 def sample_batch(model: keras.Model, inp: inputs_lib.Input, strategy: tf.distribute.Strategy,
@@ -175,5 +181,6 @@ def sample_batch(model: keras.Model, inp: inputs_lib.Input, strategy: tf.distrib
 
 
 def _same(a: tuple, b: tuple) -> bool:
-    # Objects by identity (ids can be reused once an object is freed), settings by value.
-    return all(x is y for x, y in zip(a[:3], b[:3])) and a[3:] == b[3:]
+    # Objects by identity (ids can be reused once an object is freed), settings by value. The backings'
+    # ids are settings: the engine's traced steps hold those variables, so their ids are not reused.
+    return all(x is y for x, y in zip(a[0], b[0])) and a[1] == b[1]

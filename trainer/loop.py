@@ -255,10 +255,7 @@ def one_pass(make_reader: MakeReader, inp, *, read_all: bool):
 
 def end_epoch(epoch: int, objective, eval_steps: Steps, validation: Validation | None, callbacks) -> dict:
     """Reads the epoch's train logs, validates when due, and calls `on_epoch_end`; returns the logs."""
-    logs = objective.results()
-    optimizer = eval_steps.model.optimizer
-    if optimizer is not None:
-        logs["learning_rate"] = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+    logs = objective.results()  # Keras's keys only: its learning-rate callbacks add `learning_rate` themselves
     if validation is not None and validation.due(epoch):
         val_logs = run_eval(eval_steps, validation.make_reader, validation.inp, callbacks, validation.steps)
         logs.update({f"val_{k}": v for k, v in val_logs.items()})

@@ -149,17 +149,13 @@ class Objective:
     """The model's loss and metrics for one strategy: per-replica loss weights, trackers, results.
 
     Args:
-      model: the compiled model, in `strategy`'s scope.
+      model: the compiled model, built and in `strategy`'s scope (`placement.move_in`).
       strategy: the strategy whose replicas run the steps.
-      data_batch: a sample `(x, y[, sample_weight])` batch; the compiled losses'
-        and metrics' state is built from its shapes, in `strategy`'s scope.
     """
 
-    def __init__(self, model: keras.Model, strategy: tf.distribute.Strategy, data_batch: Any):
+    def __init__(self, model: keras.Model, strategy: tf.distribute.Strategy):
         self.model = model
         self.strategy = strategy
-        with strategy.scope():
-            _compat.symbolic_build(model, data_batch)
         _compat.metric_variables_on_read(model, strategy)  # Keras 3.8 and 3.9 mirror them on write
         self.loss_tracker = _compat.loss_tracker(model)
         self.model_steps = ModelSteps.of(model)

@@ -11,7 +11,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from trainer import checks, collectives, loop, malloc, models, options, ps, scaling
+from trainer import checks, collectives, loop, malloc, models, options, placement, ps, scaling
 from trainer import data as data_lib
 from trainer import inputs as inputs_lib
 from trainer import engine as engine_lib
@@ -162,7 +162,7 @@ class Trainer:
         # Resolve now: multi-worker strategies must be created before TensorFlow runs any op.
         self._resolve_strategy(None)
         self._engines: list[engine_lib.Engine] = []
-        self._in_scope = models.InScope()  # the in-scope copies and scaled optimizers this Trainer made
+        self._in_scope = models.InScope()  # the in-scope backings and scaled optimizers this Trainer made
         self._nan_guard = None  # the default NanGuard, made at the first fit
 
     # Public API ----------------------------------------------------------------
@@ -238,6 +238,7 @@ class Trainer:
         self._check_shuffle_seed(train, shuffle, strategy)
         if isinstance(model, keras.Model):
             models.check_compiled(model)
+        models.check_precision(model, self.mixed_precision)
         batch, batch_source = self._batch_plan(strategy, train, batch_size)
         user_steps = steps_per_epoch
         steps_per_epoch = steps_per_epoch or train.num_steps(batch.global_batch_size)
@@ -247,29 +248,30 @@ class Trainer:
                                  global_batch_size=batch.global_batch_size)
         lr = engine_lib.LRSettings(self.lr_scaling, self._base_batch_size(batch, batch_source), batch, warmup_steps)
         process = malloc.tune_process(self.tune_malloc)  # the checks are done: the process may change now
-        run_model, compiled, lr_plan = self._build(model, strategy, train, batch, lr=lr)
-        fusion, fusion_source = self._fusion(compiled, batch, steps_per_epoch, callbacks)
-        plan = self._plan(strategy, train, batch, steps_per_epoch, lr_plan, fusion, run_model,
-                          batch_source=batch_source, fusion_source=fusion_source, process=process)
-        context = loop.TrainContext(strategy, strategy_cluster_info(strategy), plan, epochs=epochs,
-                                    initial_epoch=initial_epoch, fusion=fusion, lr_plan=lr_plan)
-        verbose = self.verbose if verbose is None else 1 if verbose == "auto" else verbose  # Keras's "auto" is 1
-        if verbose and context.is_chief:
-            print(plan.describe(), flush=True)
-        if plan.batch_norm and plan.num_replicas > 1:
-            warnings.warn(f"Per-replica BatchNormalization: {batch_norm_note(plan.batch_norm, plan.num_replicas)}.",
-                          stacklevel=2)
-        history = History()
-        callback_list = self._callback_list(callbacks + [history], context, run_model, verbose)
-        validation = None if val is None else loop.Validation(
-            val, validation_freq, validation_steps,
-            self._batch_plan(strategy, val, validation_batch_size or batch_size)[0])
-        self._train(compiled, context, callback_list, train, validation, batch, shuffle=shuffle,
-                    restart_each_epoch=train.restarts_each_epoch(user_steps))
-        if fusion.auto and fusion.seconds_per_step is not None:
-            compiled.seconds_per_step[batch.global_batch_size] = fusion.seconds_per_step
-        if run_model is not model and isinstance(model, keras.Model):
-            model.set_weights(run_model.get_weights())  # the user's object sees the training
+        run_model, compiled, lr_plan, move = self._build(model, strategy, train, batch, lr=lr)
+        try:
+            fusion, fusion_source = self._fusion(compiled, batch, steps_per_epoch, callbacks)
+            plan = self._plan(strategy, train, batch, steps_per_epoch, lr_plan, fusion, run_model,
+                              batch_source=batch_source, fusion_source=fusion_source, process=process)
+            context = loop.TrainContext(strategy, strategy_cluster_info(strategy), plan, epochs=epochs,
+                                        initial_epoch=initial_epoch, fusion=fusion, lr_plan=lr_plan)
+            verbose = self.verbose if verbose is None else 1 if verbose == "auto" else verbose  # Keras's "auto" is 1
+            if verbose and context.is_chief:
+                print(plan.describe(), flush=True)
+            if plan.batch_norm and plan.num_replicas > 1:
+                warnings.warn(f"Per-replica BatchNormalization: {batch_norm_note(plan.batch_norm, plan.num_replicas)}.",
+                              stacklevel=2)
+            history = History()
+            callback_list = self._callback_list(callbacks + [history], context, run_model, verbose)
+            validation = None if val is None else loop.Validation(
+                val, validation_freq, validation_steps,
+                self._batch_plan(strategy, val, validation_batch_size or batch_size)[0])
+            self._train(compiled, context, callback_list, train, validation, batch, shuffle=shuffle,
+                        restart_each_epoch=train.restarts_each_epoch(user_steps))
+            if fusion.auto and fusion.seconds_per_step is not None:
+                compiled.seconds_per_step[batch.global_batch_size] = fusion.seconds_per_step
+        finally:
+            move.back()  # the user's model goes home with its trained state, as after model.fit
         return history
 
     @_quiet_tf_info
@@ -302,13 +304,17 @@ class Trainer:
         data_lib.check_workers(inp, **_workers(strategy, training=False), arg=_data_arg(y, sample_weight))
         if isinstance(model, keras.Model):
             models.check_compiled(model)
+        models.check_precision(model, self.mixed_precision)
         model = checks.check_evaluate(model, inp, steps=steps)
         batch, _ = self._batch_plan(strategy, inp, batch_size)
         malloc.tune_process(self.tune_malloc)
-        run_model, compiled, _ = self._build(model, strategy, inp, batch)
-        callback_list = keras.callbacks.CallbackList(callbacks, model=run_model)
-        logs = loop.run_eval(compiled.eval_steps, self._readers(compiled.eval_strategy, batch), inp,
-                             callback_list, num_steps=steps)
+        run_model, compiled, _, move = self._build(model, strategy, inp, batch)
+        try:
+            callback_list = keras.callbacks.CallbackList(callbacks, model=run_model)
+            logs = loop.run_eval(compiled.eval_steps, self._readers(compiled.eval_strategy, batch), inp,
+                                 callback_list, num_steps=steps)
+        finally:
+            move.back()
         return logs if return_dict else logs_in_order(run_model, logs)
 
     @_quiet_tf_info
@@ -337,17 +343,19 @@ class Trainer:
         inp = data_lib.features(data_lib.as_input(x, arg="x", with_targets=False), model)
         data_lib.check_workers(inp, **_workers(strategy, training=False), arg="x")
         model = checks.check_predict(model, inp)
+        models.check_precision(model, self.mixed_precision)
         batch, _ = self._batch_plan(strategy, inp, batch_size)
         malloc.tune_process(self.tune_malloc)
         model = models.from_builder(model, strategy, self.seed, self.mixed_precision)
         sample_x = engine_lib.sample_batch(model, inp, strategy, batch.global_batch_size)
-        states = models.saved_states(model)
-        run_model = models.model_in_scope(model, strategy, sample_x, self._in_scope, self.mixed_precision)
-        models.restore_states(run_model, states)
-        if is_parameter_server(strategy):
-            strategy = tf.distribute.get_strategy()  # inline on the coordinator
-        with loop.one_pass(self._readers(strategy, batch), inp, read_all=steps is None) as reader:
-            outputs = self._predict_steps(run_model, strategy).predict(reader, steps)
+        move = placement.move_in(model, strategy, self._in_scope.table(model, strategy), sample_x, targets=False)
+        try:
+            if is_parameter_server(strategy):
+                strategy = tf.distribute.get_strategy()  # inline on the coordinator
+            with loop.one_pass(self._readers(strategy, batch), inp, read_all=steps is None) as reader:
+                outputs = self._predict_steps(model, strategy).predict(reader, steps)
+        finally:
+            move.back()
         return tf.nest.map_structure(lambda *parts: np.concatenate(parts, axis=0), *outputs)
 
     # Stages ------------------------------------------------------------------

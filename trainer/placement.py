@@ -1,0 +1,189 @@
+"""A Keras model built anywhere, moved into a strategy's scope in place for one call, and back.
+
+Variables belong to the strategy under whose scope they were created. A Keras
+variable is a handle on a backing `tf.Variable` (`_compat.backing`), so a
+model whose variables were made elsewhere moves into the scope without being
+re-created: each of its variables gets a backing variable created inside the
+scope from its current value, with the same trainable flag, name, aggregation
+and synchronization. Under MirroredStrategy that is a MirroredVariable; under
+MultiWorkerMirroredStrategy its initial value is broadcast from the chief, so
+workers whose builds drew different weights start alike; under
+ParameterServerStrategy it lives on the ps tasks. Layers, losses, metrics and
+optimizers stay the user's own objects, whatever their constructors take.
+
+After the call every variable moves back to its home (the backing variable it
+had, or a new one outside any scope for state the call created, such as the
+slots of an optimizer built in its step), holding the trained value: the
+model then works without any strategy, as after `model.fit`. The in-scope
+variables are kept in the Trainer's `models.InScope` and filled again by the
+next call, so the steps traced on them are reused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import keras
+import tensorflow as tf
+
+from trainer import _compat
+from trainer.cluster import is_parameter_server, strategy_cluster_info
+from trainer.objective import overridden
+from trainer.steps import unpack
+
+ON_READ = tf.VariableSynchronization.ON_READ
+
+
+def in_scope(strategy: tf.distribute.Strategy, backing: Any) -> bool:
+    """Whether a backing variable belongs to `strategy` (any plain variable belongs to the default one)."""
+    return strategy.extended.variable_created_in_scope(backing)
+
+
+@dataclasses.dataclass
+class Move:
+    """A model in `strategy`'s scope for one call; `back()` puts it home.
+
+    Attributes:
+      homes: id(Keras variable) -> (the variable, the backing it had before the move).
+      optimizer_strategies: each moved optimizer with the strategy it updated through before.
+      table: the Trainer's in-scope backings for this model and strategy, id(variable) -> (variable, backing).
+      undo: what the call changed on the model for its duration (a scaled learning rate), undone first.
+    """
+
+    model: keras.Model
+    strategy: tf.distribute.Strategy
+    homes: dict[int, tuple[keras.Variable, Any]]
+    optimizer_strategies: list[tuple[Any, Any]]
+    table: dict[int, tuple[keras.Variable, Any]]
+    undo: list[Callable[[], None]] = dataclasses.field(default_factory=list)
+
+    @property
+    def moved(self) -> bool:
+        return bool(self.homes)
+
+    def back(self) -> None:
+        """Every variable in the scope returns home with its value; the model is then as `model.fit` leaves it."""
+        while self.undo:
+            self.undo.pop()()
+        if not self.homes:
+            return
+        variables, optimizers = _compat.model_state(self.model)
+        for variable in variables:
+            current = _compat.backing(variable)
+            if current is None or not in_scope(self.strategy, current):
+                continue
+            value = _read(current)
+            _, home = self.homes.get(id(variable), (None, None))
+            if home is None:  # created in the scope during the call
+                with tf.init_scope():
+                    home = _variable_like(current, variable.name, value)
+            else:
+                home.assign(value)
+            self.table[id(variable)] = (variable, current)
+            _compat.set_backing(variable, home)
+        before = {id(optimizer): previous for optimizer, previous in self.optimizer_strategies}
+        for optimizer in optimizers:
+            if _compat.optimizer_strategy(optimizer) is self.strategy:
+                _compat.set_optimizer_strategy(optimizer, before.get(id(optimizer), tf.distribute.get_strategy()))
+            _compat.reindex(optimizer)
+        _compat.forget_traced_functions(self.model)
+        self.homes = {}
+
+
+def move_in(model: keras.Model, strategy: tf.distribute.Strategy, table: dict, data_batch: Any, *,
+            targets: bool) -> Move:
+    """Builds what `model` has not built yet and puts every variable it holds in `strategy`'s scope.
+
+    A model already in the scope (built there, or by a builder) is built in
+    it and stays; any other is built where it lives, then moved.
+
+    Args:
+      table: the in-scope backings made for this model and strategy by earlier calls (filled here).
+      data_batch: a sample `(x, y, sample_weight)` batch (or `x`) whose shapes build the model.
+      targets: build the compiled losses and metrics too (fit and evaluate), not only the model (predict).
+    """
+    if _all_in_scope(model, strategy):
+        with strategy.scope():
+            build(model, data_batch, targets=targets)
+        return Move(model, strategy, {}, [], table)
+    build(model, data_batch, targets=targets)
+    variables, optimizers = _compat.model_state(model)
+    homes = {}
+    first_holds_sum = strategy_cluster_info(strategy).is_chief
+    for variable in variables:
+        home = _compat.backing(variable)
+        if home is None or in_scope(strategy, home):
+            continue
+        value = _read(home)
+        known_variable, inside = table.get(id(variable), (None, None))
+        if known_variable is variable and inside.shape == home.shape and inside.dtype == home.dtype:
+            _fill(inside, value, strategy, first_holds_sum)
+        else:
+            with strategy.scope(), tf.init_scope():
+                inside = _variable_like(home, variable.name, value)
+            if inside.synchronization == ON_READ:
+                _fill(inside, value, strategy, first_holds_sum)
+        homes[id(variable)] = (variable, home)
+        _compat.set_backing(variable, inside)
+    moved = [(optimizer, _compat.optimizer_strategy(optimizer)) for optimizer in optimizers]
+    for optimizer, _ in moved:
+        _compat.set_optimizer_strategy(optimizer, strategy)
+        _compat.reindex(optimizer)
+    _compat.forget_traced_functions(model)
+    return Move(model, strategy, homes, moved, table)
+
+
+def build(model: keras.Model, data_batch: Any, *, targets: bool) -> None:
+    """Creates the state the model has not built yet, as Keras's fit does under a strategy before its first
+    step (`Model._symbolic_build`): symbolically, so that nothing runs (a stateful RNN's states stay).
+
+    A model with its own `train_step` need not be callable on `x` (a VAE or a conditional GAN may have no
+    `call()` at all): what it cannot build so, its step builds, as under `model.fit` on one device.
+    """
+    x, _, _ = unpack(data_batch)
+    if not targets:
+        if not all(layer.built for layer in _compat.all_layers(model)):
+            _compat.build_model_only(model, x)
+        return
+    try:
+        _compat.symbolic_build(model, data_batch)
+    except (RuntimeError, NotImplementedError, TypeError, ValueError):
+        if not overridden(model, "train_step"):
+            raise
+        if model.optimizer is not None and not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+
+
+def _all_in_scope(model: keras.Model, strategy: tf.distribute.Strategy) -> bool:
+    variables, _ = _compat.model_state(model)
+    return all(in_scope(strategy, _compat.backing(v)) for v in variables if _compat.backing(v) is not None)
+
+
+def _variable_like(like: Any, name: str, value: Any) -> tf.Variable:
+    """A variable made in the current scope with `like`'s dtype, trainable flag, aggregation and
+    synchronization, holding `value`."""
+    return tf.Variable(value, dtype=like.dtype, trainable=like.trainable, name=name, aggregation=like.aggregation,
+                       synchronization=like.synchronization)
+
+
+def _read(variable: Any) -> tf.Tensor:
+    """A variable's value as one device sees it: on-read variables summed or averaged over the replicas."""
+    if (isinstance(variable, tf.distribute.DistributedValues) and variable.synchronization == ON_READ
+            and variable.aggregation == tf.VariableAggregation.NONE):
+        return variable.distribute_strategy.experimental_local_results(variable)[0].read_value()
+    return variable.read_value()
+
+
+def _fill(inside: Any, value: Any, strategy: tf.distribute.Strategy, first_holds_sum: bool) -> None:
+    """Puts `value` in an in-scope variable so that it reads back as `value`.
+
+    An on-read variable summed over replicas (a metric's total) holds it in
+    the chief's first copy and zeros elsewhere; any other holds it in every copy.
+    """
+    if (inside.synchronization == ON_READ and inside.aggregation == tf.VariableAggregation.SUM
+            and not is_parameter_server(strategy)):
+        for i, part in enumerate(strategy.experimental_local_results(inside)):
+            part.assign(value if i == 0 and first_holds_sum else tf.zeros_like(value))
+        return
+    inside.assign(value)
