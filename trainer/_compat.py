@@ -630,8 +630,8 @@ def model_state(model: keras.Model) -> tuple[list, list]:
 
     The layers' weights and seed states, the metrics' variables (compiled ones,
     the loss tracker, a layer's own), and every optimizer's: `model.optimizer`
-    and any other one the model holds as an attribute (a GAN's two), found as
-    TensorFlow's checkpoints find them.
+    and any other one that the model or one of its layers holds as an
+    attribute, alone or in a list or dict (a GAN's two).
     """
     optimizers: list = []
     variables: dict[int, Any] = {}
@@ -655,11 +655,12 @@ def model_state(model: keras.Model) -> tuple[list, list]:
     for metric in metrics:
         add(metric.variables)
     add_optimizer(getattr(model, "optimizer", None))
-    for found in tf.train.TrackableView(model).descendants():
-        if isinstance(found, keras.optimizers.Optimizer):
-            add_optimizer(found)
-        elif isinstance(found, keras.Variable):
-            add([found])
+    for layer in all_layers(model):
+        for value in vars(layer).values():
+            items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+            for item in items:
+                if isinstance(item, keras.optimizers.Optimizer):
+                    add_optimizer(item)
     for optimizer in optimizers:
         add(optimizer.variables)
     return list(variables.values()), optimizers

@@ -141,7 +141,8 @@ def build(model: keras.Model, data_batch: Any, *, targets: bool) -> None:
     A model with its own `train_step` need not be callable on `x` (a VAE or a conditional GAN may have no
     `call()` at all): what it cannot build so, its step builds, as under `model.fit` on one device.
     """
-    x, _, _ = unpack(data_batch)
+    data_batch = keras.tree.map_structure(lambda t: None if t is None else tf.convert_to_tensor(t), data_batch)
+    x, _, _ = unpack(data_batch)  # tensors: Keras reads dtypes it knows (NumPy's strings are not one)
     if not targets:
         if not all(layer.built for layer in _compat.all_layers(model)):
             _compat.build_model_only(model, x)
