@@ -23,6 +23,8 @@ tf.config.set_logical_device_configuration(
     tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 4
 )
 
+import keras  # noqa: E402
+
 from tiny import tiny_data, tiny_model  # noqa: E402,F401  (re-exported for tests)
 
 TESTS = Path(__file__).parent
@@ -69,6 +71,17 @@ def run_python(script: str, *args: str, env: dict | None = None, timeout: int = 
     )
     assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+class LearningRateSeen(keras.callbacks.Callback):
+    """Records the learning rate in effect at each epoch's end (history has Keras's keys only)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.seen.append(float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)))
 
 
 @pytest.fixture

@@ -48,9 +48,13 @@ if os.environ.get("KILL_TASK") == task:  # dies at epoch 1, step 8: a crashed wo
     callbacks.append(Die())
 epochs = int(os.environ.get("EPOCHS", "2"))
 # Global clipping and gradient accumulation: exact only if applied to the workers' summed gradient.
-history = trainer.fit(tiny_model(global_clipnorm=0.5, gradient_accumulation_steps=2), (x, y, w), epochs=epochs,
+# Each task builds its own instance, outside any scope, seeded by its task id: the moved variables
+# start from the chief's values, so every worker trains what the single process (seed 0) trains.
+model = tiny_model(seed=info.task_id or 0, global_clipnorm=0.5, gradient_accumulation_steps=2)
+history = trainer.fit(model, (x, y, w), epochs=epochs,
                       validation_data=(x[:301], y[:301], w[:301]),
                       callbacks=callbacks)
+assert history.model is model
 evaluation = trainer.evaluate(history.model, (x, y, w), return_dict=True)
 predictions = trainer.predict(history.model, x)
 np.savez(os.path.join(out, f"{task}.npz"), predictions=predictions,

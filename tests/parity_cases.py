@@ -2,7 +2,8 @@
 
 Each case builds a compiled model (unseeded: the runner seeds before each
 build) and data, and is fitted twice: by `model.fit` on one device, and by
-`Trainer.fit` on 1, 2 or 3 replicas, with the same global batch and no
+`Trainer.fit` on 1, 2 or 3 replicas, each given the user's own instance,
+built outside any strategy's scope, with the same global batch and no
 shuffling. 29 examples in batches of 8 leave a last batch of 5, split 3+2 on
 two replicas and 2+2+1 on three.
 """
@@ -33,6 +34,12 @@ class Case:
     # where the trainer gives one device's numbers and Keras does not); checked on 2 replicas.
     keras_differs_on_replicas: bool = False
     evaluate: bool = True  # compare evaluate() (a GAN's has nothing to report)
+    predict: bool = True  # compare predict() (a VAE without call() has none, under model.fit too)
+    fits: int = 1  # fit calls in a row on the same object, each continuing the last (histories concatenated)
+    reload: bool = False  # after fitting: save, load without any strategy, and evaluate and predict the copy
+    # Why `optimizer.iterations` is left out of the compared optimizer state, where Keras counts steps it never
+    # applied (its slots and the weights are still compared).
+    keras_iterations_differ: str = ""
     # How the data reaches fit, evaluate and predict, the same for model.fit and Trainer.fit:
     # "arrays" (x, y, sample_weight=, batch_size=), or one of FORMS (parity_run.py builds them).
     form: str = "arrays"
@@ -284,6 +291,126 @@ class MeanPenalty(keras.layers.Layer):
         return x
 
 
+class RequiredArgumentMSE(keras.losses.Loss):
+    """A loss whose constructor needs an argument and whose config leaves it out."""
+
+    def __init__(self, weight):
+        super().__init__(name="weighted_mse")
+        self.weight = weight
+
+    def call(self, y_true, y_pred):
+        return self.weight * ops.mean(ops.square(y_true - y_pred), axis=-1)
+
+
+class WithinTolerance(keras.metrics.Metric):
+    """A metric whose constructor needs an argument: the share of predictions within `tolerance`."""
+
+    def __init__(self, tolerance, **kwargs):
+        super().__init__(name="within_tolerance", **kwargs)
+        self.tolerance = tolerance
+        self.hits = self.add_variable(shape=(), name="hits", initializer="zeros")
+        self.count = self.add_variable(shape=(), name="count", initializer="zeros")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        close = ops.cast(ops.abs(y_true - y_pred) < self.tolerance, "float32")
+        self.hits.assign_add(ops.sum(close))
+        self.count.assign_add(ops.cast(ops.size(close), "float32"))
+
+    def result(self):
+        return self.hits / self.count
+
+    def reset_state(self):
+        self.hits.assign(0.0)
+        self.count.assign(0.0)
+
+
+class Distiller(keras.Model):
+    """The keras.io knowledge-distillation example: its own compile() and a compute_loss that calls the teacher."""
+
+    def __init__(self, student, teacher):
+        super().__init__()
+        self.teacher = teacher
+        self.student = student
+
+    def compile(self, optimizer, metrics, student_loss_fn, distillation_loss_fn, alpha=0.1, temperature=3):
+        super().compile(optimizer=optimizer, metrics=metrics)
+        self.student_loss_fn, self.distillation_loss_fn = student_loss_fn, distillation_loss_fn
+        self.alpha, self.temperature = alpha, temperature
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, allow_empty=False):
+        teacher_pred = self.teacher(x, training=False)
+        student_loss = self.student_loss_fn(y, y_pred)
+        distillation_loss = self.distillation_loss_fn(
+            ops.softmax(teacher_pred / self.temperature, axis=1),
+            ops.softmax(y_pred / self.temperature, axis=1)) * (self.temperature ** 2)
+        return self.alpha * student_loss + (1 - self.alpha) * distillation_loss
+
+    def call(self, x):
+        return self.student(x)
+
+
+def _distiller():
+    teacher = _dense(3)
+    teacher.trainable = False
+    model = Distiller(student=keras.Sequential([keras.Input((5,)), keras.layers.Dense(3)]), teacher=teacher)
+    model.compile(optimizer=keras.optimizers.Adam(0.01), metrics=[keras.metrics.SparseCategoricalAccuracy()],
+                  student_loss_fn=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  distillation_loss_fn=keras.losses.KLDivergence(), alpha=0.1, temperature=10)
+    return model
+
+
+class VAE(keras.Model):
+    """The keras.io VAE: an encoder and a decoder, its own train_step and trackers, and no call().
+
+    Its sampling noise is drawn from the inputs, not at random, so that every
+    replica count gives the same numbers (as in the GAN row)."""
+
+    def __init__(self, encoder, decoder, **kwargs):
+        super().__init__(**kwargs)
+        self.encoder, self.decoder = encoder, decoder
+        self.total_loss_tracker = keras.metrics.Mean(name="total_loss")
+        self.reconstruction_loss_tracker = keras.metrics.Mean(name="reconstruction_loss")
+        self.kl_loss_tracker = keras.metrics.Mean(name="kl_loss")
+
+    @property
+    def metrics(self):
+        return [self.total_loss_tracker, self.reconstruction_loss_tracker, self.kl_loss_tracker]
+
+    def train_step(self, data):
+        import tensorflow as tf
+
+        x = data[0] if isinstance(data, tuple) else data
+        with tf.GradientTape() as tape:
+            z_mean, z_log_var = self.encoder(x)
+            z = z_mean + ops.exp(0.5 * z_log_var) * ops.sin(7.0 * x[:, :2])
+            reconstruction = self.decoder(z)
+            reconstruction_loss = ops.mean(ops.sum(ops.square(x - reconstruction), axis=1))
+            kl_loss = -0.5 * (1 + z_log_var - ops.square(z_mean) - ops.exp(z_log_var))
+            kl_loss = ops.mean(ops.sum(kl_loss, axis=1))
+            total_loss = reconstruction_loss + kl_loss
+        grads = tape.gradient(total_loss, self.trainable_weights)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_weights))
+        self.total_loss_tracker.update_state(total_loss)
+        self.reconstruction_loss_tracker.update_state(reconstruction_loss)
+        self.kl_loss_tracker.update_state(kl_loss)
+        return {m.name: m.result() for m in self.metrics}
+
+
+def _vae():
+    inputs = keras.Input((5,))
+    hidden = keras.layers.Dense(4, activation="relu")(inputs)
+    encoder = keras.Model(inputs, [keras.layers.Dense(2)(hidden), keras.layers.Dense(2)(hidden)])
+    decoder = keras.Sequential([keras.Input((2,)), keras.layers.Dense(4, activation="relu"), keras.layers.Dense(5)])
+    model = VAE(encoder, decoder)
+    model.compile(optimizer=keras.optimizers.Adam(0.01))
+    return model
+
+
+def _lambda_model():
+    return keras.Sequential([keras.Input((5,)), keras.layers.Dense(4, activation="relu"),
+                             keras.layers.Lambda(lambda t: 2.0 * t + 0.1), keras.layers.Dense(1)])
+
+
 # Sequences and masks ----------------------------------------------------------------------
 
 
@@ -453,7 +580,9 @@ CASES: dict[str, Case] = {
     "batched_dataset_reshuffled": Case(lambda: _compiled(_dense(), metrics=["mae"]), _regression,
                                        form="dataset_reshuffled"),
     "batched_dataset_weighted_classes": Case(_classifier, _weighted_classes, form="dataset"),
-    "generator": Case(lambda: _compiled(_dense(), metrics=["mae"]), _regression, form="generator"),
+    "generator": Case(lambda: _compiled(_dense(), metrics=["mae"]), _regression, form="generator",
+                      keras_iterations_differ="model.fit adds 2 to optimizer.iterations when a generator runs out "
+                                              "at an epoch's end, with no update (the weights still agree)"),
     "pydataset_workers": Case(lambda: _compiled(_dense(), metrics=["mae"]), _regression, form="pydataset_workers"),
     "string_inputs": Case(_vectorized_text, _sentences),
     "string_dataset": Case(_vectorized_text, _sentences, form="dataset"),
@@ -480,6 +609,19 @@ CASES: dict[str, Case] = {
     # Features alone, no y: `model.fit(x)` for models whose own steps or losses need no targets.
     "features_only_gan": Case(_gan, _features_only, evaluate=False),
     "features_only_gan_dataset": Case(_gan, _features_only, evaluate=False, form="dataset"),
+    # Models that can't be re-created from a config, trained in place (issue 32).
+    "vae_no_call": Case(_vae, _features_only, evaluate=False, predict=False,
+                        per_replica={key: "its trackers average each replica's mean loss unweighted, as under "
+                                          "Keras's own fit with a strategy" for key in
+                                     ("total_loss", "reconstruction_loss", "kl_loss")}),
+    "distiller_teacher_in_compute_loss": Case(_distiller, _classes),
+    "custom_objects_with_required_arguments": Case(
+        lambda: _compiled(_dense(), RequiredArgumentMSE(2.0), metrics=[WithinTolerance(0.5)]), _regression),
+    "lambda_layer": Case(lambda: _compiled(_lambda_model(), metrics=["mae"]), _regression),
+    "fitted_twice": Case(lambda: _compiled(_dense(), metrics=["mae"], optimizer=keras.optimizers.Adam(0.01)),
+                         _regression, fits=2),
+    "saved_and_reloaded": Case(lambda: _compiled(_dense(), metrics=["mae"], optimizer=keras.optimizers.Adam(0.01)),
+                               _regression, reload=True),
     "features_only_add_loss": Case(lambda: _compiled(keras.Sequential([
         keras.Input((5,)), keras.layers.Dense(4), MeanPenalty(), keras.layers.Dense(1)]), loss=None), _features_only),
 }
@@ -508,6 +650,11 @@ def compare(reference, result, case: Case, replicas: int) -> list[str]:
     """What differs between model.fit's (history, weights, evaluate, predict) and the trainer's, in words."""
     (ref_hist, ref_w, ref_ev, ref_pred), (hist, w, ev, pred) = reference, result
     problems = []
+    if len(ref_w) != len(w):
+        problems.append(f"model.fit's model holds {len(ref_w)} weights and stepped optimizers' variables, "
+                        f"the trainer's {len(w)}")
+    if set(ref_hist) != set(hist):
+        problems.append(f"history keys: model.fit {sorted(ref_hist)}, trainer {sorted(hist)}")
     for key, values in ref_hist.items():
         if replicas > 1 and key in case.per_replica:
             if key not in hist or not np.allclose(values, hist[key], rtol=0.1):
@@ -523,6 +670,8 @@ def compare(reference, result, case: Case, replicas: int) -> list[str]:
             problems.append(f"evaluate lacks {key!r} (has {sorted(ev)})")
         elif not close(value, ev[key]):
             problems.append(f"evaluate[{key!r}]: model.evaluate {value}, trainer {ev[key]}")
+    if ref_pred is None and pred is None:  # a row that does not predict
+        return problems
     ref_flat, flat = keras.tree.flatten(ref_pred), keras.tree.flatten(pred)
     if len(ref_flat) != len(flat) or not all(close(a, b) for a, b in zip(ref_flat, flat)):
         problems.append("predict differs")

@@ -6,6 +6,7 @@ layout) for test_keras_parity to compare; without, prints one JSON line: for
 each case, what differs from model.fit ("problems"), or the error.
 """
 
+import functools
 import json
 import os
 import pickle
@@ -88,39 +89,78 @@ def _fit_kwargs(case, x, y, folder):
     return kwargs
 
 
+def _fits(fit, case, x, y, w, folder) -> dict:
+    """`case.fits` calls of `fit` (model.fit or trainer.fit) in a row; their histories, concatenated."""
+    history = {}
+    for _ in range(case.fits):
+        args, kwargs = _inputs(case, x, y, w)
+        for key, values in fit(*args, **kwargs, **_fit_kwargs(case, x, y, folder)).history.items():
+            history.setdefault(key, []).extend(values)
+    return history
+
+
+def _reloaded(model, folder):
+    """The model saved and loaded again, outside any strategy's scope."""
+    path = os.path.join(folder, "reloaded.keras")
+    model.save(path)
+    return keras.models.load_model(path)
+
+
+def _state(model, case) -> list:
+    """The weights, then the state of every optimizer the model holds that has stepped (iterations, slots)."""
+    from trainer import _compat
+
+    _, optimizers = _compat.model_state(model)
+    stepped = [o for o in optimizers if o.built and int(o.iterations.numpy()) > 0]
+    compared = [v for o in stepped for v in o.variables
+                if not (case.keras_iterations_differ and v is _compat.step_counter(o))]
+    return model.get_weights() + [v.numpy() for v in compared]
+
+
 def _keras_run(case, folder):
     x, y, w = case.data()
     keras.utils.set_random_seed(0)
     model = case.build()
-    args, kwargs = _inputs(case, x, y, w)
-    history = model.fit(*args, **kwargs, **_fit_kwargs(case, x, y, folder))
-    evaluated = {}
+    history = _fits(model.fit, case, x, y, w, folder)
+    state = _state(model, case)
+    if case.reload:
+        model = _reloaded(model, folder)
+    evaluated, predicted = {}, None
     if case.evaluate:
         args, kwargs = _inputs(case, x, y, w)
         evaluated = model.evaluate(*args, **kwargs, **case.eval_kwargs, return_dict=True, verbose=0)
         args, kwargs = _inputs(case, x, y, w)
         evaluated["default"] = model.evaluate(*args, **kwargs, **case.eval_kwargs, verbose=0)  # a list or a float
-    args, kwargs = _inputs(case, x, y, w, features_only=True)
-    predicted = model.predict(*args, **kwargs, **case.eval_kwargs, verbose=0)
-    return history.history, model.get_weights(), evaluated, predicted
+    if case.predict:
+        args, kwargs = _inputs(case, x, y, w, features_only=True)
+        predicted = model.predict(*args, **kwargs, **case.eval_kwargs, verbose=0)
+    return history, state, evaluated, predicted
 
 
 def _trainer_run(case, folder):
-    """The same calls as `_keras_run`, with `trainer.` in front and the model first: nothing else changed."""
+    """The same calls as `_keras_run`, with `trainer.` in front and the model first: nothing else changed.
+
+    The model is the user's own instance, built outside any strategy's scope, as for `model.fit`."""
     x, y, w = case.data()
     trainer = Trainer(strategy=STRATEGY, seed=0)
-    args, kwargs = _inputs(case, x, y, w)
-    history = trainer.fit(case.build, *args, **kwargs, **_fit_kwargs(case, x, y, folder))
-    model = history.model
-    evaluated = {}
+    keras.utils.set_random_seed(0)
+    model = case.build()
+    history = _fits(functools.partial(trainer.fit, model), case, x, y, w, folder)
+    state = _state(model, case)
+    evaluated, predicted = {}, None
+    if case.reload:  # Keras's own evaluate and predict on the copy, as in `_keras_run`
+        model = _reloaded(model, folder)
+    evaluate = (lambda *a, **k: model.evaluate(*a, **k)) if case.reload else functools.partial(trainer.evaluate, model)
+    predict = (lambda *a, **k: model.predict(*a, **k)) if case.reload else functools.partial(trainer.predict, model)
     if case.evaluate:
         args, kwargs = _inputs(case, x, y, w)
-        evaluated = trainer.evaluate(model, *args, **kwargs, **case.eval_kwargs, return_dict=True, verbose=0)
+        evaluated = evaluate(*args, **kwargs, **case.eval_kwargs, return_dict=True, verbose=0)
         args, kwargs = _inputs(case, x, y, w)
-        evaluated["default"] = trainer.evaluate(model, *args, **kwargs, **case.eval_kwargs, verbose=0)
-    args, kwargs = _inputs(case, x, y, w, features_only=True)
-    predicted = trainer.predict(model, *args, **kwargs, **case.eval_kwargs, verbose=0)
-    return history.history, model.get_weights(), evaluated, predicted
+        evaluated["default"] = evaluate(*args, **kwargs, **case.eval_kwargs, verbose=0)
+    if case.predict:
+        args, kwargs = _inputs(case, x, y, w, features_only=True)
+        predicted = predict(*args, **kwargs, **case.eval_kwargs, verbose=0)
+    return history, state, evaluated, predicted
 
 
 def _keras_under_strategy(case) -> list:

@@ -24,11 +24,24 @@ plain = trainer.fit(lambda: tiny_model(lr=0.05, regularized=False), (x, y, w), e
 # Optimizer options that Keras applies inside a `cond` (accumulation, EMA overwrite), with global clipping.
 options = dict(gradient_accumulation_steps=2, global_clipnorm=1.0, use_ema=True, ema_overwrite_frequency=3)
 accumulated = trainer.fit(lambda: tiny_model(lr=0.05, **options), (x, y, w), epochs=1, steps_per_epoch=8)
+# The user's own instance, built outside any scope: its variables live on the ps tasks during the fit.
+import keras  # noqa: E402
+
+
+class Devices(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        self.devices = sorted({v.value.device for v in self.model.weights})
+
+
+instance, devices = tiny_model(lr=0.05), Devices()
+trainer.fit(instance, (x, y, w), epochs=1, steps_per_epoch=8, callbacks=[devices])
 with open(out, "w") as f:
     json.dump({"history": history.history, "evaluate": evaluation, "logits": logits.tolist(),
                "iterations": int(history.model.optimizer.iterations.numpy()),
                "plain_loss": plain.history["loss"],
                "accumulated": {"loss": accumulated.history["loss"],
                                "updates": int(accumulated.model.optimizer.iterations.numpy()),
-                               "steps": int(accumulated.model.optimizer._iterations.numpy())}}, f)
+                               "steps": int(accumulated.model.optimizer._iterations.numpy())},
+               "instance": {"devices": devices.devices, "iterations": int(instance.optimizer.iterations.numpy()),
+                            "home": [v.value.device for v in instance.weights]}}, f)
 print("done")

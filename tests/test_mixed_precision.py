@@ -12,7 +12,7 @@ def _fit(policy, strategy="default"):
     x, y, w = tiny_data()
     trainer = Trainer(strategy=strategy, per_replica_batch_size=32, lr_scaling=None, mixed_precision=policy,
                       verbose=0)
-    history = trainer.fit(tiny_model(), (x, y, w), epochs=3)
+    history = trainer.fit(tiny_model, (x, y, w), epochs=3)  # a builder: called under the policy
     return history, trainer.evaluate(history.model, (x, y, w), return_dict=True)
 
 
@@ -34,7 +34,7 @@ def test_layers_compute_in_16_bits_and_train_like_float32(policy, compute):
 
 def test_the_plan_names_the_policy(capsys):
     x, y, w = tiny_data()
-    Trainer(strategy="default", mixed_precision="mixed_bfloat16", verbose=2).fit(tiny_model(), (x, y, w))
+    Trainer(strategy="default", mixed_precision="mixed_bfloat16", verbose=2).fit(tiny_model, (x, y, w))
     assert "precision      mixed_bfloat16: layers compute in bfloat16" in capsys.readouterr().out
 
 
@@ -53,14 +53,14 @@ def test_unknown_policy_is_rejected():
 def test_a_reloaded_float16_model_keeps_loss_scaling_and_its_policy(tmp_path, capsys):
     # Keras reloads a Sequential with float32 as the container's own policy; its layers keep float16.
     x, y, w = tiny_data()
-    trained = Trainer(strategy="default", mixed_precision="mixed_float16", verbose=0).fit(tiny_model(), (x, y, w))
+    trained = Trainer(strategy="default", mixed_precision="mixed_float16", verbose=0).fit(tiny_model, (x, y, w))
     trained.model.save(tmp_path / "f16.keras")
     reloaded = keras.models.load_model(tmp_path / "f16.keras")
     history = Trainer(strategy="default", verbose=2).fit(reloaded, (x, y, w))
     assert isinstance(history.model.optimizer, keras.optimizers.LossScaleOptimizer)
     assert "precision      mixed_float16: layers compute in float16" in capsys.readouterr().out
     history = Trainer(strategy="default", mixed_precision="mixed_float16", verbose=0).fit(reloaded, (x, y, w))
-    assert history.model is reloaded  # already in float16: not re-created
+    assert history.model is reloaded  # already in float16
 
 
 def _mixed_model_with_float32_head(policy: str = "mixed_bfloat16") -> keras.Model:
@@ -90,7 +90,7 @@ def test_a_float32_output_head_is_kept_under_a_mixed_policy():
     x, y, w = tiny_data()
     model = _mixed_model_with_float32_head()
     history = Trainer(strategy="default", mixed_precision="mixed_bfloat16", verbose=0).fit(model, (x, y, w))
-    assert history.model is model  # not re-created, which would turn the head into bfloat16 too
+    assert history.model is model
     assert model.layers[-1].dtype_policy.name == "float32"
 
 
@@ -116,12 +116,21 @@ def test_activity_and_weight_regularization_add_up_in_float32():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
-def test_a_float32_output_head_is_kept_when_the_model_is_recreated_in_a_strategys_scope(policy):
+def test_a_float32_output_head_is_kept_when_the_model_trains_in_a_strategys_scope(policy):
     x, y, w = tiny_data()
     model = _mixed_model_with_float32_head(policy)
     trainer = Trainer(strategy=mirrored(2), mixed_precision=policy, verbose=0)
     history = trainer.fit(model, (x, y, w))
-    assert history.model is not model  # built outside the scope: re-created in it
-    assert models.precision(history.model) == f"float32+{policy}"
-    assert history.model.layers[-1].dtype_policy.name == "float32"
-    assert trainer.predict(history.model, x).dtype == np.float32
+    assert history.model is model  # built outside the scope: moved into it, in place
+    assert models.precision(model) == f"float32+{policy}"
+    assert model.layers[-1].dtype_policy.name == "float32"
+    assert trainer.predict(model, x).dtype == np.float32
+
+
+def test_a_model_instance_in_another_policy_is_refused_with_the_fix_before_anything_changes():
+    x, y, w = tiny_data()
+    model = tiny_model()
+    with pytest.raises(ValueError, match=r"(?s)`mixed_precision='mixed_bfloat16'`.*computing in float32.*"
+                                         r"Trainer.fit\(lambda: make_model\(\), ...\)"):
+        Trainer(strategy="default", mixed_precision="mixed_bfloat16", verbose=0).fit(model, (x, y, w))
+    assert not model.optimizer.built and int(model.optimizer.iterations.numpy()) == 0

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import mirrored, tiny_model
+from conftest import LearningRateSeen, mirrored, tiny_model
 from trainer import Trainer
 
 
@@ -30,20 +30,14 @@ def test_a_model_built_outside_scope_trains_in_place_and_goes_home(data):
 def test_second_fit_continues_and_the_learning_rate_is_scaled_only_during_a_fit(data):
     x, y, w = data
     trainer = Trainer(strategy=mirrored(2), per_replica_batch_size=16, lr_scaling="linear", verbose=0)
-    seen = []
-
-    class During(keras.callbacks.Callback):
-        def on_epoch_end(self, epoch, logs=None):
-            seen.append(float(self.model.optimizer.learning_rate.numpy()))
-
-    during = During()
+    during = LearningRateSeen()
     model = trainer.fit(lambda: tiny_model(lr=0.01), (x, y), epochs=1, callbacks=[during]).model
     iterations = int(model.optimizer.iterations.numpy())
     assert float(model.optimizer.learning_rate.numpy()) == pytest.approx(0.01)  # as tuned, between fits
     history = trainer.fit(model, (x, y), epochs=1, callbacks=[during])
     assert history.model is model
     assert int(model.optimizer.iterations.numpy()) == 2 * iterations
-    assert seen == [pytest.approx(0.02)] * 2  # scaled once for 2 replicas, in each fit
+    assert during.seen == [pytest.approx(0.02)] * 2  # scaled once for 2 replicas, in each fit
     assert "learning_rate" not in history.history  # Keras's keys: only its LR callbacks add it
 def test_builder_is_called_in_scope_and_history_has_the_model(data):
     x, y, w = data
@@ -440,3 +434,38 @@ def test_custom_layers_train_in_place_whatever_their_config(data, layer):
     history = Trainer(strategy=mirrored(2), per_replica_batch_size=16, verbose=0).fit(model, (x, y), epochs=1)
     assert history.model is model
     assert any(not np.array_equal(b, a) for b, a in zip(before, model.get_weights()))
+
+
+@pytest.mark.slow
+def test_after_fit_the_model_works_without_any_strategy_and_on_other_layouts(data, tmp_path):
+    # One object fitted on 2 replicas, then 3, then the default strategy, continues as three model.fit calls.
+    x, y, w = data
+    ours, theirs = tiny_model(optimizer="adam", lr=0.01), tiny_model(optimizer="adam", lr=0.01)
+    for strategy in (mirrored(2), mirrored(3), "default"):
+        Trainer(strategy=strategy, batch_size=32, lr_scaling=None, shuffle=False, verbose=0).fit(ours, (x, y))
+        theirs.fit(x, y, batch_size=32, shuffle=False, verbose=0)
+
+    def state(model):
+        return model.get_weights() + [v.numpy() for v in model.optimizer.variables]
+
+    for a, b in zip(state(ours), state(theirs), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    # Keras's own calls, without any strategy, as after model.fit.
+    expected = theirs.predict(x, verbose=0)
+    np.testing.assert_allclose(ours.predict(x, verbose=0), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ours.evaluate(x, y, verbose=0), theirs.evaluate(x, y, verbose=0), rtol=1e-5)
+    ours.save(tmp_path / "model.keras")
+    reloaded = keras.models.load_model(tmp_path / "model.keras")
+    np.testing.assert_allclose(reloaded.predict(x, verbose=0), expected, rtol=1e-5, atol=1e-6)
+    assert int(reloaded.optimizer.iterations.numpy()) == int(theirs.optimizer.iterations.numpy()) == 3 * 7
+    ours.save_weights(tmp_path / "model.weights.h5")
+    fresh = tiny_model(seed=1)
+    fresh.load_weights(tmp_path / "model.weights.h5")
+    np.testing.assert_allclose(fresh.predict(x, verbose=0), expected, rtol=1e-5, atol=1e-6)
+    ours.export(tmp_path / "exported")
+    exported = tf.saved_model.load(str(tmp_path / "exported"))  # kept: its variables live as long as it does
+    np.testing.assert_allclose(exported.serve(tf.constant(x)).numpy(), expected, rtol=1e-5, atol=1e-6)
+    ours.fit(x, y, batch_size=32, shuffle=False, verbose=0)
+    theirs.fit(x, y, batch_size=32, shuffle=False, verbose=0)
+    for a, b in zip(state(ours), state(theirs), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -69,3 +69,11 @@ def test_gradient_accumulation_and_ema_overwrite_run_on_the_workers(results):
     _, ps, _ = results
     assert ps["accumulated"]["steps"] == 8 and ps["accumulated"]["updates"] == 4
     assert np.isfinite(ps["accumulated"]["loss"][0])
+
+
+def test_a_model_instance_built_outside_any_scope_trains_with_its_variables_on_the_ps_tasks(results):
+    default, ps, _ = results
+    assert all("/job:ps" in device for device in ps["instance"]["devices"]), ps["instance"]["devices"]
+    assert not any("/job:ps" in device for device in ps["instance"]["home"])  # home again after the fit
+    assert not any("/job:ps" in device for device in default["instance"]["devices"])
+    assert ps["instance"]["iterations"] == default["instance"]["iterations"] == 8

@@ -657,13 +657,19 @@ def model_state(model: keras.Model) -> tuple[list, list]:
     add_optimizer(getattr(model, "optimizer", None))
     for layer in all_layers(model):
         for value in vars(layer).values():
-            items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
-            for item in items:
+            for item in _held(value):
                 if isinstance(item, keras.optimizers.Optimizer):
                     add_optimizer(item)
     for optimizer in optimizers:
         add(optimizer.variables)
     return list(variables.values()), optimizers
+
+
+def _held(value: Any) -> list:
+    """What an attribute holds: the items of a list, tuple or dict, else the value itself."""
+    if isinstance(value, dict):
+        return list(value.values())
+    return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 def build_model_only(model: keras.Model, x: Any) -> None:

@@ -20,7 +20,7 @@ from trainer import inputs as inputs_lib
 from trainer import strategy as strategy_lib
 from trainer.cluster import is_parameter_server
 from trainer.objective import Objective
-from trainer.steps import Steps
+from trainer.steps import Steps, unpack
 
 CACHE_SIZE = 4
 
@@ -143,9 +143,9 @@ def build(
     """
     model = models.from_builder(model, strategy, seed, mixed_precision)
     batch = sample_batch(model, inp, strategy, global_batch_size)
+    models.check_loss(model, unpack(batch)[0], training=lr is not None)
     move = placement.move_in(model, strategy, in_scope.table(model, strategy), batch, targets=True)
     try:
-        models.check_loss(model, training=lr is not None)
         lr_plan = None
         if lr is not None and model.optimizer is not None:  # a GAN keeps its optimizers elsewhere
             lr_plan = lr.plan_for(model.optimizer)

@@ -66,17 +66,23 @@ def check_compiled(model: Any, arg: str = "model") -> None:
     )
 
 
-def check_loss(model: keras.Model, *, training: bool) -> None:
+def check_loss(model: keras.Model, x: Any, *, training: bool) -> None:
     """A model that the trainer's own step trains or evaluates needs a loss: compiled, or added by its layers.
 
     Keras takes `compile(optimizer)` without a loss for a model whose layers
-    call `add_loss` (known once the model has run); with neither, its step
-    fails on the first batch.
+    call `add_loss`; with neither, its step fails on the first batch. Whether
+    the layers add one is known only by running the model: on `x`, a sample
+    batch, in a stateless scope, so that no variable changes (it is checked
+    before anything else is built).
     """
     step = "train_step" if training else "test_step"
     if overridden(model, step) or overridden(model, "compute_loss") or getattr(model, "loss", None) is not None:
         return
-    if model.losses:
+    if model.losses:  # weight regularizers
+        return
+    with keras.StatelessScope(collect_losses=True) as scope:
+        model(x, training=training)
+    if scope.losses or model.losses:
         return
     raise ValueError(
         f"`model` must be compiled with a loss, or have layers that add one (add_loss): it has neither, so "

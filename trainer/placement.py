@@ -46,6 +46,7 @@ class Move:
 
     Attributes:
       homes: id(Keras variable) -> (the variable, the backing it had before the move).
+      stay: ids of the variables that were in the scope before the move (they stay there).
       optimizer_strategies: each moved optimizer with the strategy it updated through before.
       table: the Trainer's in-scope backings for this model and strategy, id(variable) -> (variable, backing).
       undo: what the call changed on the model for its duration (a scaled learning rate), undone first.
@@ -56,22 +57,31 @@ class Move:
     homes: dict[int, tuple[keras.Variable, Any]]
     optimizer_strategies: list[tuple[Any, Any]]
     table: dict[int, tuple[keras.Variable, Any]]
+    stay: set[int] = dataclasses.field(default_factory=set)
     undo: list[Callable[[], None]] = dataclasses.field(default_factory=list)
 
     @property
     def moved(self) -> bool:
         return bool(self.homes)
 
+    def describe(self) -> str:
+        """For the plan: what moved, in words ("" when the model was in the scope already)."""
+        if not self.homes:
+            return ""
+        return (f"your {type(self.model).__name__}, built outside the strategy's scope: its {len(self.homes)} "
+                "variables (weights, optimizer and metric state) train in place in the scope and go back after "
+                "the call; nothing is re-created")
+
     def back(self) -> None:
         """Every variable in the scope returns home with its value; the model is then as `model.fit` leaves it."""
         while self.undo:
             self.undo.pop()()
-        if not self.homes:
+        if not self.homes and not self.optimizer_strategies:
             return
         variables, optimizers = _compat.model_state(self.model)
         for variable in variables:
             current = _compat.backing(variable)
-            if current is None or not in_scope(self.strategy, current):
+            if current is None or id(variable) in self.stay or not in_scope(self.strategy, current):
                 continue
             value = _read(current)
             _, home = self.homes.get(id(variable), (None, None))
@@ -88,7 +98,7 @@ class Move:
                 _compat.set_optimizer_strategy(optimizer, before.get(id(optimizer), tf.distribute.get_strategy()))
             _compat.reindex(optimizer)
         _compat.forget_traced_functions(self.model)
-        self.homes = {}
+        self.homes, self.optimizer_strategies = {}, []
 
 
 def move_in(model: keras.Model, strategy: tf.distribute.Strategy, table: dict, data_batch: Any, *,
@@ -109,14 +119,32 @@ def move_in(model: keras.Model, strategy: tf.distribute.Strategy, table: dict, d
         return Move(model, strategy, {}, [], table)
     build(model, data_batch, targets=targets)
     variables, optimizers = _compat.model_state(model)
-    homes = {}
+    move = Move(model, strategy, {}, [], table,
+                stay={id(v) for v in variables
+                      if _compat.backing(v) is not None and in_scope(strategy, _compat.backing(v))})
+    try:
+        _move_variables(move, variables)
+        move.optimizer_strategies = [(optimizer, _compat.optimizer_strategy(optimizer)) for optimizer in optimizers]
+        for optimizer in optimizers:
+            _compat.set_optimizer_strategy(optimizer, strategy)
+            _compat.reindex(optimizer)
+        _compat.forget_traced_functions(model)
+    except BaseException:
+        move.back()  # nothing half-moved is left behind
+        raise
+    return move
+
+
+def _move_variables(move: Move, variables: list) -> None:
+    """Gives each variable outside the scope an in-scope backing holding its value (reused from `move.table`)."""
+    strategy = move.strategy
     first_holds_sum = strategy_cluster_info(strategy).is_chief
     for variable in variables:
         home = _compat.backing(variable)
-        if home is None or in_scope(strategy, home):
+        if home is None or id(variable) in move.stay:
             continue
         value = _read(home)
-        known_variable, inside = table.get(id(variable), (None, None))
+        known_variable, inside = move.table.get(id(variable), (None, None))
         if known_variable is variable and inside.shape == home.shape and inside.dtype == home.dtype:
             _fill(inside, value, strategy, first_holds_sum)
         else:
@@ -124,14 +152,8 @@ def move_in(model: keras.Model, strategy: tf.distribute.Strategy, table: dict, d
                 inside = _variable_like(home, variable.name, value)
             if inside.synchronization == ON_READ:
                 _fill(inside, value, strategy, first_holds_sum)
-        homes[id(variable)] = (variable, home)
+        move.homes[id(variable)] = (variable, home)
         _compat.set_backing(variable, inside)
-    moved = [(optimizer, _compat.optimizer_strategy(optimizer)) for optimizer in optimizers]
-    for optimizer, _ in moved:
-        _compat.set_optimizer_strategy(optimizer, strategy)
-        _compat.reindex(optimizer)
-    _compat.forget_traced_functions(model)
-    return Move(model, strategy, homes, moved, table)
 
 
 def build(model: keras.Model, data_batch: Any, *, targets: bool) -> None:

@@ -77,6 +77,7 @@ class Plan:
     batch_source: str = ""  # where the global batch came from, when not the Trainer's settings
     execution_source: str = ""  # which settings chose steps per call and XLA, when not the Trainer's
     process: str = ""  # what the trainer changed for the whole process (malloc.tune_process), in words
+    placement: str = ""  # how the model entered the strategy's scope (placement.Move.describe), when it moved
 
     def __post_init__(self):
         if self.native_bf16 is not None and self.native_bf16 not in BF16_UNITS:
@@ -155,6 +156,8 @@ class Plan:
             ("precision", self.precision_text()),
         ]
         rows.insert(1, ("train step", self.step))
+        if self.placement:
+            rows.insert(1, ("model", self.placement))
         if self.optimizer:
             rows.append(("optimizer", self.optimizer))
         if self.batch_norm and self.num_replicas > 1:

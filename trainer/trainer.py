@@ -252,7 +252,8 @@ class Trainer:
         try:
             fusion, fusion_source = self._fusion(compiled, batch, steps_per_epoch, callbacks)
             plan = self._plan(strategy, train, batch, steps_per_epoch, lr_plan, fusion, run_model,
-                              batch_source=batch_source, fusion_source=fusion_source, process=process)
+                              batch_source=batch_source, fusion_source=fusion_source, process=process,
+                              placement=move.describe())
             context = loop.TrainContext(strategy, strategy_cluster_info(strategy), plan, epochs=epochs,
                                         initial_epoch=initial_epoch, fusion=fusion, lr_plan=lr_plan)
             verbose = self.verbose if verbose is None else 1 if verbose == "auto" else verbose  # Keras's "auto" is 1
@@ -438,7 +439,8 @@ class Trainer:
         return fusion, source
 
     def _plan(self, strategy, inp, batch, steps_per_epoch, lr_plan: scaling.LRPlan, fusion: StepFusion,
-              model, *, batch_source: str = "", fusion_source: str = "", process: str = "") -> Plan:
+              model, *, batch_source: str = "", fusion_source: str = "", process: str = "",
+              placement: str = "") -> Plan:
         num_workers = strategy_cluster_info(strategy).num_workers
         parameter_server = is_parameter_server(strategy)
         policy, why = inp.sharding(num_workers, parameter_server=parameter_server)
@@ -475,6 +477,7 @@ class Trainer:
             batch_source=batch_source,
             execution_source="; ".join(filter(None, [fusion_source, self._jit_source(model)])),
             process=process,
+            placement=placement,
         )
 
     def _jit_source(self, model) -> str:
