@@ -28,16 +28,18 @@ class InScope:
     """
 
     def __init__(self):
-        self.backings: "weakref.WeakKeyDictionary[keras.Model, list[tuple[tf.distribute.Strategy, dict]]]" = \
+        self.backings: "weakref.WeakKeyDictionary[keras.Model, list[tuple[tf.distribute.Strategy, Any]]]" = \
             weakref.WeakKeyDictionary()
 
-    def table(self, model: keras.Model, strategy: tf.distribute.Strategy) -> dict:
-        """The in-scope backings of `model`'s variables under `strategy` (`placement.Move.table`)."""
+    def table(self, model: keras.Model, strategy: tf.distribute.Strategy) -> Any:
+        """The in-scope backings of `model`'s variables under `strategy` (a `placement.Backings`)."""
+        from trainer.placement import Backings  # placement builds on this module's neighbours, not on it
+
         tables = self.backings.setdefault(model, [])
         for known, table in tables:
             if known is strategy:
                 return table
-        tables.append((strategy, {}))
+        tables.append((strategy, Backings()))
         return tables[-1][1]
 
 

@@ -35,6 +35,16 @@ from trainer.steps import unpack
 ON_READ = tf.VariableSynchronization.ON_READ
 
 
+@dataclasses.dataclass
+class Backings:
+    """The in-scope backings made for one model under one strategy, kept by the Trainer between calls.
+
+    `inside`: id(Keras variable) -> (the variable, its in-scope backing).
+    """
+
+    inside: dict[int, tuple[keras.Variable, Any]] = dataclasses.field(default_factory=dict)
+
+
 def in_scope(strategy: tf.distribute.Strategy, backing: Any) -> bool:
     """Whether a backing variable belongs to `strategy` (any plain variable belongs to the default one)."""
     return strategy.extended.variable_created_in_scope(backing)
@@ -48,7 +58,7 @@ class Move:
       homes: id(Keras variable) -> (the variable, the backing it had before the move).
       stay: ids of the variables that were in the scope before the move (they stay there).
       optimizer_strategies: each moved optimizer with the strategy it updated through before.
-      table: the Trainer's in-scope backings for this model and strategy, id(variable) -> (variable, backing).
+      table: the Trainer's in-scope backings for this model and strategy.
       undo: what the call changed on the model for its duration (a scaled learning rate), undone first.
     """
 
@@ -56,7 +66,7 @@ class Move:
     strategy: tf.distribute.Strategy
     homes: dict[int, tuple[keras.Variable, Any]]
     optimizer_strategies: list[tuple[Any, Any]]
-    table: dict[int, tuple[keras.Variable, Any]]
+    table: Backings
     stay: set[int] = dataclasses.field(default_factory=set)
     undo: list[Callable[[], None]] = dataclasses.field(default_factory=list)
 
@@ -83,14 +93,13 @@ class Move:
             current = _compat.backing(variable)
             if current is None or id(variable) in self.stay or not in_scope(self.strategy, current):
                 continue
-            value = _read(current)
             _, home = self.homes.get(id(variable), (None, None))
             if home is None:  # created in the scope during the call
                 with tf.init_scope():
-                    home = _variable_like(current, variable.name, value)
+                    home = _variable_like(current, variable.name, _read(current))
             else:
-                home.assign(value)
-            self.table[id(variable)] = (variable, current)
+                _fill(home, _read(current), first_holds_sum=True)
+            self.table.inside[id(variable)] = (variable, current)
             _compat.set_backing(variable, home)
         before = {id(optimizer): previous for optimizer, previous in self.optimizer_strategies}
         for optimizer in optimizers:
@@ -101,7 +110,7 @@ class Move:
         self.homes, self.optimizer_strategies = {}, []
 
 
-def move_in(model: keras.Model, strategy: tf.distribute.Strategy, table: dict, data_batch: Any, *,
+def move_in(model: keras.Model, strategy: tf.distribute.Strategy, table: Backings, data_batch: Any, *,
             targets: bool) -> Move:
     """Builds what `model` has not built yet and puts every variable it holds in `strategy`'s scope.
 
@@ -136,22 +145,22 @@ def move_in(model: keras.Model, strategy: tf.distribute.Strategy, table: dict, d
 
 
 def _move_variables(move: Move, variables: list) -> None:
-    """Gives each variable outside the scope an in-scope backing holding its value (reused from `move.table`)."""
+    """Gives each variable outside the scope an in-scope backing holding its value (kept in `move.table`)."""
     strategy = move.strategy
     first_holds_sum = strategy_cluster_info(strategy).is_chief
     for variable in variables:
         home = _compat.backing(variable)
         if home is None or id(variable) in move.stay:
             continue
+        known_variable, inside = move.table.inside.get(id(variable), (None, None))
         value = _read(home)
-        known_variable, inside = move.table.get(id(variable), (None, None))
         if known_variable is variable and inside.shape == home.shape and inside.dtype == home.dtype:
-            _fill(inside, value, strategy, first_holds_sum)
+            _fill(inside, value, first_holds_sum)
         else:
             with strategy.scope(), tf.init_scope():
                 inside = _variable_like(home, variable.name, value)
             if inside.synchronization == ON_READ:
-                _fill(inside, value, strategy, first_holds_sum)
+                _fill(inside, value, first_holds_sum)
         move.homes[id(variable)] = (variable, home)
         _compat.set_backing(variable, inside)
 
@@ -198,15 +207,19 @@ def _read(variable: Any) -> tf.Tensor:
     return variable.read_value()
 
 
-def _fill(inside: Any, value: Any, strategy: tf.distribute.Strategy, first_holds_sum: bool) -> None:
-    """Puts `value` in an in-scope variable so that it reads back as `value`.
+def _fill(target: Any, value: Any, first_holds_sum: bool) -> None:
+    """Puts `value` in a variable so that it reads back as `value`, one local copy at a time.
 
-    An on-read variable summed over replicas (a metric's total) holds it in
-    the chief's first copy and zeros elsewhere; any other holds it in every copy.
+    A distributed on-read variable summed over replicas (a metric's total)
+    holds it in the first copy (the chief's, across workers) and zeros
+    elsewhere; any other holds it in every copy. The copies are assigned
+    directly: a MirroredVariable's own `assign` goes through the strategy's
+    update machinery, a millisecond or two per variable in eager mode, and
+    every worker fills its copies with the same values.
     """
-    if (inside.synchronization == ON_READ and inside.aggregation == tf.VariableAggregation.SUM
-            and not is_parameter_server(strategy)):
-        for i, part in enumerate(strategy.experimental_local_results(inside)):
-            part.assign(value if i == 0 and first_holds_sum else tf.zeros_like(value))
+    if not isinstance(target, tf.distribute.DistributedValues) or is_parameter_server(target.distribute_strategy):
+        target.assign(value)
         return
-    inside.assign(value)
+    summed = target.synchronization == ON_READ and target.aggregation == tf.VariableAggregation.SUM
+    for i, part in enumerate(target.distribute_strategy.experimental_local_results(target)):
+        part.assign(value if not summed or (i == 0 and first_holds_sum) else tf.zeros_like(value))
