@@ -39,7 +39,8 @@ UNEVEN = ["class_weighted_loss", "activity_regularizer", "add_loss_mean", "maski
           "embedding_mask_zero_tagger", "per_timestep_sample_weight", "two_outputs_dict",
           "own_steps_no_compiled_loss", "compute_loss_penalty", "global_clipnorm", "gradient_accumulation",
           "train_step_global_clipnorm", "gan_two_optimizers", "padded_seq2seq", "vae_no_call",
-          "distiller_teacher_in_compute_loss", "fitted_twice"]
+          "distiller_teacher_in_compute_loss", "fitted_twice", "custom_objects_with_required_arguments",
+          "lambda_layer", "saved_and_reloaded"]
 LAYOUTS = {1: ALL, 2: ALL, 3: UNEVEN}
 # Rows whose model.fit reference is wrong on an older Keras: (the first Keras that gets it right, what goes wrong).
 KERAS_BUGS = {

@@ -434,11 +434,8 @@ def loss_tracker(model: keras.Model) -> keras.metrics.Mean | None:
 
 
 def compiled_specs(model: keras.Model) -> dict[str, Any]:
-    """What the user passed to `compile` for loss, loss weights and metrics: the objects themselves.
-
-    Re-creating a model from its compile *config* needs every custom loss and
-    metric registered with Keras; the objects need nothing.
-    """
+    """What the user passed to `compile` for loss, loss weights and metrics: the objects themselves
+    (its compile *config* would need every custom loss and metric registered with Keras)."""
     loss, metrics = compile_loss(model), compile_metrics(model)
     return {
         "loss": getattr(loss, "_user_loss", model.loss),

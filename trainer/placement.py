@@ -25,6 +25,7 @@ import dataclasses
 from typing import Any, Callable
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from trainer import _compat
@@ -69,10 +70,6 @@ class Move:
     table: Backings
     stay: set[int] = dataclasses.field(default_factory=set)
     undo: list[Callable[[], None]] = dataclasses.field(default_factory=list)
-
-    @property
-    def moved(self) -> bool:
-        return bool(self.homes)
 
     def describe(self) -> str:
         """For the plan: what moved, in words ("" when the model was in the scope already)."""
@@ -172,8 +169,10 @@ def build(model: keras.Model, data_batch: Any, *, targets: bool) -> None:
     A model with its own `train_step` need not be callable on `x` (a VAE or a conditional GAN may have no
     `call()` at all): what it cannot build so, its step builds, as under `model.fit` on one device.
     """
-    data_batch = keras.tree.map_structure(lambda t: None if t is None else tf.convert_to_tensor(t), data_batch)
-    x, _, _ = unpack(data_batch)  # tensors: Keras reads dtypes it knows (NumPy's strings are not one)
+    # Tensors for NumPy arrays: Keras reads the dtypes it knows, and NumPy's strings are not one.
+    data_batch = keras.tree.map_structure(lambda t: tf.convert_to_tensor(t) if isinstance(t, np.ndarray) else t,
+                                          data_batch)
+    x, _, _ = unpack(data_batch)
     if not targets:
         if not all(layer.built for layer in _compat.all_layers(model)):
             _compat.build_model_only(model, x)
