@@ -77,3 +77,11 @@ def test_a_model_instance_built_outside_any_scope_trains_with_its_variables_on_t
     assert not any("/job:ps" in device for device in ps["instance"]["home"])  # home again after the fit
     assert not any("/job:ps" in device for device in default["instance"]["devices"])
     assert ps["instance"]["iterations"] == default["instance"]["iterations"] == 8
+
+
+def test_a_variable_partitioner_is_refused_with_the_fix():
+    # Keras 3's layers and optimizers fail on sharded variables inside the step; the trainer says so first.
+    proc = _run([sys.executable, "-m", "trainer.launch", "--workers", "1", "--ps", "1",
+                 str(TESTS / "ps_partitioned_run.py")])
+    assert "refused: `strategy` must be a ParameterServerStrategy without a variable_partitioner" in proc.stdout
+    assert "Create it without variable_partitioner" in proc.stdout and "untouched: True" in proc.stdout

@@ -536,6 +536,11 @@ def onednn_enabled() -> bool | None:
 
 
 @contextlib.contextmanager
+def variable_partitioner(strategy: tf.distribute.Strategy) -> Any:
+    """ParameterServerStrategy's `variable_partitioner` (`extended._variable_partitioner`, TF 2.18-2.21), or None."""
+    return getattr(strategy.extended, "_variable_partitioner", None)
+
+
 def collective_key_base(base: int):
     """MirroredStrategies made inside number their collective group keys from `base`.
 
