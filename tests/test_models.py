@@ -1,5 +1,7 @@
 """Models in and out of the strategy's scope, builders, subclassed and multi-output models."""
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -25,6 +27,15 @@ def test_a_model_built_outside_scope_trains_in_place_and_goes_home(data):
                                rtol=1e-5, atol=1e-6)
     model.fit(x, y, epochs=1, verbose=0)  # Keras's own fit continues from there, without a strategy
     assert int(model.optimizer.iterations.numpy()) == 2 * 7 + 7
+
+
+def test_the_plan_names_the_move_of_a_model_built_outside_the_scope(data, capsys):
+    x, y, w = data
+    Trainer(strategy=mirrored(2), batch_size=32, verbose=2).fit(tiny_model(), (x, y), epochs=1)
+    assert re.search(r"model +your Sequential, built outside the strategy's scope: its \d+ variables",
+                     capsys.readouterr().out)
+    Trainer(strategy=mirrored(2), batch_size=32, verbose=2).fit(tiny_model, (x, y), epochs=1)  # a builder
+    assert "built outside the strategy's scope" not in capsys.readouterr().out
 
 
 def test_second_fit_continues_and_the_learning_rate_is_scaled_only_during_a_fit(data):

@@ -23,6 +23,12 @@ def test_plan_names_every_decision():
         assert expected in text, expected
 
 
+def test_plan_says_when_the_model_moved_into_the_scope():
+    moved = "your Sequential, built outside the strategy's scope: its 12 variables ... nothing is re-created"
+    assert f"model          {moved}" in Plan(**{**BASE, "placement": moved}).describe()
+    assert "\n  model " not in Plan(**BASE).describe()  # built in the scope: nothing to say
+
+
 def test_last_batch_wording():
     assert Plan(**{**BASE, "num_examples": 1024}).last_batch().startswith("none: 1024 examples fill 16 full batches")
     one = Plan(**{**BASE, "num_replicas": 1}).last_batch()

@@ -535,12 +535,12 @@ def onednn_enabled() -> bool | None:
     return None if is_enabled is None else bool(is_enabled())
 
 
-@contextlib.contextmanager
 def variable_partitioner(strategy: tf.distribute.Strategy) -> Any:
     """ParameterServerStrategy's `variable_partitioner` (`extended._variable_partitioner`, TF 2.18-2.21), or None."""
     return getattr(strategy.extended, "_variable_partitioner", None)
 
 
+@contextlib.contextmanager
 def collective_key_base(base: int):
     """MirroredStrategies made inside number their collective group keys from `base`.
 

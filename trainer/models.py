@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from trainer import _compat, scaling
 from trainer.objective import overridden
+from trainer.placement import Backings
 
 ModelOrBuilder = keras.Model | Callable[[], keras.Model]
 
@@ -24,17 +25,16 @@ class InScope:
     - `backings`: user model -> for each strategy it was moved into, the
       in-scope backing variables made for its variables (`trainer.placement`),
       filled again by the next call so that the steps traced on them are reused.
-    Keys are weak: the Trainer never keeps a user's model or optimizer alive.
+
+    Keys are weak: the Trainer never keeps a user's model alive.
     """
 
     def __init__(self):
-        self.backings: "weakref.WeakKeyDictionary[keras.Model, list[tuple[tf.distribute.Strategy, Any]]]" = \
+        self.backings: "weakref.WeakKeyDictionary[keras.Model, list[tuple[tf.distribute.Strategy, Backings]]]" = \
             weakref.WeakKeyDictionary()
 
-    def table(self, model: keras.Model, strategy: tf.distribute.Strategy) -> Any:
-        """The in-scope backings of `model`'s variables under `strategy` (a `placement.Backings`)."""
-        from trainer.placement import Backings  # placement builds on this module's neighbours, not on it
-
+    def table(self, model: keras.Model, strategy: tf.distribute.Strategy) -> Backings:
+        """The in-scope backings of `model`'s variables under `strategy`."""
         tables = self.backings.setdefault(model, [])
         for known, table in tables:
             if known is strategy:

@@ -189,7 +189,7 @@ def check_supported(strategy: tf.distribute.Strategy) -> None:
         raise ValueError(
             "`strategy` must be a ParameterServerStrategy without a variable_partitioner: Keras 3's layers and "
             "optimizers take whole variables, and a sharded one fails inside the step. Received: "
-            "ParameterServerStrategy(..., variable_partitioner=<a partitioner>). Create it without "
+            f"ParameterServerStrategy(variable_partitioner={type(partitioner).__name__}). Create it without "
             "variable_partitioner (each variable then lives whole on one ps task, in turn)."
         )
 

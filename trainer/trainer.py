@@ -162,7 +162,7 @@ class Trainer:
         # Resolve now: multi-worker strategies must be created before TensorFlow runs any op.
         self._resolve_strategy(None)
         self._engines: list[engine_lib.Engine] = []
-        self._in_scope = models.InScope()  # the in-scope backings and scaled optimizers this Trainer made
+        self._in_scope = models.InScope()  # the in-scope backings this Trainer made for the user's models
         self._nan_guard = None  # the default NanGuard, made at the first fit
 
     # Public API ----------------------------------------------------------------
@@ -248,12 +248,12 @@ class Trainer:
                                  global_batch_size=batch.global_batch_size)
         lr = engine_lib.LRSettings(self.lr_scaling, self._base_batch_size(batch, batch_source), batch, warmup_steps)
         process = malloc.tune_process(self.tune_malloc)  # the checks are done: the process may change now
-        run_model, compiled, lr_plan, move = self._build(model, strategy, train, batch, lr=lr)
+        model, compiled, lr_plan, move = self._build(model, strategy, train, batch, lr=lr)
         try:
             fusion, fusion_source = self._fusion(compiled, batch, steps_per_epoch, callbacks)
-            plan = self._plan(strategy, train, batch, steps_per_epoch, lr_plan, fusion, run_model,
+            plan = self._plan(strategy, train, batch, steps_per_epoch, lr_plan, fusion, model,
                               batch_source=batch_source, fusion_source=fusion_source, process=process,
-                              placement=move.describe())
+                              moved=move.describe())
             context = loop.TrainContext(strategy, strategy_cluster_info(strategy), plan, epochs=epochs,
                                         initial_epoch=initial_epoch, fusion=fusion, lr_plan=lr_plan)
             verbose = self.verbose if verbose is None else 1 if verbose == "auto" else verbose  # Keras's "auto" is 1
@@ -263,7 +263,7 @@ class Trainer:
                 warnings.warn(f"Per-replica BatchNormalization: {batch_norm_note(plan.batch_norm, plan.num_replicas)}.",
                               stacklevel=2)
             history = History()
-            callback_list = self._callback_list(callbacks + [history], context, run_model, verbose)
+            callback_list = self._callback_list(callbacks + [history], context, model, verbose)
             validation = None if val is None else loop.Validation(
                 val, validation_freq, validation_steps,
                 self._batch_plan(strategy, val, validation_batch_size or batch_size)[0])
@@ -309,14 +309,14 @@ class Trainer:
         model = checks.check_evaluate(model, inp, steps=steps)
         batch, _ = self._batch_plan(strategy, inp, batch_size)
         malloc.tune_process(self.tune_malloc)
-        run_model, compiled, _, move = self._build(model, strategy, inp, batch)
+        model, compiled, _, move = self._build(model, strategy, inp, batch)
         try:
-            callback_list = keras.callbacks.CallbackList(callbacks, model=run_model)
+            callback_list = keras.callbacks.CallbackList(callbacks, model=model)
             logs = loop.run_eval(compiled.eval_steps, self._readers(compiled.eval_strategy, batch), inp,
                                  callback_list, num_steps=steps)
         finally:
             move.back()
-        return logs if return_dict else logs_in_order(run_model, logs)
+        return logs if return_dict else logs_in_order(model, logs)
 
     @_quiet_tf_info
     def predict(
@@ -441,7 +441,7 @@ class Trainer:
 
     def _plan(self, strategy, inp, batch, steps_per_epoch, lr_plan: scaling.LRPlan, fusion: StepFusion,
               model, *, batch_source: str = "", fusion_source: str = "", process: str = "",
-              placement: str = "") -> Plan:
+              moved: str = "") -> Plan:
         num_workers = strategy_cluster_info(strategy).num_workers
         parameter_server = is_parameter_server(strategy)
         policy, why = inp.sharding(num_workers, parameter_server=parameter_server)
@@ -478,7 +478,7 @@ class Trainer:
             batch_source=batch_source,
             execution_source="; ".join(filter(None, [fusion_source, self._jit_source(model)])),
             process=process,
-            placement=placement,
+            placement=moved,
         )
 
     def _jit_source(self, model) -> str:
