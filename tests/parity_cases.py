@@ -360,10 +360,16 @@ def _distiller():
 
 
 class VAE(keras.Model):
-    """The keras.io VAE: an encoder and a decoder, its own train_step and trackers, and no call().
+    """The keras.io VAE's shape: an encoder and a decoder, its own train_step and trackers, and no call().
 
-    Its sampling noise is drawn from the inputs, not at random, so that every
-    replica count gives the same numbers (as in the GAN row)."""
+    Two changes from keras.io: its sampling noise is drawn from the inputs, not
+    at random, so that every replica count gives the same numbers (as in the
+    GAN row); and its step returns each tracker under the tracker's own name.
+    keras.io's returns the "total_loss" tracker as "loss", which `model.fit`
+    logs and the trainer refuses today (`ModelSteps.check_logs`): a false
+    refusal, left open. Its step also takes `data[0]` of a tuple, as older
+    keras.io code did: for `fit(x)` on arrays Keras hands the step `x` itself,
+    and the trainer `(x,)` (left open too)."""
 
     def __init__(self, encoder, decoder, **kwargs):
         super().__init__(**kwargs)
