@@ -202,17 +202,18 @@ def run_epochs(
     source.steps.sync_warmup()
     source.begin()
     logs: dict[str, Any] = {}
-    for epoch in range(context.initial_epoch, context.epochs):
-        first_step = context.initial_step if epoch == context.initial_epoch else 0
-        context.epoch, context.step = epoch, first_step
-        objective.reset()
-        callbacks.on_epoch_begin(epoch)
-        with source.epoch(epoch, first_step) as run_steps:
-            _train_epoch(run_steps, model, objective, context, callbacks, batch_logs)
-        logs = end_epoch(epoch, objective, eval_steps, validation, callbacks)
-        if model.stop_training:
-            break
-    end_training(model, context, callbacks, logs)
+    with _explained_collective_errors(context):  # the steps, the metric reads and validation all gather
+        for epoch in range(context.initial_epoch, context.epochs):
+            first_step = context.initial_step if epoch == context.initial_epoch else 0
+            context.epoch, context.step = epoch, first_step
+            objective.reset()
+            callbacks.on_epoch_begin(epoch)
+            with source.epoch(epoch, first_step) as run_steps:
+                _train_epoch(run_steps, model, objective, context, callbacks, batch_logs)
+            logs = end_epoch(epoch, objective, eval_steps, validation, callbacks)
+            if model.stop_training:
+                break
+        end_training(model, context, callbacks, logs)
     source.end()
     return logs
 
@@ -273,8 +274,7 @@ def _train_epoch(run_steps: Callable[[int], tuple[int, bool]], model: keras.Mode
             n = min(n, per_epoch - context.step)
         callbacks.on_train_batch_begin(context.step)
         start = time.perf_counter()
-        with _explained_collective_errors(context):
-            ran, ended = run_steps(n)
+        ran, ended = run_steps(n)
         seconds = time.perf_counter() - start
         context.step_seconds += seconds
         context.fusion.observe(ran, seconds)

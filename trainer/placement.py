@@ -79,8 +79,20 @@ class Move:
                 "variables (weights, optimizer and metric state) train in place in the scope and go back after "
                 "the call; nothing is re-created")
 
-    def back(self) -> None:
-        """Every variable in the scope returns home with its value; the model is then as `model.fit` leaves it."""
+    def __enter__(self) -> Move:
+        return self
+
+    def __exit__(self, error_type, error, traceback) -> None:
+        self.back(local=error is not None)
+
+    def back(self, local: bool = False) -> None:
+        """Every variable in the scope returns home with its value; the model is then as `model.fit` leaves it.
+
+        With `local`, after an error, values are read from this process's own
+        copies, with no collective: a peer worker may be gone, and waiting on
+        it would hide the error. A metric's total summed over workers then
+        comes home with this worker's part only.
+        """
         while self.undo:
             self.undo.pop()()
         if not self.homes and not self.optimizer_strategies:
@@ -93,9 +105,9 @@ class Move:
             _, home = self.homes.get(id(variable), (None, None))
             if home is None:  # created in the scope during the call
                 with tf.init_scope():
-                    home = _variable_like(current, variable.name, _read(current))
+                    home = _variable_like(current, variable.name, _read(current, local))
             else:
-                _fill(home, _read(current), first_holds_sum=True)
+                _fill(home, _read(current, local), first_holds_sum=True)
             self.table.inside[id(variable)] = (variable, current)
             _compat.set_backing(variable, home)
         before = {id(optimizer): previous for optimizer, previous in self.optimizer_strategies}
@@ -136,7 +148,7 @@ def move_in(model: keras.Model, strategy: tf.distribute.Strategy, table: Backing
             _compat.reindex(optimizer)
         _compat.forget_traced_functions(model)
     except BaseException:
-        move.back()  # nothing half-moved is left behind
+        move.back(local=True)  # nothing half-moved is left behind
         raise
     return move
 
@@ -198,12 +210,20 @@ def _variable_like(like: Any, name: str, value: Any) -> tf.Variable:
                        synchronization=like.synchronization)
 
 
-def _read(variable: Any) -> tf.Tensor:
-    """A variable's value as one device sees it: on-read variables summed or averaged over the replicas."""
-    if (isinstance(variable, tf.distribute.DistributedValues) and variable.synchronization == ON_READ
-            and variable.aggregation == tf.VariableAggregation.NONE):
-        return variable.distribute_strategy.experimental_local_results(variable)[0].read_value()
-    return variable.read_value()
+def _read(variable: Any, local: bool = False) -> tf.Tensor:
+    """A variable's value as one device sees it: on-read variables summed or averaged over the replicas
+    (with `local`, over this process's replicas only, with no collective)."""
+    if not isinstance(variable, tf.distribute.DistributedValues):
+        return variable.read_value()
+    parts = variable.distribute_strategy.experimental_local_results(variable)
+    if variable.synchronization != ON_READ:
+        return parts[0].read_value() if local else variable.read_value()
+    if variable.aggregation in (tf.VariableAggregation.NONE, tf.VariableAggregation.ONLY_FIRST_REPLICA):
+        return parts[0].read_value()
+    if not local:
+        return variable.read_value()
+    total = tf.add_n([part.read_value() for part in parts])
+    return total / len(parts) if variable.aggregation == tf.VariableAggregation.MEAN else total
 
 
 def _fill(target: Any, value: Any, first_holds_sum: bool) -> None:

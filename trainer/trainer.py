@@ -249,7 +249,7 @@ class Trainer:
         lr = engine_lib.LRSettings(self.lr_scaling, self._base_batch_size(batch, batch_source), batch, warmup_steps)
         process = malloc.tune_process(self.tune_malloc)  # the checks are done: the process may change now
         model, compiled, lr_plan, move = self._build(model, strategy, train, batch, lr=lr)
-        try:
+        with move:  # on the way out the user's model goes home with its trained state, as after model.fit
             fusion, fusion_source = self._fusion(compiled, batch, steps_per_epoch, callbacks)
             plan = self._plan(strategy, train, batch, steps_per_epoch, lr_plan, fusion, model,
                               batch_source=batch_source, fusion_source=fusion_source, process=process,
@@ -271,8 +271,6 @@ class Trainer:
                         restart_each_epoch=train.restarts_each_epoch(user_steps))
             if fusion.auto and fusion.seconds_per_step is not None:
                 compiled.seconds_per_step[batch.global_batch_size] = fusion.seconds_per_step
-        finally:
-            move.back()  # the user's model goes home with its trained state, as after model.fit
         return history
 
     @_quiet_tf_info
@@ -310,12 +308,10 @@ class Trainer:
         batch, _ = self._batch_plan(strategy, inp, batch_size)
         malloc.tune_process(self.tune_malloc)
         model, compiled, _, move = self._build(model, strategy, inp, batch)
-        try:
+        with move:
             callback_list = keras.callbacks.CallbackList(callbacks, model=model)
             logs = loop.run_eval(compiled.eval_steps, self._readers(compiled.eval_strategy, batch), inp,
                                  callback_list, num_steps=steps)
-        finally:
-            move.back()
         return logs if return_dict else logs_in_order(model, logs)
 
     @_quiet_tf_info
@@ -349,14 +345,11 @@ class Trainer:
         malloc.tune_process(self.tune_malloc)
         model = models.from_builder(model, strategy, self.seed, self.mixed_precision)
         sample_x = engine_lib.sample_batch(model, inp, strategy, batch.global_batch_size)
-        move = placement.move_in(model, strategy, self._in_scope.table(model, strategy), sample_x, targets=False)
-        try:
+        with placement.move_in(model, strategy, self._in_scope.table(model, strategy), sample_x, targets=False):
             if is_parameter_server(strategy):
                 strategy = tf.distribute.get_strategy()  # inline on the coordinator
             with loop.one_pass(self._readers(strategy, batch), inp, read_all=steps is None) as reader:
                 outputs = self._predict_steps(model, strategy).predict(reader, steps)
-        finally:
-            move.back()
         return tf.nest.map_structure(lambda *parts: np.concatenate(parts, axis=0), *outputs)
 
     # Stages ------------------------------------------------------------------
