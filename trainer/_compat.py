@@ -452,6 +452,36 @@ def compiled_metric_list(metric: Any) -> list | None:
     return None
 
 
+@contextlib.contextmanager
+def results_recorded(model: keras.Model, made_by: dict[int, tuple[Any, str]]):
+    """While a step traces: which of `model.metrics` made each value its `result()` returned.
+
+    Fills `made_by` with id(value) -> (value, the metric's key in
+    `model.get_metrics_result()`). Each metric's `result` is shadowed on the
+    instance for the duration (Keras 3.0-3.15 metrics are plain objects),
+    from the tracing thread, so that every replica thread sees it.
+    """
+    metrics = []
+    for metric in model.metrics:
+        metrics += compiled_metric_list(metric) or [metric]
+    shadowed = []
+    for metric in metrics:
+        if "result" in vars(metric):
+            continue  # the instance's own `result`, or shadowed already by an enclosing trace
+        def result(*args, _original=metric.result, _name=metric.name, **kwargs):
+            value = _original(*args, **kwargs)
+            made_by[id(value)] = (value, _name)
+            return value
+
+        vars(metric)["result"] = result
+        shadowed.append(metric)
+    try:
+        yield
+    finally:
+        for metric in shadowed:
+            vars(metric).pop("result", None)
+
+
 def compute_loss(model: keras.Model, x, y, y_pred, sample_weight, training: bool):
     """`model.compute_loss`, also for overrides written before Keras 3.3 added `training`."""
     wrapper = getattr(model, "_compute_loss", None)

@@ -130,7 +130,7 @@ def check_data(inp, arg: str, *, steps_arg: str | None, steps: int | None, with_
         for part, struct in parts(inp.arrays, with_targets).items():
             for name, array in leaves(struct, part):
                 _check_array(array, name, part, arg)
-        if with_targets and len(inp.arrays) == 3:
+        if with_targets and isinstance(inp.arrays, tuple) and len(inp.arrays) == 3:
             _check_sample_weight(inp.arrays[2], arg, per_example=False)
     elif isinstance(inp, (inputs_lib.DatasetInput, inputs_lib.BatchedInput)):
         spec = inp.example_spec

@@ -66,19 +66,20 @@ def as_input(x: Any, y: Any = None, sample_weight: Any = None, *, arg: str, with
                 f"keras.utils.PyDataset or a function input_context -> Dataset. Received: {arg}={reprlib.repr(x)} "
                 f"of type {type(x).__name__}. Pass the data: fit(model, x, y), or {arg}=(x, y)."
             )
-        data = (x,)  # features alone, packed as Keras packs them; `checks` refuses them to a model that needs y
+        # Features alone, as Keras packs them (`pack_x_y_sample_weight`): an array or a dict stays bare, so that
+        # a model's own train_step gets x itself; a sequence is wrapped. `checks` refuses them to a model that
+        # needs y.
+        data = (x,) if isinstance(x, (tuple, list)) else x
     else:
         data = x
-    if with_targets:
+    if with_targets and isinstance(data, tuple):
         for name, part in zip(("x", "y", "sample_weight"), data):
             _reject_nested_lists(part, arg, name)
-    else:
-        _reject_nested_lists(data, arg, arg)
-    arrays = tf.nest.map_structure(_as_array, data)
-    if with_targets:
+        arrays = tf.nest.map_structure(_as_array, data)
         arrays = (tf.nest.map_structure(_text_as_bytes, arrays[0]), *arrays[1:])
     else:
-        arrays = tf.nest.map_structure(_text_as_bytes, arrays)
+        _reject_nested_lists(data, arg, "x" if with_targets else arg)
+        arrays = tf.nest.map_structure(_text_as_bytes, tf.nest.map_structure(_as_array, data))
     inp = ArrayInput(arrays, _common_length(arrays, arg))
     return _class_weighted(inp, class_weight, arg) if class_weight is not None else inp
 
@@ -244,7 +245,7 @@ def _class_indices(y: Any) -> Any:
 
 
 def _class_weighted(inp: ArrayInput, class_weight: dict, arg: str) -> ArrayInput:
-    if len(inp.arrays) < 2:
+    if not isinstance(inp.arrays, tuple) or len(inp.arrays) < 2:
         _no_targets_to_weigh(class_weight, arg)
     x, y, *weights = inp.arrays
     _single_target(y, weights, class_weight)

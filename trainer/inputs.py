@@ -93,7 +93,8 @@ class ArrayInput(_Input):
     form = "arrays"
 
     def signature(self) -> Any:
-        return tf.nest.map_structure(lambda a: tuple(a.shape[1:]), self.arrays)
+        parts = tuple(self.arrays) if isinstance(self.arrays, (tuple, list)) else (self.arrays,)  # as datasets'
+        return tf.nest.map_structure(lambda a: tuple(a.shape[1:]), parts)
 
     def _sharding(self, num_workers: int) -> tuple[str, str]:
         return "OFF", "the trainer splits each global batch into per-replica slices; each worker gathers only its own"

@@ -321,6 +321,6 @@ def run_eval(steps: Steps, make_reader: MakeReader, inp, callbacks, num_steps: i
             done += ran
             if ran < n:
                 break
-    logs = steps.objective.results()
+    logs = steps.objective.results("test_step")
     callbacks.on_test_end(logs)
     return logs

@@ -75,22 +75,37 @@ class ModelSteps:
         return "the trainer's (Keras's loss and metrics, each replica weighed by its share of the batch)"
 
     @staticmethod
-    def check_logs(method: str, logs: Any, model: keras.Model) -> None:
-        """Raises unless what the model's step returned is read from `model.metrics` (at trace time).
+    def log_sources(method: str, logs: Any, model: keras.Model,
+                    made_by: dict[int, tuple[Any, str]]) -> dict[str, str] | None:
+        """Which metric each key that the model's step returned reads, at trace time; None for all of them.
 
-        The trainer logs `model.get_metrics_result()`, read across replicas after
-        each call, which is what `model.fit` logs when the step returns its metrics.
+        `model.fit` logs `model.get_metrics_result()` when the step returns
+        exactly the model's metrics, and otherwise what the step returned. A
+        value the step returned is exact across replicas when it is a metric's
+        `result()` (`made_by`, from `_compat.results_recorded`): the trainer
+        then logs that metric, read across replicas, under the returned key (the
+        keras.io VAE returns its "total_loss" tracker as "loss").
         """
-        returned = set(_flat_keys(logs)) if isinstance(logs, dict) else None
-        names = set(metric_names(model))
-        if returned is not None and returned <= names:
-            return
+        names = metric_names(model)
+        returned = _flat_items(logs) if isinstance(logs, dict) else None
+        if returned is not None and {key for key, _ in returned} == set(names):
+            return None
+        sources, unknown = {}, []
+        for key, value in returned or []:
+            made = made_by.get(id(value))
+            source = made[1] if made is not None and made[0] is value else key if key in names else None
+            if source is None:
+                unknown.append(key)
+            sources[key] = source
+        if returned is not None and not unknown:
+            return sources
+        what = sorted(unknown) if returned is not None else type(logs)
         raise ValueError(
-            f"{type(model).__name__}.{method} returned {sorted(returned) if returned is not None else type(logs)}, "
-            f"which are not all the model's metrics ({sorted(names)}). The trainer logs the metrics in "
-            "`model.metrics`, summed over every replica. Track each value in a keras.metrics.Metric (a Mean "
-            "for a loss), list it in the model's `metrics` property, and return "
-            "{m.name: m.result() for m in self.metrics}, as the Keras guide's custom train_step does."
+            f"{type(model).__name__}.{method} returned {what}, which are not results of the model's metrics "
+            f"({sorted(names)}). The trainer logs the metrics in `model.metrics`, summed over every replica. "
+            "Track each value in a keras.metrics.Metric (a Mean for a loss), list it in the model's `metrics` "
+            "property, and return its result(), e.g. {m.name: m.result() for m in self.metrics}, as the Keras "
+            "guide's custom train_step does."
         )
 
 
@@ -98,11 +113,11 @@ def _names(methods: list[str]) -> str:
     return ", ".join(methods[:-1]) + " and " + methods[-1] if len(methods) > 1 else methods[0]
 
 
-def _flat_keys(logs: dict) -> list[str]:
-    keys = []
+def _flat_items(logs: dict) -> list[tuple[str, Any]]:
+    items = []
     for key, value in logs.items():
-        keys += _flat_keys(value) if isinstance(value, dict) else [key]
-    return keys
+        items += _flat_items(value) if isinstance(value, dict) else [(key, value)]
+    return items
 
 
 def metric_names(model: keras.Model) -> list[str]:
@@ -160,6 +175,7 @@ class Objective:
         self.loss_tracker = _compat.loss_tracker(model)
         self.model_steps = ModelSteps.of(model)
         self._read = self._reset = None
+        self._log_sources: dict[str, dict[str, str] | None] = {}  # by the model's own step: `name_logs`
 
     # Replica context ------------------------------------------------------------------
 
@@ -247,13 +263,20 @@ class Objective:
             self._reset = graph_function(lambda: self.model.reset_metrics())
         self._reset()
 
-    def results(self) -> dict[str, Any]:
-        """The model's metrics over every example since `reset`, by Keras's names, as Python values."""
+    def name_logs(self, method: str, logs: Any, made_by: dict[int, tuple[Any, str]]) -> None:
+        """While the model's own `method` traces: the keys it returned, and the metric each reads."""
+        self._log_sources[method] = ModelSteps.log_sources(method, logs, self.model, made_by)
+
+    def results(self, method: str = "train_step") -> dict[str, Any]:
+        """The model's metrics over every example since `reset`, as Python values, under the keys that
+        `model.fit` logs after `method` (the model's own step may name them: `name_logs`)."""
         if self._read is None:
             # One graph call reads every tracker: eager reads of distributed variables cost
             # a dispatch each, and the loop reads after every step call.
             self._read = graph_function(lambda: tf.nest.map_structure(_read, self.model.get_metrics_result()))
-        return {name: _to_python(value) for name, value in self._read().items()}
+        values = {name: _to_python(value) for name, value in self._read().items()}
+        sources = self._log_sources.get(method)
+        return values if sources is None else {key: values[source] for key, source in sources.items()}
 
 
 def _read(value: Any) -> Any:

@@ -179,7 +179,8 @@ def build(model: keras.Model, data_batch: Any, *, targets: bool) -> None:
     step (`Model._symbolic_build`): symbolically, so that nothing runs (a stateful RNN's states stay).
 
     A model with its own `train_step` need not be callable on `x` (a VAE or a conditional GAN may have no
-    `call()` at all): what it cannot build so, its step builds, as under `model.fit` on one device.
+    `call()` at all): what it has not built, its step builds, as under `model.fit` on one device, by tracing
+    the step once where the model lives (the trace is never run: no update, no metric, no random draw).
     """
     # Tensors for NumPy arrays: Keras reads the dtypes it knows, and NumPy's strings are not one.
     data_batch = keras.tree.map_structure(lambda t: tf.convert_to_tensor(t) if isinstance(t, np.ndarray) else t,
@@ -189,10 +190,16 @@ def build(model: keras.Model, data_batch: Any, *, targets: bool) -> None:
         if not all(layer.built for layer in _compat.all_layers(model)):
             _compat.build_model_only(model, x)
         return
+    own_step = overridden(model, "train_step")
+    if own_step and not all(layer.built for layer in _compat.all_layers(model)):
+        # What only the model's own step creates (the layers of a model without call(), an optimizer built in
+        # its first apply), created as the first trace of the step under `model.fit` creates it, at home and
+        # without running anything.
+        tf.function(model.train_step).get_concrete_function(data_batch)
     try:
         _compat.symbolic_build(model, data_batch)
     except (RuntimeError, NotImplementedError, TypeError, ValueError):
-        if not overridden(model, "train_step"):
+        if not own_step:
             raise
         if model.optimizer is not None and not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)

@@ -157,6 +157,7 @@ class Steps:
         self._grads = graph_function(self._loss_and_grads, jit_compile=True) if jit_compile else self._loss_and_grads
         self._activity_sums = bool(_compat.activity_layers(model))  # Keras < 3.14 sums them over the batch
         self._feed: feed_lib.ArrayFeed | None = None  # the feed that the traced feed loops read when they run
+        self._results_made_by: dict[int, tuple[Any, str]] = {}  # while tracing: which metric made each result
         self._train_loops = Loops(self._use_feed, step_function(self._train_feed_loop),
                                   step_function(self._train_global_loop), step_function(self._train_loop))
         self._eval_loops = Loops(self._use_feed, step_function(self._eval_feed_loop),
@@ -229,8 +230,8 @@ class Steps:
         Keras's optimizer weighs each replica's gradients by its share of the
         global batch before it sums them (`_compat.replica_share`): the
         one-device gradient, also when the shares differ. The metrics are read
-        from `model.metrics` across replicas after the call; what the step
-        returns must be among them.
+        from `model.metrics` across replicas after the call, under the keys
+        the step returns them (`Objective.name_logs`).
         """
         batch = share.batch
         if share.tracked is not None:
@@ -242,7 +243,7 @@ class Steps:
         with _compat.replica_share(gradients=tf.math.divide_no_nan(count, total)), \
                 _compat.activity_share(self.model, examples):
             logs = method(batch)
-        self.model_steps.check_logs(method.__name__, logs, self.model)
+        self.objective.name_logs(method.__name__, logs, self._results_made_by)
         return ()
 
     def _examples(self, share: feed_lib.Share):
@@ -281,7 +282,11 @@ class Steps:
     # Cross-replica context ---------------------------------------------------
 
     def _run(self, replica_fn, *args):
-        outputs = self.strategy.run(replica_fn, args=args)
+        if self.model_steps.train or self.model_steps.test:
+            with _compat.results_recorded(self.model, self._results_made_by):  # read by `_model_step`
+                outputs = self.strategy.run(replica_fn, args=args)
+        else:
+            outputs = self.strategy.run(replica_fn, args=args)
         if not self.replica_metrics:
             self.track_gathered(**tf.nest.map_structure(self._concat_replicas, outputs))
 
@@ -400,7 +405,8 @@ class Steps:
 
     def _predict_replica(self, share: feed_lib.Share):
         if self.model_steps.predict:
-            outputs = self.model.predict_step((share.batch,))  # Keras hands it `(x,)` for arrays
+            batch = share.batch  # the features, packed as Keras packs x alone: a sequence wrapped, else bare
+            outputs = self.model.predict_step((batch,) if isinstance(batch, (tuple, list)) else batch)
         else:
             outputs = self.model(share.batch, training=False)
         return feed_lib.tracked(share, outputs)
