@@ -71,8 +71,11 @@ def test_uneven_last_batches_give_the_one_device_numbers(runs, run):
             np.testing.assert_allclose(ours["evaluate"][name], value, rtol=1e-5, err_msg=f"{key} {name}")
         np.testing.assert_allclose(arrays[f"{key}/weights"], reference_arrays[f"{key}/weights"],
                                    rtol=1e-5, atol=1e-6, err_msg=key)
-        np.testing.assert_allclose(arrays[f"{key}/predictions"], reference_arrays[f"{key}/predictions"],
-                                   rtol=1e-5, atol=1e-5, err_msg=key)
+        # Outputs are compared on their own scale: a logit of 15 carries float32 rounding of about 1e-6 of
+        # it into every output (seen: 1.8e-5 on a -0.013 output of the synchronized-BN CNN, oneDNN on AVX-512).
+        expected = reference_arrays[f"{key}/predictions"]
+        np.testing.assert_allclose(arrays[f"{key}/predictions"], expected, rtol=1e-5,
+                                   atol=1e-5 * max(1.0, float(np.abs(expected).max())), err_msg=key)
 
 
 @pytest.mark.parametrize("onednn", ["1", "0"])
