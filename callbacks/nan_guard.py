@@ -63,7 +63,7 @@ class NanGuard(ContextAware):
         key = tuple(id(v) for v in variables)
         if self._reader is None or self._reader[0]() is not self.model or self._reader[1] != key:
             self._reader = (weakref.ref(self.model), key,
-                            graph_function(lambda: [tf.identity(v.value) for v in variables]))
+                            graph_function(lambda: [tf.convert_to_tensor(v) for v in variables]))
         return self._reader[2]()
 
     def _variables(self):

@@ -1,25 +1,63 @@
-"""Fits under a ParameterServerStrategy with a variable partitioner, which the trainer refuses.
+"""Fits a model instance under ParameterServerStrategy, with or without a variable partitioner; saves the result.
 
-Usage: python ps_partitioned_run.py   (run under `trainer-launch --workers 1 --ps 1`)
+Usage: python ps_partitioned_run.py OUT.npz PARTITIONED   (under `trainer-launch --workers 1 --ps 2`)
+  PARTITIONED: "1" for MinSizePartitioner(min_shard_bytes=64, max_shards=2), "0" for none.
+
+With one worker the scheduled steps run one after another, in the order of
+the data, so the two runs must give the same numbers. The model has an
+Embedding (a sparse gradient, split over the shards), Dense layers, and AdamW
+(its weight decay and slots go through the strategy's update path too); a
+BackupAndRestore reads every variable after each epoch.
 """
 
+import json
 import os
 import sys
+import tempfile
 
+import numpy as np
 import tensorflow as tf
 
 from trainer import Trainer
+from trainer.callbacks import BackupAndRestore
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tiny import tiny_data, tiny_model  # noqa: E402
-
-partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(min_shard_bytes=64, max_shards=2)
+out, partitioned = sys.argv[1], sys.argv[2] == "1"
+partitioner = (tf.distribute.experimental.partitioners.MinSizePartitioner(min_shard_bytes=64, max_shards=2)
+               if partitioned else None)
 strategy = tf.distribute.ParameterServerStrategy(tf.distribute.cluster_resolver.TFConfigClusterResolver(),
                                                  variable_partitioner=partitioner)
-x, y, w = tiny_data(64)
-model = tiny_model()
-try:
-    Trainer(strategy=strategy, verbose=0).fit(model, (x, y, w))
-except ValueError as err:
-    print("refused:", err, flush=True)
-    print("untouched:", not model.optimizer.built, flush=True)
+trainer = Trainer(strategy=strategy, batch_size=16, lr_scaling=None, shuffle=False, steps_per_execution=1)
+
+import keras  # noqa: E402
+
+
+class Placement(keras.callbacks.Callback):
+    """Where each weight lives during the fit: the devices of its shards (one device when whole)."""
+
+    def on_train_begin(self, logs=None):
+        self.devices = {}
+        for v in self.model.weights:
+            parts = getattr(v.value, "variables", [v.value])
+            self.devices[v.path] = [part.device for part in parts]
+
+
+rng = np.random.default_rng(0)
+x = rng.integers(1, 50, size=(200, 6))
+y = (x[:, 0] > 25).astype("int64") + (x[:, 1] > 40).astype("int64")
+keras.utils.set_random_seed(0)
+model = keras.Sequential([keras.Input((6,), dtype="int32"), keras.layers.Embedding(50, 8),
+                          keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(16, activation="relu"),
+                          keras.layers.Dense(3)])
+model.compile(keras.optimizers.AdamW(0.01), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+              metrics=["accuracy"])
+placement = Placement()
+with tempfile.TemporaryDirectory() as backup:
+    history = trainer.fit(model, x, y, epochs=3, callbacks=[placement, BackupAndRestore(backup)])
+evaluation = trainer.evaluate(model, x, y, return_dict=True)
+predictions = trainer.predict(model, x)
+np.savez(out, predictions=predictions, *model.get_weights(), *[v.numpy() for v in model.optimizer.variables])
+with open(out + ".json", "w") as f:
+    json.dump({"history": history.history, "evaluate": evaluation, "devices": placement.devices,
+               "iterations": int(model.optimizer.iterations.numpy()),
+               "home": sorted({v.value.device for v in model.weights})}, f)
+print("done", flush=True)

@@ -79,10 +79,29 @@ def test_a_model_instance_built_outside_any_scope_trains_with_its_variables_on_t
     assert ps["instance"]["iterations"] == default["instance"]["iterations"] == 8
 
 
-def test_a_variable_partitioner_is_refused_with_the_fix():
-    # Keras 3's layers and optimizers fail on sharded variables inside the step; the trainer says so first.
-    proc = _run([sys.executable, "-m", "trainer.launch", "--workers", "1", "--ps", "1",
-                 str(TESTS / "ps_partitioned_run.py")])
-    assert "refused: `strategy` must be a ParameterServerStrategy without a variable_partitioner" in proc.stdout
-    assert "variable_partitioner=MinSizePartitioner). Create it without variable_partitioner" in proc.stdout
-    assert "untouched: True" in proc.stdout
+def test_a_variable_partitioner_splits_the_instance_over_the_ps_tasks_with_the_unsplit_numbers(tmp_path):
+    # One worker runs its steps in order, so splitting variables over 2 ps tasks must change no number: an
+    # Embedding's sparse gradient and AdamW's update, weight decay and slots all go through the shards.
+    runs = {}
+    for partitioned in ("0", "1"):
+        out = tmp_path / f"partitioned{partitioned}.npz"
+        proc = _run([sys.executable, "-m", "trainer.launch", "--workers", "1", "--ps", "2",
+                     str(TESTS / "ps_partitioned_run.py"), str(out), partitioned])
+        with open(f"{out}.json") as f:
+            runs[partitioned] = json.load(f), dict(np.load(out)), proc.stdout
+    (whole, whole_arrays, _), (split, split_arrays, stdout) = runs["0"], runs["1"]
+    assert all(len(devices) == 1 for devices in whole["devices"].values())
+    for name in ("sequential/embedding/embeddings", "sequential/dense/kernel"):  # over 64 bytes: 2 shards
+        assert sorted(split["devices"][name]) == ["/job:ps/replica:0/task:0/device:CPU:0",
+                                                  "/job:ps/replica:0/task:1/device:CPU:0"], split["devices"]
+    assert "split over the ps tasks by the variable_partitioner" in stdout
+    assert not any("/job:ps" in device for device in split["home"])  # whole and home again after the fit
+    assert split["iterations"] == whole["iterations"] == 3 * 13
+    assert split["history"].keys() == whole["history"].keys() == {"loss", "accuracy"}
+    for key, values in whole["history"].items():
+        np.testing.assert_allclose(split["history"][key], values, rtol=1e-6)
+    for key, value in whole["evaluate"].items():
+        np.testing.assert_allclose(split["evaluate"][key], value, rtol=1e-6)
+    assert whole_arrays.keys() == split_arrays.keys() and len(whole_arrays) == 18  # 5 weights, 12 AdamW, outputs
+    for key, value in whole_arrays.items():
+        np.testing.assert_allclose(split_arrays[key], value, rtol=1e-6, atol=1e-7, err_msg=key)

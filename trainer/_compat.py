@@ -36,6 +36,15 @@ except ImportError:  # pragma: no cover
 # `tf.__internal__.distribute.interim.maybe_merge_call`.
 _interim = getattr(getattr(getattr(tf, "__internal__", None), "distribute", None), "interim", None)
 
+try:  # tensorflow/python/distribute/{sharded_variable,parameter_server_strategy}.py (2.18-2.21): what a
+    # ParameterServerStrategy's variable_partitioner makes, and the update path that cannot take it
+    from tensorflow.python.distribute.parameter_server_strategy import (
+        ParameterServerStrategyExtended as _PSExtended,
+    )
+    from tensorflow.python.distribute.sharded_variable import ShardedVariable as _ShardedVariable
+except ImportError:  # pragma: no cover - then no variable is ever sharded
+    _PSExtended = _ShardedVariable = None
+
 try:  # keras/src/backend/common/masking.py (3.5+); older Keras sets `_keras_mask` itself
     from keras.src.backend import get_keras_mask, set_keras_mask
 except ImportError:  # pragma: no cover
@@ -191,6 +200,60 @@ def _merge_calls_inline():
         _interim.maybe_merge_call = _originals["merge_call"]
 
 
+# Sharded variables ---------------------------------------------------------------
+#
+# Under a ParameterServerStrategy with a `variable_partitioner`, a variable made
+# in its scope is a ShardedVariable: a list of variables, one slice of the first
+# axis each, on the ps tasks in turn. Layers read it whole (it converts to the
+# concatenation of its shards), and its `assign` ops split the new value and
+# write each shard where it lives. Two things Keras 3 does with a variable fail
+# on it: a gradient tape takes the gradient of a Keras variable through its
+# backing variable's `handle`, which a ShardedVariable has not; and the
+# strategy's `extended.update`, through which Keras's optimizer applies every
+# update (the step, weight decay, accumulation, EMA), colocates the update with
+# the variable, which a ShardedVariable cannot be. `gradients` takes the
+# gradient of each shard and puts them together; `_ps_update` runs the update
+# on the whole ShardedVariable.
+
+
+def is_sharded(value: Any) -> bool:
+    """Whether a backing variable is a ShardedVariable (a ParameterServerStrategy's partitioned variable)."""
+    return _ShardedVariable is not None and isinstance(value, _ShardedVariable)
+
+
+def gradients(tape: tf.GradientTape, target: Any, variables: list) -> list:
+    """`tape.gradient(target, variables)` for Keras variables, sharded ones included.
+
+    A sharded variable's gradient is its shards' gradients put together along
+    the first axis: sparse when every shard's is (an Embedding's), else dense.
+    """
+    shards = [list(backing(v).variables) if is_sharded(backing(v)) else None for v in variables]
+    if not any(shards):
+        return tape.gradient(target, variables)
+    sources = [parts if parts else v for v, parts in zip(variables, shards)]
+    return [_joined(g, backing(v)) if parts else g
+            for g, v, parts in zip(tape.gradient(target, sources), variables, shards)]
+
+
+def _joined(parts: list, sharded: Any) -> Any:
+    if all(part is None for part in parts):
+        return None
+    offsets = np.cumsum([0] + [int(s.shape[0]) for s in sharded.variables[:-1]])
+    if all(isinstance(part, tf.IndexedSlices) for part in parts):
+        return tf.IndexedSlices(tf.concat([part.values for part in parts], axis=0),
+                                tf.concat([part.indices + offset for part, offset in zip(parts, offsets)], axis=0),
+                                tf.constant(sharded.shape.as_list(), dtype=parts[0].indices.dtype))
+    return tf.concat([tf.zeros(s.shape, s.dtype) if part is None else tf.convert_to_tensor(part)
+                      for part, s in zip(parts, sharded.variables)], axis=0)
+
+
+def _ps_update(self, var, fn, args, kwargs, group):
+    if not is_sharded(var):
+        return _originals["ps_update"](self, var, fn, args, kwargs, group)
+    result = fn(var, *self._select_single_value(args), **self._select_single_value(kwargs))
+    return result if group else tf.nest.map_structure(self._local_results, result)
+
+
 _HOOKS = (  # (key, owner, attribute, replacement)
     ("scale", _loss_module, "scale_loss_for_distribution", _scale),
     ("unscale", _loss_module, "unscale_loss_for_distribution", _unscale),
@@ -198,7 +261,7 @@ _HOOKS = (  # (key, owner, attribute, replacement)
     ("clip", _BaseOptimizer, "_clip_gradients", _clip_gradients),
     ("apply", _BaseOptimizer, "apply", _apply),
     ("merge_call", _interim, "maybe_merge_call", None),  # replaced only inside `_apply`'s cross-replica call
-)
+) + ((("ps_update", _PSExtended, "_update", _ps_update),) if _PSExtended is not None else ())
 
 
 def replica_hooks_supported() -> bool:
@@ -208,7 +271,8 @@ def replica_hooks_supported() -> bool:
 @contextlib.contextmanager
 def replica_hooks():
     """While tracing step functions: Keras's replica scaling reads `replica_share`'s factors,
-    and its optimizer clips and accumulates the replicas' summed gradients.
+    its optimizer clips and accumulates the replicas' summed gradients, and updates sharded
+    variables whole.
 
     Installed only for the duration (Keras's functions are put back after), and
     only the threads inside `replica_share` see other factors than Keras's.
@@ -563,11 +627,6 @@ def onednn_enabled() -> bool | None:
         return None
     is_enabled = getattr(_pywrap_util_port, "IsMklEnabled", None)
     return None if is_enabled is None else bool(is_enabled())
-
-
-def variable_partitioner(strategy: tf.distribute.Strategy) -> Any:
-    """ParameterServerStrategy's `variable_partitioner` (`extended._variable_partitioner`, TF 2.18-2.21), or None."""
-    return getattr(strategy.extended, "_variable_partitioner", None)
 
 
 @contextlib.contextmanager

@@ -8,7 +8,8 @@ scope from its current value, with the same trainable flag, name, aggregation
 and synchronization. Under MirroredStrategy that is a MirroredVariable; under
 MultiWorkerMirroredStrategy its initial value is broadcast from the chief, so
 workers whose builds drew different weights start alike; under
-ParameterServerStrategy it lives on the ps tasks. Layers, losses, metrics and
+ParameterServerStrategy it lives on the ps tasks, split over them by the
+strategy's variable_partitioner where one is set. Layers, losses, metrics and
 optimizers stay the user's own objects, whatever their constructors take.
 
 After the call every variable moves back to its home (the backing variable it
@@ -75,9 +76,11 @@ class Move:
         """For the plan: what moved, in words ("" when the model was in the scope already)."""
         if not self.homes:
             return ""
+        sharded = sum(_compat.is_sharded(_compat.backing(variable)) for variable, _ in self.homes.values())
+        split = f", {sharded} of them split over the ps tasks by the variable_partitioner," if sharded else ""
         return (f"your {type(self.model).__name__}, built outside the strategy's scope: its {len(self.homes)} "
-                "variables (weights, optimizer and metric state) train in place in the scope and go back after "
-                "the call; nothing is re-created")
+                f"variables (weights, optimizer and metric state) train in place in the scope{split} and go back "
+                "after the call; nothing is re-created")
 
     def __enter__(self) -> Move:
         return self
@@ -168,7 +171,7 @@ def _move_variables(move: Move, variables: list) -> None:
         else:
             with strategy.scope(), tf.init_scope():
                 inside = _variable_like(home, variable.name, value)
-            if inside.synchronization == ON_READ:
+            if not _compat.is_sharded(inside) and inside.synchronization == ON_READ:
                 _fill(inside, value, first_holds_sum)
         move.homes[id(variable)] = (variable, home)
         _compat.set_backing(variable, inside)
@@ -220,6 +223,8 @@ def _variable_like(like: Any, name: str, value: Any) -> tf.Variable:
 def _read(variable: Any, local: bool = False) -> tf.Tensor:
     """A variable's value as one device sees it: on-read variables summed or averaged over the replicas
     (with `local`, over this process's replicas only, with no collective)."""
+    if _compat.is_sharded(variable):  # its shards, put together
+        return tf.convert_to_tensor(variable)
     if not isinstance(variable, tf.distribute.DistributedValues):
         return variable.read_value()
     parts = variable.distribute_strategy.experimental_local_results(variable)

@@ -198,7 +198,7 @@ class Steps:
                 y_pred = model(x, training=True)
             loss, local = self.objective.replica_loss(x, y, y_pred, sample_weight, global_count, training=True)
             scaled = optimizer.scale_loss(loss)
-        grads = tape.gradient(scaled, model.trainable_variables)
+        grads = _compat.gradients(tape, scaled, model.trainable_variables)
         # Masks do not cross a tf.function boundary (with jit_compile); `_with_masks` puts them back.
         return y_pred, objective_lib.flat_masks(y_pred), local, grads
 

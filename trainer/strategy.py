@@ -8,8 +8,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from trainer import _compat
-from trainer.cluster import ClusterInfo, cluster_info, is_parameter_server
+from trainer.cluster import ClusterInfo, cluster_info
 from trainer.collectives import mirrored_strategy
 
 STRATEGY_NAMES = (
@@ -180,18 +179,6 @@ def _multi_worker(communication: str = "auto", timeout_seconds: float | None = D
             "MultiWorkerMirroredStrategy must be created before TensorFlow runs anything. Create the "
             "Trainer (or the strategy) at the top of the script, before building models or data."
         ) from err
-
-
-def check_supported(strategy: tf.distribute.Strategy) -> None:
-    """Raises for the strategy options the trainer can't run: a parameter-server variable partitioner."""
-    partitioner = _compat.variable_partitioner(strategy) if is_parameter_server(strategy) else None
-    if partitioner is not None:
-        raise ValueError(
-            "`strategy` must be a ParameterServerStrategy without a variable_partitioner: Keras 3's layers and "
-            "optimizers take whole variables, and a sharded one fails inside the step. Received: "
-            f"ParameterServerStrategy(variable_partitioner={type(partitioner).__name__}). Create it without "
-            "variable_partitioner (each variable then lives whole on one ps task, in turn)."
-        )
 
 
 def _parameter_server() -> tf.distribute.Strategy:

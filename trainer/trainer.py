@@ -360,7 +360,6 @@ class Trainer:
         if not isinstance(key, tf.distribute.Strategy) and key not in self._strategies:
             self._strategies[key] = strategy_lib.resolve_strategy(key)  # one instance per name
         resolved = key if isinstance(key, tf.distribute.Strategy) else self._strategies[key]
-        strategy_lib.check_supported(resolved)
         collectives.check_group_keys(resolved)
         return resolved
 
