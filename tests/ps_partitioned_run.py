@@ -7,11 +7,11 @@ With one worker the scheduled steps run one after another, in the order of
 the data, so the two runs must give the same numbers. The model has an
 Embedding (a sparse gradient, split over the shards), Dense layers, and AdamW
 (its weight decay and slots go through the strategy's update path too); a
-BackupAndRestore reads every variable after each epoch.
+BackupAndRestore reads every variable after each epoch. A second model
+accumulates gradients and overwrites its weights with their EMA.
 """
 
 import json
-import os
 import sys
 import tempfile
 
@@ -55,7 +55,13 @@ with tempfile.TemporaryDirectory() as backup:
     history = trainer.fit(model, x, y, epochs=3, callbacks=[placement, BackupAndRestore(backup)])
 evaluation = trainer.evaluate(model, x, y, return_dict=True)
 predictions = trainer.predict(model, x)
-np.savez(out, predictions=predictions, *model.get_weights(), *[v.numpy() for v in model.optimizer.variables])
+# Gradient accumulation and EMA overwrite, which Keras's optimizer updates through the same path.
+accumulating = keras.Sequential([keras.Input((6,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(3)])
+options = dict(gradient_accumulation_steps=2, use_ema=True, ema_overwrite_frequency=3)
+accumulating.compile(keras.optimizers.Adam(0.01, **options), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+trainer.fit(accumulating, x.astype("float32") / 50, y, epochs=1, verbose=0)
+arrays = model.get_weights() + [v.numpy() for v in model.optimizer.variables] + accumulating.get_weights()
+np.savez(out, predictions=predictions, *arrays, *[v.numpy() for v in accumulating.optimizer.variables])
 with open(out + ".json", "w") as f:
     json.dump({"history": history.history, "evaluate": evaluation, "devices": placement.devices,
                "iterations": int(model.optimizer.iterations.numpy()),

@@ -6,6 +6,8 @@ from keras.src.backend.tensorflow.optimizer import TFOptimizer
 from keras.src.losses import loss as loss_module
 from keras.src.optimizers.base_optimizer import BaseOptimizer
 import tensorflow as tf
+from tensorflow.python.distribute.parameter_server_strategy import ParameterServerStrategyExtended
+from tensorflow.python.distribute.sharded_variable import ShardedVariable
 
 from trainer import Trainer, _compat
 
@@ -13,7 +15,7 @@ from trainer import Trainer, _compat
 def _keras_functions():
     return (loss_module.scale_loss_for_distribution, loss_module.unscale_loss_for_distribution,
             TFOptimizer._all_reduce_sum_gradients, BaseOptimizer._clip_gradients, BaseOptimizer.apply,
-            tf.__internal__.distribute.interim.maybe_merge_call)
+            tf.__internal__.distribute.interim.maybe_merge_call, ParameterServerStrategyExtended._update)
 
 
 def test_the_hooks_are_installed_only_while_tracing_and_nest():
@@ -24,8 +26,8 @@ def test_the_hooks_are_installed_only_while_tracing_and_nest():
             pass
         assert _keras_functions() == inside  # the inner exit leaves the outer's hooks
     assert _keras_functions() == before
-    # Five are replaced while tracing; `maybe_merge_call` only inside the one cross-replica apply.
-    assert sum(a is not b for a, b in zip(before, inside)) == 5
+    # Six are replaced while tracing; `maybe_merge_call` only inside the one cross-replica apply.
+    assert sum(a is not b for a, b in zip(before, inside)) == 6
 
 
 def test_fit_leaves_keras_as_it_found_it():
@@ -45,3 +47,41 @@ def test_step_counter_counts_every_apply_with_accumulation():
         optimizer.apply([np.ones(2, "float32")], [variable])
     assert int(_compat.step_counter(optimizer).numpy()) == 7
     assert int(optimizer.iterations.numpy()) == 2  # Keras counts updates there
+
+
+def _split(value: np.ndarray) -> keras.Variable:
+    """A Keras variable backed by a ShardedVariable of two shards along the first axis, as a
+    ParameterServerStrategy with a variable_partitioner makes it."""
+    variable = keras.Variable(value)
+    _compat.set_backing(variable, ShardedVariable([tf.Variable(value[:3]), tf.Variable(value[3:])]))
+    return variable
+
+
+def test_the_gradient_of_a_sharded_variable_is_its_shards_put_together():
+    rng = np.random.default_rng(0)
+    table, kernel, ids = rng.normal(size=(5, 4)), rng.normal(size=(4, 2)), np.array([4, 0, 4, 2])
+    split_table, split_kernel = _split(table), keras.Variable(kernel)
+    whole_table, whole_kernel = keras.Variable(table), keras.Variable(kernel)
+
+    def grads(table, kernel):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.matmul(tf.gather(table, ids), kernel) ** 2) + tf.reduce_sum(table[1:4] ** 3)
+        return _compat.gradients(tape, loss, [table, kernel])
+
+    (split_table_grad, split_kernel_grad), expected = grads(split_table, split_kernel), grads(whole_table, whole_kernel)
+    np.testing.assert_allclose(tf.convert_to_tensor(split_table_grad), tf.convert_to_tensor(expected[0]), rtol=1e-6)
+    np.testing.assert_allclose(split_kernel_grad, expected[1], rtol=1e-6)
+
+
+def test_a_sparse_gradient_of_a_sharded_variable_stays_sparse_with_the_table_rows():
+    table, ids = np.arange(20, dtype=np.float32).reshape(5, 4), np.array([4, 0, 4])
+    layer = keras.layers.Embedding(5, 4)
+    layer.build()
+    _compat.set_backing(layer.embeddings, _compat.backing(_split(table)))
+    with tf.GradientTape() as tape:  # Keras's Embedding reads the table whole, then gathers rows
+        loss = tf.reduce_sum(layer(ids) * np.arange(1, 4, dtype=np.float32)[:, None])
+    (grad,) = _compat.gradients(tape, loss, [layer.embeddings])
+    assert isinstance(grad, tf.IndexedSlices)
+    assert grad.dense_shape.numpy().tolist() == [5, 4]
+    dense = tf.convert_to_tensor(grad).numpy()
+    np.testing.assert_array_equal(dense[:, 0], [2, 0, 0, 0, 1 + 3])

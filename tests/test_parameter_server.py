@@ -102,6 +102,8 @@ def test_a_variable_partitioner_splits_the_instance_over_the_ps_tasks_with_the_u
         np.testing.assert_allclose(split["history"][key], values, rtol=1e-6)
     for key, value in whole["evaluate"].items():
         np.testing.assert_allclose(split["evaluate"][key], value, rtol=1e-6)
-    assert whole_arrays.keys() == split_arrays.keys() and len(whole_arrays) == 18  # 5 weights, 12 AdamW, outputs
+    # 5 weights and 12 AdamW variables, the outputs, and the accumulating model's 4 weights and 18 Adam variables
+    # (iterations, learning rate, and 4 each of moments, velocities, accumulators and averages).
+    assert whole_arrays.keys() == split_arrays.keys() and len(whole_arrays) == 18 + 4 + 18
     for key, value in whole_arrays.items():
         np.testing.assert_allclose(split_arrays[key], value, rtol=1e-6, atol=1e-7, err_msg=key)

@@ -272,7 +272,8 @@ def replica_hooks_supported() -> bool:
 def replica_hooks():
     """While tracing step functions: Keras's replica scaling reads `replica_share`'s factors,
     its optimizer clips and accumulates the replicas' summed gradients, and updates sharded
-    variables whole.
+    variables whole (also around the EMA overwrite at the end of training, in cross-replica
+    context, where the other hooks are Keras's own functions).
 
     Installed only for the duration (Keras's functions are put back after), and
     only the threads inside `replica_share` see other factors than Keras's.

@@ -17,6 +17,7 @@ from typing import Any, Callable, ContextManager, Protocol
 import keras
 import tensorflow as tf
 
+from trainer import _compat
 from trainer.fusion import StepFusion
 from trainer.plan import Plan
 from trainer.steps import Steps
@@ -221,7 +222,8 @@ def run_epochs(
 def end_training(model: keras.Model, context: TrainContext, callbacks: keras.callbacks.CallbackList, logs) -> None:
     """Ends training as `model.fit` does: the optimizer's final values (EMA weights), then `on_train_end`."""
     if isinstance(model.optimizer, keras.optimizers.Optimizer) and context.epochs > 0:
-        model.optimizer.finalize_variable_values(model.trainable_weights)
+        with _compat.replica_hooks():  # the EMA overwrite updates through the strategy, as the step does
+            model.optimizer.finalize_variable_values(model.trainable_weights)
     callbacks.on_train_end(logs)
 
 
