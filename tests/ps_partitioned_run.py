@@ -58,7 +58,8 @@ predictions = trainer.predict(model, x)
 # Gradient accumulation and EMA overwrite, which Keras's optimizer updates through the same path.
 accumulating = keras.Sequential([keras.Input((6,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(3)])
 options = dict(gradient_accumulation_steps=2, use_ema=True, ema_overwrite_frequency=3)
-accumulating.compile(keras.optimizers.Adam(0.01, **options), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+accumulating.compile(keras.optimizers.Adam(0.01, **options),
+                     keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 trainer.fit(accumulating, x.astype("float32") / 50, y, epochs=1, verbose=0)
 arrays = model.get_weights() + [v.numpy() for v in model.optimizer.variables] + accumulating.get_weights()
 np.savez(out, predictions=predictions, *arrays, *[v.numpy() for v in accumulating.optimizer.variables])
