@@ -21,6 +21,8 @@ trainer = Trainer(strategy=strategy, batch_size=64, lr_scaling=None, seed=0, ste
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tiny import tiny_data, tiny_model  # noqa: E402
 
+import keras  # noqa: E402
+
 from trainer.callbacks import BackupAndRestore, JSONLogger, ModelCheckpoint  # noqa: E402
 
 files = os.path.join(out, "files")
@@ -33,8 +35,6 @@ task = f"{info.task_type or 'single'}{info.task_id}"
 if os.environ.get("KILL_TASK") == task:  # dies at epoch 1, step 8: a crashed worker
     import signal
 
-    import keras
-
     class Die(keras.callbacks.Callback):
         handles_fused_steps = True
 
@@ -46,6 +46,20 @@ if os.environ.get("KILL_TASK") == task:  # dies at epoch 1, step 8: a crashed wo
                 os.kill(os.getpid(), signal.SIGKILL)
 
     callbacks.append(Die())
+
+
+class Replicas(keras.callbacks.Callback):
+    """The replicas in sync and the chief, as this task's fit saw them (its TrainContext)."""
+
+    def set_trainer_context(self, context):
+        self.context = context
+
+    def on_train_begin(self, logs=None):
+        self.seen = {"replicas": self.context.plan.num_replicas, "is_chief": self.context.is_chief}
+
+
+replicas = Replicas()
+callbacks.append(replicas)
 epochs = int(os.environ.get("EPOCHS", "2"))
 # Global clipping and gradient accumulation: exact only if applied to the workers' summed gradient.
 # Each task builds its own instance, outside any scope, seeded by its task id: the moved variables
@@ -60,5 +74,5 @@ predictions = trainer.predict(history.model, x)
 np.savez(os.path.join(out, f"{task}.npz"), predictions=predictions,
          weights=np.concatenate([v.ravel() for v in history.model.get_weights()]))
 with open(os.path.join(out, f"{task}.json"), "w") as f:
-    json.dump({"history": history.history, "evaluate": evaluation, "epochs": history.epoch}, f)
+    json.dump({"history": history.history, "evaluate": evaluation, "epochs": history.epoch, **replicas.seen}, f)
 print("done", task)

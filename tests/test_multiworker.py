@@ -43,9 +43,11 @@ def test_two_workers_match_the_single_process_run(tmp_path, reference):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("Training plan") == 1 and "[worker:0] Training plan" in proc.stdout
     assert "2 in sync over 2 worker(s)" in proc.stdout
+    assert "cluster        trainer-launch on this machine: 2 workers; chief: worker 0" in proc.stdout
     assert not any(line.startswith("[worker:1] Epoch") for line in proc.stdout.splitlines())  # chief only
     worker0, worker1 = _load(tmp_path, "worker0"), _load(tmp_path, "worker1")
-    assert worker0[0] == worker1[0]  # identical history and evaluate() on both workers
+    assert worker0[0].pop("is_chief") and not worker1[0].pop("is_chief")
+    assert worker0[0] == worker1[0]  # identical history and evaluate() on both workers, 2 replicas on each
     np.testing.assert_array_equal(worker0[1]["weights"], worker1[1]["weights"])
     assert_same_run(*worker0, reference)  # 1003 examples: an uneven last batch of 43
     files = tmp_path / "files"

@@ -29,6 +29,8 @@ import time
 from queue import Empty
 from typing import Any, Callable, Sequence
 
+from trainer.cluster import LAUNCHER_MARK
+
 GRACE_SECONDS = 10.0  # between SIGTERM (time to save a backup) and SIGKILL
 
 
@@ -127,7 +129,7 @@ def _start_tasks(cluster, command, server_command, base_env, out, requested: lis
         for kind, index in tasks(cluster):
             if requested:
                 break
-            task_env = {**base_env, "TF_CONFIG": tf_config(cluster, kind, index)}
+            task_env = {**base_env, "TF_CONFIG": tf_config(cluster, kind, index), LAUNCHER_MARK: "this machine"}
             chief = (kind, index) in (("chief", 0), ("worker", 0)) and (ps == 0 or kind == "chief")
             if not chief:
                 task_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # non-chief tasks: warnings and errors only

@@ -78,6 +78,7 @@ class Plan:
     execution_source: str = ""  # which settings chose steps per call and XLA, when not the Trainer's
     process: str = ""  # what the trainer changed for the whole process (malloc.tune_process), in words
     placement: str = ""  # how the model entered the strategy's scope (placement.Move.describe), when it moved
+    cluster: str = ""  # where the tasks' cluster came from (cluster.cluster_source), on several tasks
 
     def __post_init__(self):
         if self.native_bf16 is not None and self.native_bf16 not in BF16_UNITS:
@@ -144,6 +145,7 @@ class Plan:
         rows = [
             ("strategy", self.strategy),
             ("replicas", f"{self.num_replicas} in sync over {self.num_workers} worker(s)"),
+            *([("cluster", self.cluster)] if self.cluster else []),
             ("batch", f"global {self.global_batch_size} = {self.per_replica_batch_size} per replica "
                       f"x {self.num_replicas}"
                       + (f" ({self.batch_source})" if self.batch_source else "")),

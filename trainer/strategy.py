@@ -8,7 +8,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from trainer.cluster import ClusterInfo, cluster_info
+from trainer import _compat
+from trainer.cluster import ClusterInfo, cluster_info, slurm_addresses, slurm_step
 from trainer.collectives import mirrored_strategy
 
 STRATEGY_NAMES = (
@@ -171,7 +172,8 @@ def _multi_worker(communication: str = "auto", timeout_seconds: float | None = D
         implementation=_COMMUNICATION[communication], timeout_seconds=timeout_seconds
     )
     try:
-        return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=_slurm_resolver(),
+                                                         communication_options=options)
     except RuntimeError as err:
         if "program startup" not in str(err):
             raise
@@ -179,6 +181,21 @@ def _multi_worker(communication: str = "auto", timeout_seconds: float | None = D
             "MultiWorkerMirroredStrategy must be created before TensorFlow runs anything. Create the "
             "Trainer (or the strategy) at the top of the script, before building models or data."
         ) from err
+
+
+def _slurm_resolver() -> tf.distribute.cluster_resolver.ClusterResolver | None:
+    """Under an `srun` of several tasks and no TF_CONFIG, the cluster Slurm started; else None (TF_CONFIG's).
+
+    Each task computes every task's address alike (`cluster.slurm_addresses`) and
+    computes on the GPUs Slurm let it see (CUDA_VISIBLE_DEVICES, as Slurm set it).
+    """
+    step = slurm_step()
+    if os.environ.get("TF_CONFIG") or step is None or step.num_tasks < 2:
+        return None
+    addresses = slurm_addresses(step, _compat.expand_hostlist, _compat.expand_tasks_per_node)
+    return tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec({"worker": addresses}), task_type="worker", task_id=step.task_id, rpc_layer="grpc",
+        num_accelerators={"GPU": len(tf.config.list_physical_devices("GPU"))})
 
 
 def _parameter_server() -> tf.distribute.Strategy:

@@ -16,7 +16,7 @@ from trainer import data as data_lib
 from trainer import inputs as inputs_lib
 from trainer import engine as engine_lib
 from trainer import strategy as strategy_lib
-from trainer.cluster import is_parameter_server, strategy_cluster_info
+from trainer.cluster import cluster_source, is_parameter_server, strategy_cluster_info
 from trainer.options import check_int
 from trainer.fusion import StepFusion
 from trainer.history import History
@@ -471,6 +471,7 @@ class Trainer:
             execution_source="; ".join(filter(None, [fusion_source, self._jit_source(model)])),
             process=process,
             placement=moved,
+            cluster=cluster_source() if num_workers > 1 or parameter_server else "",
         )
 
     def _jit_source(self, model) -> str:

@@ -1,0 +1,76 @@
+"""Under a real Slurm (one node on localhost, tests/slurm_cluster.py): `srun -n 2 python job.py` with
+strategy="auto" trains one MultiWorkerMirroredStrategy job with the single process's numbers."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import TESTS, assert_same_run
+
+sys.path.insert(0, str(TESTS))
+import slurm_cluster  # noqa: E402
+
+pytestmark = pytest.mark.slow  # a Slurm cluster and whole trainings: not in the everyday tier
+
+SCRIPT = str(TESTS / "multiworker_run.py")
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    missing = slurm_cluster.missing()
+    if missing:
+        pytest.skip(f"Slurm is not installed here (no {', '.join(missing)}): {slurm_cluster.PACKAGES}")
+    if os.geteuid() != 0:
+        pytest.skip("the one-node Slurm runs its daemons as root (SlurmUser=root); run the tests as root")
+    folder = tmp_path_factory.mktemp("slurm")
+    folder.chmod(0o700)  # munged refuses a key folder that others can write
+    cluster = slurm_cluster.Slurm(folder).start()
+    yield cluster
+    cluster.stop()
+
+
+def _load(out, task):
+    with open(out / f"{task}.json") as f:
+        return json.load(f), dict(np.load(out / f"{task}.npz"))
+
+
+def _srun(slurm, tasks, out, timeout=300):
+    env = {**slurm.env, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    command = ["srun", "-n", str(tasks), "--kill-on-bad-exit=1", sys.executable, SCRIPT, str(out), "auto"]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout, cwd=TESTS)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("single")
+    proc = subprocess.run([sys.executable, SCRIPT, str(out), "default"], capture_output=True, text=True,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return _load(out, "single0")
+
+
+def test_srun_of_two_tasks_trains_as_one_process(slurm, reference, tmp_path):
+    proc = _srun(slurm, 2, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("Training plan") == 1  # the chief's, task 0
+    assert "2 in sync over 2 worker(s)" in proc.stdout
+    assert "cluster        Slurm: 2 tasks on 1 node, chief task 0 (job " in proc.stdout
+    worker0, worker1 = _load(tmp_path, "worker0"), _load(tmp_path, "worker1")
+    assert (worker0[0]["replicas"], worker0[0]["is_chief"]) == (2, True)
+    assert (worker1[0]["replicas"], worker1[0]["is_chief"]) == (2, False)
+    np.testing.assert_array_equal(worker0[1]["weights"], worker1[1]["weights"])
+    assert_same_run(*worker0, reference)  # 1003 examples: an uneven last batch
+    assert sorted(os.listdir(tmp_path / "files")) == ["ckpt", "log.jsonl"]  # only the chief writes
+
+
+def test_srun_of_one_task_is_one_process(slurm, reference, tmp_path):
+    proc = _srun(slurm, 1, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "1 in sync over 1 worker(s)" in proc.stdout and "cluster  " not in proc.stdout
+    single = _load(tmp_path, "single0")
+    assert single[0]["replicas"] == 1
+    assert_same_run(*single, reference)
