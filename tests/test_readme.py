@@ -23,7 +23,7 @@ def test_quickstart_runs_as_pasted(tmp_path):
 def test_ci_runs_the_readme_commands():
     setup = README[README.index("## Set up and test"):]
     commands = re.search(r"```bash\n(.*?)```", setup, re.S).group(1).strip().splitlines()
-    assert len(commands) == 3  # the real data (apt, optional), the venv, the lint and tests
+    assert len(commands) == 4  # the real data and Slurm (apt, optional), the venv, the lint and tests
     ci = (TESTS.parent / ".ci" / "run").read_text()
     for command in commands:
         assert command in ci

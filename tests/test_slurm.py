@@ -74,3 +74,17 @@ def test_srun_of_one_task_is_one_process(slurm, reference, tmp_path):
     single = _load(tmp_path, "single0")
     assert single[0]["replicas"] == 1
     assert_same_run(*single, reference)
+
+
+def test_the_examples_sbatch_script_trains_on_two_tasks(slurm, tmp_path):
+    # examples/slurm/fashion_mnist.sbatch as a user submits it, on this one-node cluster's CPUs.
+    log = tmp_path / "job.out"
+    command = ["sbatch", "--wait", "--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1",
+               f"--output={log}", str(TESTS.parent / "examples" / "slurm" / "fashion_mnist.sbatch"),
+               "--synthetic", "512", "--epochs", "1", "--out", str(tmp_path / "run")]
+    proc = subprocess.run(command, capture_output=True, text=True, env={**slurm.env, "PYTHON": sys.executable},
+                          timeout=300, cwd=TESTS.parent)
+    out = log.read_text()
+    assert proc.returncode == 0, proc.stderr + out[-3000:]
+    assert out.count("Training plan") == 1 and "cluster        Slurm: 2 tasks on 1 node, chief task 0" in out
+    assert "2 in sync over 2 worker(s)" in out and "Restored without a strategy: test accuracy" in out
