@@ -52,6 +52,12 @@ def parse_tf_config(raw: str | Mapping[str, Any] | None) -> ClusterInfo:
     if cluster and not isinstance(task, dict):
         _bad(raw, "its 'task' must be {\"type\": ..., \"index\": ...}")
     task_type, index = task.get("type"), task.get("index", 0)
+    if task_type == "master" or "master" in cluster:
+        _bad(raw, "it names a 'master' task, TensorFlow 1's name for the chief, which TensorFlow 2's strategies "
+                  "do not know. Name it 'chief' (a TFJob's replica type Chief)")
+    if task_type == EVALUATOR:  # outside the training cluster, as Kubeflow's TFJob sets it
+        return ClusterInfo(task_type=EVALUATOR, task_id=int(index or 0), num_workers=max(1, _computing(cluster)),
+                           num_ps=len(cluster.get("ps", [])), has_chief_task="chief" in cluster)
     if task_type is not None and task_type not in cluster:
         _bad(raw, f"its task type {task_type!r} is not in the cluster, which has {sorted(cluster)}. "
                   "Set task.type to one of those")
@@ -60,15 +66,21 @@ def parse_tf_config(raw: str | Mapping[str, Any] | None) -> ClusterInfo:
                   f"{task_type!r} task(s), indices 0..{len(cluster[task_type]) - 1}. Set task.index within it")
     if len(cluster.get("chief", [])) > 1:
         _bad(raw, "it has more than one 'chief'. Keep one chief and make the others workers")
-    n_chief = len(cluster.get("chief", []))
-    n_workers = len(cluster.get("worker", []))
     return ClusterInfo(
         task_type=task_type,
         task_id=int(index or 0),
-        num_workers=max(1, n_chief + n_workers),
+        num_workers=max(1, _computing(cluster)),
         num_ps=len(cluster.get("ps", [])),
-        has_chief_task=n_chief > 0,
+        has_chief_task=len(cluster.get("chief", [])) > 0,
     )
+
+
+EVALUATOR = "evaluator"
+
+
+def _computing(cluster: dict) -> int:
+    """The tasks that compute: the chief and the workers."""
+    return len(cluster.get("chief", [])) + len(cluster.get("worker", []))
 
 
 def _load(raw: str | Mapping[str, Any]) -> dict:

@@ -9,7 +9,7 @@ from typing import Any
 import tensorflow as tf
 
 from trainer import _compat
-from trainer.cluster import ClusterInfo, cluster_info, slurm_addresses, slurm_step
+from trainer.cluster import EVALUATOR, ClusterInfo, cluster_info, slurm_addresses, slurm_step
 from trainer.collectives import mirrored_strategy
 
 STRATEGY_NAMES = (
@@ -83,7 +83,13 @@ def resolve_strategy(strategy: str | tf.distribute.Strategy | None, **options: A
     if strategy is None:
         return tf.distribute.get_strategy()
     check_strategy_name(strategy)
-    cluster_info()  # a malformed TF_CONFIG gets our error before TensorFlow reads it
+    if cluster_info().task_type == EVALUATOR:  # (a malformed TF_CONFIG gets our error before TensorFlow's)
+        raise ValueError(
+            "This process is the cluster's evaluator task, which the trainer does not run. Received: TF_CONFIG "
+            f"with task type {EVALUATOR!r} (Kubeflow's TFJob sets it for an Evaluator replica). The trainer "
+            "evaluates on the training workers themselves, exactly: pass validation_data to fit(). Remove the "
+            "Evaluator replica from the job, or evaluate a saved checkpoint in a job of its own."
+        )
     name = strategy
     if name == "auto":
         tpu_hinted = any(os.environ.get(k) for k in _TPU_HINTS)
