@@ -182,24 +182,31 @@ def _check_strategy_and_out(parser: argparse.ArgumentParser, args: argparse.Name
 
 
 def main(argv=None) -> dict:
-    args = parse_args(argv)
-    import tensorflow as tf
+    from trainer.quiet import startup_notices_hidden
 
-    if args.cpu_replicas:
-        tf.config.set_logical_device_configuration(
-            tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * args.cpu_replicas)
-    import keras
+    # TensorFlow's C++ start-up notices (no CUDA driver, CPU features, oneDNN) stay off the screen while it
+    # loads (the argument checks import it) and finds its devices; a TF_CPP_MIN_LOG_LEVEL of yours shows
+    # TensorFlow's logs as you set them.
+    with startup_notices_hidden():
+        args = parse_args(argv)
+        import tensorflow as tf
 
-    from trainer.callbacks import CSVLogger, JSONLogger, ModelCheckpoint, PlotHistory
-    from trainer import Trainer, cluster_info
+        if args.cpu_replicas:
+            tf.config.set_logical_device_configuration(
+                tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * args.cpu_replicas)
+        import keras
 
+        from trainer.callbacks import CSVLogger, JSONLogger, ModelCheckpoint, PlotHistory
+        from trainer import Trainer, cluster_info
+
+        # First: a multi-worker strategy must exist before TensorFlow runs anything.
+        trainer = Trainer(strategy=args.strategy, per_replica_batch_size=args.batch, seed=args.seed,
+                          lr_scaling=None if args.lr_scaling == "none" else args.lr_scaling,
+                          mixed_precision=args.mixed_precision)
     (x_train, y_train), (x_test, y_test) = (prepare(*split)
                                             for split in load_raw(args.data_dir, args.synthetic, args.seed))
     chief = cluster_info().is_chief
     out = args.out
-    trainer = Trainer(strategy=args.strategy, per_replica_batch_size=args.batch, seed=args.seed,
-                      lr_scaling=None if args.lr_scaling == "none" else args.lr_scaling,
-                      mixed_precision=args.mixed_precision)
     history = trainer.fit(
         lambda: build_model(args.lr), (x_train, y_train), epochs=args.epochs, steps_per_epoch=args.steps,
         validation_data=(x_test, y_test),

@@ -3,7 +3,8 @@
 import pytest
 
 from trainer import _compat
-from trainer.cluster import ClusterInfo, cluster_info, cluster_source, slurm_addresses, slurm_step
+from trainer.cluster import ClusterInfo, cluster_info, cluster_source
+from trainer.slurm import slurm_addresses, slurm_step
 
 # What srun gave task 3 of `srun -N 2 -n 5` on nodes gpu9 and gpu10 (Slurm lists them in its own order).
 STEP = {"SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "5", "SLURM_STEP_NODELIST": "gpu[9-10]",
@@ -73,5 +74,5 @@ def test_the_launcher_and_tf_config_name_themselves(monkeypatch):
     monkeypatch.setenv("TF_CONFIG", config)
     monkeypatch.delenv("TRAINER_LAUNCH", raising=False)
     assert cluster_source() == "TF_CONFIG: 1 chief, 2 workers, 1 ps; chief: the chief task"
-    monkeypatch.setenv("TRAINER_LAUNCH", "this machine")
+    monkeypatch.setenv("TRAINER_LAUNCH", "trainer-launch on this machine")
     assert cluster_source() == "trainer-launch on this machine: 1 chief, 2 workers, 1 ps; chief: the chief task"

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import TESTS
+from trainer.quiet import is_startup_notice
 
 EXAMPLES = TESTS.parent / "examples"
 sys.path.insert(0, str(EXAMPLES))
@@ -107,6 +108,15 @@ def _copy_with_a_decoy(source: Path, names: list[str], target: Path) -> Path:
     return target
 
 
+NO_LOG_LEVEL = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
+
+
+def _startup_notices(proc) -> list[str]:
+    """TensorFlow's start-up notices in a run's output (none should reach the user)."""
+    return [line for line in (proc.stdout + proc.stderr).splitlines()
+            if is_startup_notice(line.split("] ", 1)[1] if line.startswith("[") else line)]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
 def test_example_end_to_end_on_idx_files(tmp_path, idx_dir, policy):
@@ -116,10 +126,11 @@ def test_example_end_to_end_on_idx_files(tmp_path, idx_dir, policy):
     proc = subprocess.run(
         [sys.executable, str(project / "fashion_mnist.py"), "--data-dir", str(idx_dir), "--epochs", "1",
          "--out", str(out), "--strategy", "mirrored", "--cpu-replicas", "2", "--batch", "32", *flags],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        capture_output=True, text=True, timeout=300, env=NO_LOG_LEVEL,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "Training plan" in proc.stdout and "2 in sync" in proc.stdout
+    assert proc.stdout.startswith("Training plan") and "2 in sync" in proc.stdout
+    assert _startup_notices(proc) == []  # as the user sees it, with no TF_CPP_MIN_LOG_LEVEL of their own
     assert re.search(rf"precision +{policy}", proc.stdout)
     printed = float(re.search(r"Test accuracy: ([0-9.]+)", proc.stdout).group(1))
     restored = float(re.search(r"Restored without a strategy: test accuracy ([0-9.]+)", proc.stdout).group(1))
@@ -158,6 +169,7 @@ def test_notebook_runs_without_errors(tmp_path):
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
     text = "".join(o.get("text", "") for o in outputs)
     assert "Training plan" in text and "2 in sync" in text
+    assert [line for line in text.splitlines() if is_startup_notice(line)] == []
     real = fashion_mnist.real_data_available()
     assert ("Fashion-MNIST: 6000 training and 10000 test images" in text) == real, text[:500]
     assert ("generated images" in text) != real
@@ -173,9 +185,10 @@ def test_example_runs_unchanged_under_the_launcher(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "trainer.launch", "--workers", "2", str(EXAMPLES / "fashion_mnist.py"),
          "--synthetic", "400", "--epochs", "1", "--batch", "32", "--out", str(out)],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        capture_output=True, text=True, timeout=300, env=NO_LOG_LEVEL,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.startswith("[worker:0] Training plan") and _startup_notices(proc) == []
     assert "[worker:0]   replicas       2 in sync over 2 worker(s)" in proc.stdout
     assert "[worker:0] Restored without a strategy" in proc.stdout
     assert "[worker:1] Test accuracy" not in proc.stdout

@@ -82,9 +82,37 @@ def test_the_examples_sbatch_script_trains_on_two_tasks(slurm, tmp_path):
     command = ["sbatch", "--wait", "--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1",
                f"--output={log}", str(TESTS.parent / "examples" / "slurm" / "fashion_mnist.sbatch"),
                "--synthetic", "512", "--epochs", "1", "--out", str(tmp_path / "run")]
-    proc = subprocess.run(command, capture_output=True, text=True, env={**slurm.env, "PYTHON": sys.executable},
+    env = {key: value for key, value in slurm.env.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
+    proc = subprocess.run(command, capture_output=True, text=True, env={**env, "PYTHON": sys.executable},
                           timeout=300, cwd=TESTS.parent)
     out = log.read_text()
     assert proc.returncode == 0, proc.stderr + out[-3000:]
     assert out.count("Training plan") == 1 and "cluster        Slurm: 2 tasks on 1 node, chief task 0" in out
     assert "2 in sync over 2 worker(s)" in out and "Restored without a strategy: test accuracy" in out
+    assert out.startswith("Training plan")  # nothing of TensorFlow's start-up, from either task
+
+
+def test_parameter_server_training_under_srun_of_trainer_launch(slurm, tmp_path):
+    # Task 0 runs the script as the chief, task 2 serves as the ps task and task 1 as the worker; the servers
+    # end when the chief's script has ended, so srun returns.
+    out = tmp_path / "ps.json"
+    command = ["srun", "-n", "3", "--overcommit", "--kill-on-bad-exit=1",  # 3 tasks on this node's 2 CPUs
+               sys.executable, "-m", "trainer.launch", "--ps", "1", str(TESTS / "ps_run.py"), str(out),
+               "parameter_server"]
+    proc = subprocess.run(command, capture_output=True, text=True, env={**slurm.env, "TF_CPP_MIN_LOG_LEVEL": "2"},
+                          timeout=300, cwd=TESTS)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "ParameterServerStrategy (asynchronous)" in proc.stdout and "over 1 worker(s)" in proc.stdout
+    assert "cluster        trainer-launch under Slurm (job " in proc.stdout
+    assert "step 0): 1 chief, 1 worker, 1 ps; chief: the chief task" in proc.stdout
+    result = json.loads(out.read_text())
+    assert result["iterations"] == 4 * 32 and result["evaluate"]["accuracy"] > 0.85
+    assert all("/job:ps" in device for device in result["instance"]["devices"])
+
+
+def test_under_srun_the_launcher_takes_its_tasks_from_slurm(slurm, tmp_path):
+    command = ["srun", "-n", "2", sys.executable, "-m", "trainer.launch", "--workers", "2", SCRIPT, str(tmp_path),
+               "auto"]
+    proc = subprocess.run(command, capture_output=True, text=True, env=slurm.env, timeout=120, cwd=TESTS)
+    assert proc.returncode != 0
+    assert "under srun, the step's 2 tasks are the cluster. Received: --workers 2. Drop --workers" in proc.stderr

@@ -12,6 +12,9 @@ the worker and ps tasks run TensorFlow servers:
     trainer-launch --serve    # a worker or ps task of a parameter-server cluster, as TF_CONFIG names it
 
 which is also the command for those tasks on a cluster (Kubernetes, cloud jobs).
+Under Slurm, as every task of an srun step, it runs this task's part of the step:
+
+    srun -n 4 trainer-launch --ps 1 script.py [args]   # task 0 the chief, task 3 the ps, 1-2 the workers
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from queue import Empty
 from typing import Any, Callable, Sequence
 
 from trainer.cluster import LAUNCHER_MARK
+from trainer.slurm import SlurmStep, ps_cluster, slurm_addresses, slurm_step, task_of
+from trainer.quiet import NoticeFilter, startup_notices_hidden, user_chose_logs
 
 GRACE_SECONDS = 10.0  # between SIGTERM (time to save a backup) and SIGKILL
 
@@ -62,8 +67,12 @@ def tf_config(cluster: dict[str, list[str]], task_type: str, index: int) -> str:
     return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})
 
 
-def _pump(stream, prefix: str, out) -> None:
+def _pump(stream, prefix: str, out, hide_notices: bool = False) -> None:
+    """Passes a task's lines on with its prefix; with `hide_notices`, without TensorFlow's start-up notices."""
+    notices = NoticeFilter()
     for line in iter(stream.readline, ""):
+        if hide_notices and not notices.passes(line):
+            continue
         out.write(f"{prefix}{line}" if line.endswith("\n") else f"{prefix}{line}\n")
         out.flush()
 
@@ -76,12 +85,13 @@ class _Task:
         self.process: subprocess.Popen | None = None
         self.pump: threading.Thread | None = None
 
-    def start(self, command: list[str], env: dict[str, str], out) -> None:
+    def start(self, command: list[str], env: dict[str, str], out, hide_notices: bool = False) -> None:
         self.process = subprocess.Popen(
             command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
             start_new_session=True,  # Ctrl-C reaches the launcher only, which stops the tasks in order
         )
-        self.pump = threading.Thread(target=_pump, args=(self.process.stdout, f"[{self.name}] ", out), daemon=True)
+        self.pump = threading.Thread(target=_pump, args=(self.process.stdout, f"[{self.name}] ", out, hide_notices),
+                                     daemon=True)
         self.pump.start()
 
     def signal(self, signum: int) -> None:
@@ -129,14 +139,16 @@ def _start_tasks(cluster, command, server_command, base_env, out, requested: lis
         for kind, index in tasks(cluster):
             if requested:
                 break
-            task_env = {**base_env, "TF_CONFIG": tf_config(cluster, kind, index), LAUNCHER_MARK: "this machine"}
+            task_env = {**base_env, "TF_CONFIG": tf_config(cluster, kind, index),
+                        LAUNCHER_MARK: "trainer-launch on this machine"}
+            hide_notices = not user_chose_logs(base_env)  # TensorFlow's start-up notices, once per task
             chief = (kind, index) in (("chief", 0), ("worker", 0)) and (ps == 0 or kind == "chief")
             if not chief:
                 task_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # non-chief tasks: warnings and errors only
             runs_script = ps == 0 or kind == "chief"
             task = _Task(kind, index)
             running.append(task)
-            task.start(list(command) if runs_script else server_command(kind, index), task_env, out)
+            task.start(list(command) if runs_script else server_command(kind, index), task_env, out, hide_notices)
     except BaseException:
         _stop(running)
         raise
@@ -212,8 +224,9 @@ def _server_command(kind: str, index: int) -> list[str]:
     return [sys.executable, "-m", "trainer.launch", "--serve"]
 
 
-def serve() -> None:
-    """Runs this task's TensorFlow server until killed (the worker and ps tasks of a parameter-server cluster).
+def serve(until_gone: str | None = None) -> None:
+    """Runs this task's TensorFlow server (a worker or ps task of a parameter-server cluster) until killed,
+    or, with `until_gone` (the chief's "host:port"), until the chief has come and gone.
 
     Raises:
       ValueError: if TF_CONFIG does not name a worker or ps task of a cluster with ps tasks.
@@ -229,7 +242,47 @@ def serve() -> None:
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
                                   task_index=resolver.task_id, protocol="grpc", start=True)
-    server.join()
+    if until_gone is None:
+        server.join()
+    else:
+        _wait_for_the_chief(until_gone)
+
+
+def _wait_for_the_chief(address: str, poll: float = 1.0, gone_after: int = 3, start_timeout: float = 600.0) -> None:
+    """Returns once the chief's server at `address` has answered and then stopped answering `gone_after`
+    times in a row (its script ended); raises if it never answers within `start_timeout` seconds."""
+    host, port = address.rsplit(":", 1)
+    seen, misses, deadline = False, 0, time.monotonic() + start_timeout
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=poll).close()
+            seen, misses = True, 0
+        except OSError:
+            misses += 1
+            if seen and misses >= gone_after:
+                return
+            if not seen and time.monotonic() > deadline:
+                raise RuntimeError(f"The chief at {address} never answered in {start_timeout:.0f} s: did task 0 "
+                                   "start the script (srun ... trainer-launch --ps N script.py)?")
+        time.sleep(poll)
+
+
+def _run_slurm_task(step: SlurmStep, command: list[str], ps: int) -> int:
+    """This task's part of an `srun` of trainer-launch: with `ps`, task 0 runs the script as the chief and the
+    others serve (the last `ps` as ps tasks) until it is gone; without, every task runs the script, which
+    reads Slurm's environment itself."""
+    if ps == 0:
+        os.execv(command[0], command)
+    from trainer import _compat
+
+    cluster = ps_cluster(slurm_addresses(step, _compat.expand_hostlist, _compat.expand_tasks_per_node), ps)
+    kind, index = task_of(step.task_id, cluster)
+    os.environ["TF_CONFIG"] = tf_config(cluster, kind, index)
+    os.environ[LAUNCHER_MARK] = f"trainer-launch under Slurm (job {step.job_id}, step {step.step_id})"
+    if kind == "chief":
+        os.execv(command[0], command)
+    serve(until_gone=cluster["chief"][0])
+    return 0
 
 
 def check_serve_config() -> None:
@@ -264,7 +317,8 @@ def _count(flag: str, minimum: int) -> Callable[[str], int]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="trainer-launch", description=__doc__.split("\n")[0])
-    parser.add_argument("--workers", type=_count("--workers", 1), default=2, help="worker tasks (default 2)")
+    parser.add_argument("--workers", type=_count("--workers", 1), default=None,
+                        help="worker tasks (default 2; under srun, srun's tasks are the workers)")
     parser.add_argument("--ps", type=_count("--ps", 0), default=0, help="parameter-server tasks (default 0)")
     parser.add_argument("--serve", action="store_true",
                         help="run this task's TensorFlow server: the worker and ps tasks of a parameter-server "
@@ -289,7 +343,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         found = "a directory" if os.path.isdir(args.script) else "no such file"
         parser.error(f"the script must be an existing Python file. Received: {args.script!r} ({found}, looked "
                      f"for from {os.getcwd()}). Check the path: trainer-launch --workers 2 train.py [args]")
-    return run([sys.executable, args.script, *args.args], workers=args.workers, ps=args.ps)
+    command = [sys.executable, args.script, *args.args]
+    step = slurm_step()
+    if step is not None and step.num_tasks > 1 and not os.environ.get("TF_CONFIG"):
+        if args.workers is not None:
+            parser.error(f"under srun, the step's {step.num_tasks} tasks are the cluster. Received: --workers "
+                         f"{args.workers}. Drop --workers (choose the tasks with srun -n), keep --ps if you want it.")
+        return _run_slurm_task(step, command, args.ps)
+    return run(command, workers=args.workers or 2, ps=args.ps)
 
 
 def notebook_launcher(fn: Callable[[], Any], workers: int = 2, timeout: float | None = None) -> Any:
@@ -337,8 +398,10 @@ def _notebook_task(fn, cluster, index, queue) -> None:
     import traceback
 
     os.environ["TF_CONFIG"] = tf_config(cluster, "worker", index)
+    os.environ[LAUNCHER_MARK] = "notebook_launcher"
     try:
-        result = fn()
+        with startup_notices_hidden():  # TensorFlow's start-up notices, once per worker, stay off the page
+            result = fn()
         pickle.dumps(result)  # fail here, with a message, rather than in the queue's thread
         queue.put((index, True, result))
     except BaseException:  # report any failure to the notebook, with its traceback

@@ -101,6 +101,9 @@ def pin_then_raise() -> bool:
         return False
     import tensorflow as tf
 
-    for _ in tf.data.Dataset.from_generator(lambda: iter(()), output_signature=tf.TensorSpec((), tf.int8)):
-        pass
+    from trainer.quiet import startup_notices_hidden
+
+    with startup_notices_hidden():  # TensorFlow's notice of its pin: the plan says what happens to it
+        for _ in tf.data.Dataset.from_generator(lambda: iter(()), output_signature=tf.TensorSpec((), tf.int8)):
+            pass
     return raise_threshold()

@@ -9,7 +9,8 @@ from typing import Any
 import tensorflow as tf
 
 from trainer import _compat
-from trainer.cluster import EVALUATOR, ClusterInfo, cluster_info, slurm_addresses, slurm_step
+from trainer.cluster import EVALUATOR, ClusterInfo, cluster_info
+from trainer.slurm import slurm_addresses, slurm_step
 from trainer.collectives import mirrored_strategy
 
 STRATEGY_NAMES = (
