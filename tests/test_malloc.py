@@ -74,7 +74,7 @@ def test_pin_then_raise_spends_tensorflows_one_pin():
 def test_parameter_server_tasks_raise_the_threshold_before_serving(monkeypatch):
     import tensorflow as tf
 
-    from trainer import launch
+    from trainer import serve as serving
 
     calls = []
     monkeypatch.setattr(malloc, "pin_then_raise", lambda: calls.append("pin_then_raise"))
@@ -82,7 +82,7 @@ def test_parameter_server_tasks_raise_the_threshold_before_serving(monkeypatch):
         "join": lambda self: calls.append(("join", k["job_name"], k["task_index"]))})())
     cluster = {"chief": ["localhost:1"], "worker": ["localhost:2", "localhost:3"], "ps": ["localhost:4"]}
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 1}}))
-    launch.serve()
+    serving.serve()
     assert calls == ["pin_then_raise", ("join", "worker", 1)]
 
 
