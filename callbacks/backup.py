@@ -10,6 +10,8 @@ import threading
 
 import numpy as np
 
+from trainer.scaling import rescale_learning_rate, unscaled_learning_rate
+
 from ._cluster import ContextAware, replace_or_explain, writable_dir
 from ._paths import checked_frequency, checked_path
 from .checkpoint import weights_are_finite
@@ -76,7 +78,8 @@ class BackupAndRestore(ContextAware):
             epoch, step = self._restore()
             self.context.initial_epoch, self.context.initial_step = epoch, step
             if self.context.is_chief:
-                print(f"BackupAndRestore: resuming from epoch {epoch}, step {step} ({self.path}).", flush=True)
+                print(f"BackupAndRestore: resuming from epoch {epoch}, step {step} ({self.path}"
+                      f"{self._layout_change()}).", flush=True)
         self._saved_block = self.context.initial_step // self.save_freq if self.save_freq != "epoch" else 0
 
     def on_train_batch_end(self, batch, logs=None):
@@ -106,6 +109,15 @@ class BackupAndRestore(ContextAware):
 
     # Machinery ---------------------------------------------------------------
 
+    def _layout_change(self) -> str:
+        """", written on 2 replica(s) over 1 worker(s)" when the backup came from another layout, else ""."""
+        with np.load(self.path) as backup:
+            state = json.loads(str(backup["state"]))
+        plan = self.context.plan
+        if "replicas" not in state or (state["replicas"], state["workers"]) == (plan.num_replicas, plan.num_workers):
+            return ""
+        return f", written on {state['replicas']} replica(s) over {state['workers']} worker(s)"
+
     def _on_sigterm(self, signum, frame):
         self._preempted = True  # acted on at the next step boundary, where the state is consistent
 
@@ -127,10 +139,16 @@ class BackupAndRestore(ContextAware):
             print(f"BackupAndRestore: weights are not finite at epoch {epoch}, step {step}; "
                   "the previous backup is kept.", flush=True)
             return
-        arrays = {f"model_{i}": np.asarray(v.numpy()) for i, v in enumerate(self.model.variables)}
-        arrays.update({f"optimizer_{i}": np.asarray(v.numpy()) for i, v in enumerate(self.model.optimizer.variables)})
+        # The learning rate as the user tuned it: a run on another layout scales it for itself.
+        with unscaled_learning_rate(self.model.optimizer, self.context.lr_plan):
+            arrays = {f"model_{i}": np.asarray(v.numpy()) for i, v in enumerate(self.model.variables)}
+            arrays.update({f"optimizer_{i}": np.asarray(v.numpy())
+                           for i, v in enumerate(self.model.optimizer.variables)})
+        plan = self.context.plan
         state = {"epoch": epoch, "step": step, "model_vars": len(self.model.variables),
-                 "optimizer_vars": len(self.model.optimizer.variables)}
+                 "optimizer_vars": len(self.model.optimizer.variables), "learning_rate": "unscaled",
+                 "global_batch_size": plan.global_batch_size, "replicas": plan.num_replicas,
+                 "workers": plan.num_workers}
         arrays["state"] = np.asarray(json.dumps(state))
         with writable_dir(self.backup_dir, self.context.is_chief) as directory:
             path = os.path.join(directory, BACKUP)
@@ -160,7 +178,23 @@ class BackupAndRestore(ContextAware):
                     f"{state['optimizer_vars']} optimizer variables, but this model has {len(model_vars)} and "
                     f"{len(optimizer_vars)}. Delete the backup directory or point `backup_dir` elsewhere."
                 )
+            self._check_layout(state)
             for prefix, variables in (("model", model_vars), ("optimizer", optimizer_vars)):
                 for i, variable in enumerate(variables):
                     variable.assign(backup[f"{prefix}_{i}"])
+        if state.get("learning_rate") == "unscaled":
+            rescale_learning_rate(self.model.optimizer, self.context.lr_plan)
         return state["epoch"], state["step"]
+
+    def _check_layout(self, state: dict) -> None:
+        """Mid-epoch, the saved step counts global batches of the size the backup was written with."""
+        saved, now = state.get("global_batch_size"), self.context.plan.global_batch_size
+        if state["step"] == 0 or saved in (None, now):
+            return
+        raise ValueError(
+            f"The backup in {self.backup_dir!r} stopped at epoch {state['epoch']}, step {state['step']} in global "
+            f"batches of {saved} ({state['replicas']} replica(s) over {state['workers']} worker(s)), but this run's "
+            f"global batch is {now} ({self.context.plan.num_replicas} replica(s)): the step would point elsewhere "
+            f"in the epoch. Resume with the same global batch, Trainer(batch_size={saved}), on any layout; or "
+            "delete the backup to start again."
+        )

@@ -5,6 +5,7 @@ FORM=batched or FORM=pydataset gives fit the same data as a batched tf.data.Data
 PyDataset (unshuffled), whose batches of 16 are the global batches.
 
 Usage: python backup_run.py BACKUP_DIR OUT_NPZ [kill|term EPOCH STEP]
+Environment: REPLICAS (default 2), DROPOUT (default 0.3), BATCH=global for a global batch of 16 on any layout.
 Exit status: 0 when training completed; killed runs die by SIGKILL, SIGTERM runs exit 143.
 """
 
@@ -15,8 +16,9 @@ import sys
 import numpy as np
 import tensorflow as tf
 
+REPLICAS = int(os.environ.get("REPLICAS", "2"))  # another count when a test resumes on another layout
 tf.config.set_logical_device_configuration(
-    tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 2
+    tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * REPLICAS
 )
 import keras  # noqa: E402
 
@@ -71,7 +73,9 @@ class CountExamples(keras.layers.Layer):
 def build():
     inputs = keras.Input((9,))
     hidden = keras.layers.Dense(32, activation="relu")(CountExamples(len(x))(inputs))
-    hidden = keras.layers.Dropout(0.3, seed=1)(hidden)  # random state must survive the restart
+    # Random state must survive the restart (DROPOUT=0: none, for runs compared across layouts, where each
+    # replica draws its own masks).
+    hidden = keras.layers.Dropout(float(os.environ.get("DROPOUT", "0.3")), seed=1)(hidden)
     model = keras.Model(inputs, keras.layers.Dense(3)(hidden))
     model.compile(keras.optimizers.Adam(0.01), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
@@ -103,7 +107,9 @@ class Batches(keras.utils.PyDataset):
 FORM = os.environ.get("FORM", "arrays")  # how fit reads the data; the batched forms' batches are the global batches
 data = {"arrays": lambda: (x, y), "batched": lambda: tf.data.Dataset.from_tensor_slices((x, y)).batch(16),
         "pydataset": Batches}[FORM]()
-trainer = Trainer(strategy="mirrored", per_replica_batch_size=8, steps_per_execution=4, seed=3, verbose=0)
+# BATCH=global: a global batch of 16 on any layout; else 8 per replica (16 on 2 replicas).
+batch = {"batch_size": 16} if os.environ.get("BATCH") == "global" else {"per_replica_batch_size": 8}
+trainer = Trainer(strategy="mirrored", steps_per_execution=4, seed=3, verbose=0, **batch)
 history = trainer.fit(build, data, epochs=3, callbacks=callbacks, shuffle=FORM == "arrays")
 np.savez(out, *history.model.get_weights())
 counts = next(layer for layer in history.model.layers if isinstance(layer, CountExamples)).counts

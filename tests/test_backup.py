@@ -17,8 +17,8 @@ from trainer import Trainer
 SCRIPT = str(TESTS / "backup_run.py")
 
 
-def _run(workdir, *extra, form="arrays"):
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "FORM": form}
+def _run(workdir, *extra, form="arrays", env=None):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "FORM": form, **(env or {})}
     return subprocess.run([sys.executable, SCRIPT, str(workdir / "backup"), str(workdir / "out.npz"), *extra],
                           capture_output=True, text=True, env=env, timeout=300)
 
@@ -64,6 +64,39 @@ def test_interrupted_run_resumes_to_the_same_weights(tmp_path, uninterrupted, ho
     assert not (tmp_path / "backup" / "backup.npz").exists()  # removed once training completed
     with open(tmp_path / "log.jsonl") as f:
         assert [json.loads(line)["epoch"] for line in f] == [0, 1, 2]  # the log continued, no duplicates
+
+
+@pytest.mark.slow
+def test_a_backup_written_on_two_replicas_resumes_mid_epoch_on_three_to_the_same_weights(tmp_path):
+    # A global batch of 16 on both layouts (split 8+8, then 6+5+5), no dropout (each replica draws its own).
+    layout_free = {"DROPOUT": "0", "BATCH": "global"}
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    assert _run(reference, env=layout_free).returncode == 0
+    first = _run(tmp_path, "kill", "1", "10", env=layout_free)
+    assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
+    second = _run(tmp_path, env={**layout_free, "REPLICAS": "3"})
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "resuming from epoch 1, step 8" in second.stdout
+    assert "written on 2 replica(s) over 1 worker(s)" in second.stdout
+    np.testing.assert_array_equal(np.load(tmp_path / "out_counts.npy"), np.full(250, 3.0))
+    for resumed, expected in zip(_weights(tmp_path), _weights(reference), strict=True):
+        np.testing.assert_allclose(resumed, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_mid_epoch_backup_is_refused_on_another_global_batch_before_anything_changes(tmp_path):
+    first = _run(tmp_path, "kill", "1", "10")  # 8 per replica: global batches of 16 on 2 replicas
+    assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
+    with np.load(tmp_path / "backup" / "backup.npz") as f:
+        before = {key: f[key] for key in f.files}
+    second = _run(tmp_path, env={"REPLICAS": "3"})  # 8 per replica on 3: global batches of 24
+    assert second.returncode == 1
+    assert ("stopped at epoch 1, step 8 in global batches of 16 (2 replica(s) over 1 worker(s)), but this run's "
+            "global batch is 24 (3 replica(s))") in second.stderr
+    assert "Resume with the same global batch, Trainer(batch_size=16), on any layout" in second.stderr
+    with np.load(tmp_path / "backup" / "backup.npz") as f:
+        assert all(np.array_equal(f[key], value) for key, value in before.items())
 
 
 @pytest.mark.slow

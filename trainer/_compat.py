@@ -9,6 +9,7 @@ function.
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 import threading
 from typing import Any, Callable
@@ -16,6 +17,8 @@ from typing import Any, Callable
 import keras
 import numpy as np
 import tensorflow as tf
+
+from trainer.quiet import startup_notices_hidden
 
 try:  # keras/src/losses/loss.py (3.0-3.15): the 1/replicas scaling of reduced losses
     from keras.src.losses import loss as _loss_module
@@ -629,17 +632,23 @@ def declared_batch_size(dataset: tf.data.Dataset) -> tuple[bool, int | None]:
 # TensorFlow internals ----------------------------------------------------------
 
 
+@functools.cache  # TensorFlow reads TF_ENABLE_ONEDNN_OPTS once, when it starts
 def onednn_enabled() -> bool | None:
     """Whether TensorFlow's CPU kernels use oneDNN in this process (None if TF does not say).
 
-    `tensorflow/python/util/_pywrap_util_port.IsMklEnabled` (2.5-2.21).
+    `tensorflow/python/util/_pywrap_util_port.IsMklEnabled` (2.5-2.21), which
+    logs "oneDNN custom operations are on" at every call on TensorFlow 2.18:
+    this probe's own notice is kept off the screen (`quiet`).
     """
     try:
         from tensorflow.python.util import _pywrap_util_port
     except ImportError:  # pragma: no cover
         return None
     is_enabled = getattr(_pywrap_util_port, "IsMklEnabled", None)
-    return None if is_enabled is None else bool(is_enabled())
+    if is_enabled is None:
+        return None
+    with startup_notices_hidden():
+        return bool(is_enabled())
 
 
 @contextlib.contextmanager

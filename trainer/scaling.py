@@ -171,3 +171,12 @@ def unscaled_learning_rate(optimizer: Any, plan: LRPlan | None):
         yield
     finally:
         variable.assign(current)
+
+
+def rescale_learning_rate(optimizer: Any, plan: LRPlan | None) -> None:
+    """After restoring an unscaled float learning rate (`unscaled_learning_rate`) into `optimizer` during a
+    fit: scales it by this fit's factor, as the fit had scaled the rate it started with."""
+    if optimizer is None or plan is None or plan.factor == 1.0 or not isinstance(plan.base, float):
+        return
+    variable = optimizer.learning_rate
+    variable.assign(variable.numpy() * plan.factor)
