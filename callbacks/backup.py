@@ -75,11 +75,12 @@ class BackupAndRestore(ContextAware):
         if self.handle_sigterm and threading.current_thread() is threading.main_thread():
             self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
         if os.path.exists(self.path):
-            epoch, step = self._restore()
+            state = self._restore()
+            epoch, step = state["epoch"], state["step"]
             self.context.initial_epoch, self.context.initial_step = epoch, step
             if self.context.is_chief:
                 print(f"BackupAndRestore: resuming from epoch {epoch}, step {step} ({self.path}"
-                      f"{self._layout_change()}).", flush=True)
+                      f"{self._layout_change(state)}).", flush=True)
         self._saved_block = self.context.initial_step // self.save_freq if self.save_freq != "epoch" else 0
 
     def on_train_batch_end(self, batch, logs=None):
@@ -109,10 +110,8 @@ class BackupAndRestore(ContextAware):
 
     # Machinery ---------------------------------------------------------------
 
-    def _layout_change(self) -> str:
+    def _layout_change(self, state: dict) -> str:
         """", written on 2 replica(s) over 1 worker(s)" when the backup came from another layout, else ""."""
-        with np.load(self.path) as backup:
-            state = json.loads(str(backup["state"]))
         plan = self.context.plan
         if "replicas" not in state or (state["replicas"], state["workers"]) == (plan.num_replicas, plan.num_workers):
             return ""
@@ -168,7 +167,8 @@ class BackupAndRestore(ContextAware):
         return (f"The previous backup {path} (epoch {state['epoch']}, step {state['step']}) is intact; fix the "
                 "cause (free disk space, say) and re-run the same command to resume from it.")
 
-    def _restore(self) -> tuple[int, int]:
+    def _restore(self) -> dict:
+        """Puts the backup's values in the model and its optimizer; returns the backup's state (epoch, step, ...)."""
         with np.load(self.path) as backup:
             state = json.loads(str(backup["state"]))
             model_vars, optimizer_vars = self.model.variables, self.model.optimizer.variables
@@ -184,7 +184,7 @@ class BackupAndRestore(ContextAware):
                     variable.assign(backup[f"{prefix}_{i}"])
         if state.get("learning_rate") == "unscaled":
             rescale_learning_rate(self.model.optimizer, self.context.lr_plan)
-        return state["epoch"], state["step"]
+        return state
 
     def _check_layout(self, state: dict) -> None:
         """Mid-epoch, the saved step counts global batches of the size the backup was written with."""
