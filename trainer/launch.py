@@ -4,6 +4,11 @@
     trainer-launch --workers 2 --ps 1 script.py [args]   # ParameterServerStrategy
     python -m trainer.launch --workers 2 script.py [args]
 
+On several machines, run it on each with its own --node-rank (--workers per
+machine, default 1: a worker computes on all of its machine's GPUs):
+
+    trainer-launch --nnodes 2 --node-rank R --master-addr HOST0 --master-port 29400 script.py [args]
+
 Each output line is prefixed with the task's role and index. If a task fails,
 the others are stopped and the launcher exits with that task's status. Ctrl-C
 stops everything. With --ps, the script runs on the chief (the coordinator);
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -32,6 +38,7 @@ import time
 from queue import Empty
 from typing import Any, Callable, Sequence
 
+from trainer import rendezvous
 from trainer.cluster import LAUNCHER_MARK
 from trainer.serve import check_serve_config, run_slurm_task, serve
 from trainer.slurm import slurm_step
@@ -90,6 +97,7 @@ class _Task:
         self.process = subprocess.Popen(
             command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
             start_new_session=True,  # Ctrl-C reaches the launcher only, which stops the tasks in order
+            preexec_fn=_die_with_the_launcher if _prctl is not None else None,
         )
         self.pump = threading.Thread(target=_pump, args=(self.process.stdout, f"[{self.name}] ", out, hide_notices),
                                      daemon=True)
@@ -98,6 +106,23 @@ class _Task:
     def signal(self, signum: int) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signum)
+
+
+def _load_prctl():
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl  # Linux; loaded here, not in the forked child
+    except (OSError, AttributeError):
+        return None
+
+
+_prctl = _load_prctl()
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_the_launcher() -> None:
+    """Runs in a task's process before its program: the task is killed when the launcher dies, so a
+    launcher killed outright (SIGKILL, the out-of-memory killer, its machine gone) leaves no task behind."""
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _exit_status(returncode: int) -> int:
@@ -123,30 +148,63 @@ def run(
       env: the environment (default: this process's).
       out: where prefixed lines go (default: stdout).
     """
-    out = out or sys.stdout
     cluster = cluster_spec(workers, ps, free_ports(workers + ps + (1 if ps else 0)))
-    base_env = dict(os.environ if env is None else env)
+    return run_tasks(command, cluster, tasks(cluster), origin="trainer-launch on this machine", env=env, out=out,
+                     server_command=server_command)
+
+
+def run_nodes(command: Sequence[str], *, nnodes: int, node_rank: int, master_addr: str, master_port: int,
+              workers: int, ps: int = 0, timeout: float = rendezvous.DEFAULT_TIMEOUT, env: dict[str, str] | None = None,
+              out=None) -> int:
+    """This machine's part of a job over `nnodes` machines: meets the others at node 0's rendezvous, runs its
+    own tasks, and stops with the others when any node fails or goes; returns the exit status."""
+    out = out or sys.stdout
     with _stop_requests() as requested:
-        running = _start_tasks(cluster, command, server_command or _server_command, base_env, out, requested)
-        script_tasks = [t for t in running if ps == 0 or t.name == "chief:0"]
-        return _supervise(running, out, script_tasks, requested)
+        try:
+            plan = rendezvous.join(nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
+                                   master_port=master_port, workers=workers, ps=ps, timeout=timeout,
+                                   free_ports=free_ports)
+        except rendezvous.RendezvousError as err:
+            _say(out, f"node {node_rank}: {err}")
+            return 1
+        if requested:
+            plan.link.stopping(128 + requested[0], "interrupted")
+            return plan.link.finish(128 + requested[0])
+        origin = f"trainer-launch on {nnodes} nodes (node 0 at {master_addr})"
+        return run_tasks(command, plan.cluster, plan.tasks, origin=origin, env=env, out=out, link=plan.link,
+                         requested=requested)
 
 
-def _start_tasks(cluster, command, server_command, base_env, out, requested: list[int]) -> list[_Task]:
-    """Starts every task (until a stop is requested); if one can't start, stops those that did."""
-    ps = len(cluster.get("ps", []))
+def run_tasks(command, cluster: dict[str, list[str]], own: list[tuple[str, int]], *, origin: str,
+              env: dict[str, str] | None = None, out=None, server_command=None, link=None,
+              requested: list[int] | None = None) -> int:
+    """Runs this machine's tasks `own` of `cluster` and supervises them; returns the exit status."""
+    out = out or sys.stdout
+    link = link or rendezvous.Alone()
+    base_env = {**(os.environ if env is None else env), LAUNCHER_MARK: origin}
+    with contextlib.ExitStack() as stack:
+        if requested is None:
+            requested = stack.enter_context(_stop_requests())
+        running = _start_tasks(cluster, own, command, server_command or _server_command, base_env, out, requested)
+        with_ps = "ps" in cluster
+        script_tasks = [t for t in running if not with_ps or t.name == "chief:0"]
+        return _supervise(running, out, script_tasks, requested, link)
+
+
+def _start_tasks(cluster, own, command, server_command, base_env, out, requested: list[int]) -> list[_Task]:
+    """Starts this machine's tasks (until a stop is requested); if one can't start, stops those that did."""
+    with_ps = "ps" in cluster
     running: list[_Task] = []
     try:
-        for kind, index in tasks(cluster):
+        for kind, index in own:
             if requested:
                 break
-            task_env = {**base_env, "TF_CONFIG": tf_config(cluster, kind, index),
-                        LAUNCHER_MARK: "trainer-launch on this machine"}
+            task_env = {**base_env, "TF_CONFIG": tf_config(cluster, kind, index)}
             hide_notices = not user_chose_logs(base_env)  # TensorFlow's start-up notices, once per task
-            chief = (kind, index) in (("chief", 0), ("worker", 0)) and (ps == 0 or kind == "chief")
+            chief = (kind, index) in (("chief", 0), ("worker", 0)) and (not with_ps or kind == "chief")
             if not chief:
                 task_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # non-chief tasks: warnings and errors only
-            runs_script = ps == 0 or kind == "chief"
+            runs_script = not with_ps or kind == "chief"
             task = _Task(kind, index)
             running.append(task)
             task.start(list(command) if runs_script else server_command(kind, index), task_env, out, hide_notices)
@@ -181,17 +239,26 @@ def _stop_requests():
             signal.signal(signum, signal.SIG_DFL if handler is None else handler)  # None: set outside Python
 
 
-def _supervise(running: list[_Task], out, script_tasks: list[_Task], requested: list[int]) -> int:
-    """Waits for a stop request, a failed task or the script's end; then stops the rest. Returns the status."""
+def _supervise(running: list[_Task], out, script_tasks: list[_Task], requested: list[int], link) -> int:
+    """Waits for a stop request, a failed task, a stop from another node (`link`) or the script's end; then
+    stops the rest. Returns the status."""
     while True:
         failed = next((t for t in running if t.process.poll() not in (None, 0)), None)
+        news = link.poll()
         if requested:
             status, stopping = 128 + requested[0], running
             _say(out, "interrupted; stopping every task")
+            link.stopping(status, "interrupted")
         elif failed is not None:
             status, stopping = _exit_status(failed.process.returncode), [t for t in running if t is not failed]
-            _say(out, f"task {failed.name} failed with exit status {status}; stopping the others")
-        elif all(t.process.poll() == 0 for t in script_tasks):
+            why = f"task {failed.name} failed with exit status {status}"
+            _say(out, f"{why}; stopping the others")
+            link.stopping(status, why)
+        elif news is not None:
+            (status, why), stopping = news, running
+            if status != 0:
+                _say(out, f"{why}; stopping every task here")
+        elif script_tasks and all(t.process.poll() == 0 for t in script_tasks):
             status, stopping = 0, [t for t in running if t not in script_tasks]  # servers run until told to stop
         else:
             time.sleep(0.1)
@@ -199,7 +266,7 @@ def _supervise(running: list[_Task], out, script_tasks: list[_Task], requested: 
         _stop(stopping)
         for task in running:  # let every task's last lines through
             task.pump.join(timeout=5)
-        return status
+        return link.finish(status)
 
 
 def _say(out, message: str) -> None:
@@ -249,6 +316,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--serve", action="store_true",
                         help="run this task's TensorFlow server: the worker and ps tasks of a parameter-server "
                              "cluster, as TF_CONFIG names them")
+    nodes = parser.add_argument_group("several machines (run trainer-launch on each, with its own --node-rank)")
+    nodes.add_argument("--nnodes", type=_count("--nnodes", 1), default=1, help="machines in the job (default 1)")
+    nodes.add_argument("--node-rank", type=_count("--node-rank", 0), default=0,
+                       help="this machine's rank, 0 to nnodes-1; node 0 serves the rendezvous and runs the chief")
+    nodes.add_argument("--master-addr", default=None, help="node 0's address, as the other machines reach it")
+    nodes.add_argument("--master-port", type=_count("--master-port", 1), default=rendezvous.DEFAULT_MASTER_PORT,
+                       help=f"node 0's rendezvous port (default {rendezvous.DEFAULT_MASTER_PORT})")
+    nodes.add_argument("--rdzv-timeout", type=_count("--rdzv-timeout", 1), default=int(rendezvous.DEFAULT_TIMEOUT),
+                       help=f"seconds for every node to arrive (default {rendezvous.DEFAULT_TIMEOUT:.0f})")
     parser.add_argument("script", nargs="?", help="the Python script to run")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     args = parser.parse_args(argv)
@@ -272,11 +348,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = [sys.executable, args.script, *args.args]
     step = slurm_step()
     if step is not None and step.num_tasks > 1 and not os.environ.get("TF_CONFIG"):
-        if args.workers is not None:
-            parser.error(f"under srun, the step's {step.num_tasks} tasks are the cluster. Received: --workers "
-                         f"{args.workers}. Drop --workers (choose the tasks with srun -n), keep --ps if you want it.")
+        for flag, value, default in (("--workers", args.workers, None), ("--nnodes", args.nnodes, 1)):
+            if value != default:
+                parser.error(f"under srun, the step's {step.num_tasks} tasks are the cluster. Received: {flag} "
+                             f"{value}. Drop {flag} (choose the tasks with srun -n and -N), keep --ps if you want it.")
         return run_slurm_task(step, command, args.ps)
-    return run(command, workers=args.workers or 2, ps=args.ps)
+    if args.nnodes == 1:
+        if args.node_rank != 0 or args.master_addr is not None:
+            parser.error(f"--node-rank and --master-addr place this machine in a job over several, but --nnodes is "
+                         f"1. Received: --node-rank {args.node_rank}, --master-addr {args.master_addr!r}. Pass "
+                         "--nnodes N on every machine, or drop them to train on this one.")
+        return run(command, workers=args.workers or 2, ps=args.ps)
+    if args.node_rank >= args.nnodes:
+        parser.error(f"--node-rank must be 0 to {args.nnodes - 1} (--nnodes {args.nnodes}). Received: --node-rank "
+                     f"{args.node_rank}. Give each machine its own rank; node 0 serves the rendezvous.")
+    if args.master_addr is None:
+        parser.error(f"--nnodes {args.nnodes} needs --master-addr: node 0's address, the same on every machine. "
+                     "Received: no --master-addr. Pass e.g. --master-addr node0.example.org (or its IP).")
+    return run_nodes(command, nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
+                     master_port=args.master_port, workers=args.workers or 1, ps=args.ps,
+                     timeout=float(args.rdzv_timeout))
 
 
 def notebook_launcher(fn: Callable[[], Any], workers: int = 2, timeout: float | None = None) -> Any:

@@ -1,0 +1,215 @@
+"""trainer-launch over several machines, played by launchers on localhost: the rendezvous, failures, Ctrl-C.
+
+The tasks here are plain Python scripts (no TensorFlow); test_multiworker.py trains through two nodes.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from trainer import launch
+from trainer.rendezvous import Node, node_cluster
+
+
+def test_node_cluster_orders_tasks_by_node_and_puts_the_chief_on_node_0():
+    nodes = [Node(1, "b", 1, 0, (7, 8)), Node(0, "a", 2, 0, (1, 2, 3))]
+    cluster, own = node_cluster(nodes)
+    assert cluster == {"worker": ["a:1", "a:2", "b:7"]}  # worker 0, the chief, is node 0's first
+    assert own == [[("worker", 0), ("worker", 1)], [("worker", 2)]]
+
+    cluster, own = node_cluster([Node(0, "a", 1, 0, (1, 2)), Node(1, "b", 2, 1, (5, 6, 7, 8))])
+    assert cluster == {"chief": ["a:2"], "worker": ["a:1", "b:5", "b:6"], "ps": ["b:7"]}
+    assert own == [[("chief", 0), ("worker", 0)], [("worker", 1), ("worker", 2), ("ps", 0)]]
+
+
+def _script(tmp_path, body, name="task.py"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def _node(rank, nnodes, port, script, *args, workers=1, ps=0, timeout=30):
+    return subprocess.Popen(
+        [sys.executable, "-m", "trainer.launch", "--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr",
+         "localhost", "--master-port", str(port), "--workers", str(workers), "--ps", str(ps), "--rdzv-timeout",
+         str(timeout), script, *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _outputs(*procs, timeout=60):
+    """Every launcher's output once all have exited; kills them all if one is still running after `timeout`."""
+    deadline = time.monotonic() + timeout
+    try:
+        return [proc.communicate(timeout=max(1.0, deadline - time.monotonic()))[0] for proc in procs]
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+        pytest.fail(f"a launcher still ran {timeout}s on: {[proc.communicate()[0] for proc in procs]}")
+
+
+def _gone(pid):
+    """No such process, or a zombie: dead, and not reaped where its new parent (the container's init) does not."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+REPORT = """
+    import json, os, sys, time
+    config = json.loads(os.environ["TF_CONFIG"])
+    print("config", json.dumps(config), os.environ["TRAINER_LAUNCH"], flush=True)
+"""
+
+
+def test_every_task_of_every_node_gets_the_same_cluster(tmp_path):
+    script = _script(tmp_path, REPORT)
+    port = launch.free_ports(1)[0]
+    node1 = _node(1, 2, port, script, workers=1)  # it may start first: it waits for node 0
+    time.sleep(0.5)
+    node0 = _node(0, 2, port, script, workers=2)
+    out0, out1 = _outputs(node0, node1)
+    assert (node0.returncode, node1.returncode) == (0, 0), out0 + out1
+    configs = {line.split("]")[0] + "]": json.loads(line.split("config ")[1].rsplit("}", 1)[0] + "}")
+               for line in (out0 + out1).splitlines() if " config " in line}
+    assert sorted(configs) == ["[worker:0]", "[worker:1]", "[worker:2]"]
+    clusters = [config["cluster"] for config in configs.values()]
+    assert all(cluster == clusters[0] for cluster in clusters) and len(clusters[0]["worker"]) == 3
+    assert [configs[f"[worker:{i}]"]["task"] for i in range(3)] == [{"type": "worker", "index": i} for i in range(3)]
+    assert "[worker:0]" in out0 and "[worker:1]" in out0 and "[worker:2]" in out1
+    assert "trainer-launch on 2 nodes (node 0 at localhost)" in out1
+
+
+def test_a_failed_task_on_one_node_stops_every_node_with_its_status(tmp_path):
+    script = _script(tmp_path, """
+        import json, os, sys, time
+        if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 1:
+            time.sleep(1)
+            sys.exit(3)
+        time.sleep(60)
+    """)
+    port = launch.free_ports(1)[0]
+    start = time.monotonic()
+    node0, node1 = _node(0, 2, port, script), _node(1, 2, port, script)
+    out0, out1 = _outputs(node0, node1)
+    assert (node0.returncode, node1.returncode) == (3, 3), out0 + out1
+    assert "[launcher] task worker:1 failed with exit status 3; stopping the others" in out1
+    assert "[launcher] node 1: task worker:1 failed with exit status 3; stopping every task here" in out0
+    assert time.monotonic() - start < 30
+
+
+PIDS = """
+    import os, time
+    with open({marker!r}, "a") as f:
+        f.write(f"{{os.getpid()}}\\n")
+    time.sleep(60)
+"""
+
+
+def _wait_for_pids(marker, count, timeout=30):
+    deadline = time.monotonic() + timeout
+    while (not marker.exists() or len(marker.read_text().split()) < count) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [int(pid) for pid in marker.read_text().split()]
+
+
+def _no_survivors(pids):
+    survivors = [pid for pid in pids if not _gone(pid)]
+    for pid in survivors:  # leave no task behind, even when the test fails
+        os.kill(pid, signal.SIGKILL)
+    return survivors
+
+
+def test_a_node_killed_outright_stops_the_others_and_leaves_no_task(tmp_path):
+    marker = tmp_path / "pids"
+    script = _script(tmp_path, PIDS.format(marker=str(marker)))
+    port = launch.free_ports(1)[0]
+    node0, node1 = _node(0, 2, port, script), _node(1, 2, port, script)
+    pids = _wait_for_pids(marker, 2)
+    node1.kill()  # its machine gone: the launcher dies, and its task with it
+    start = time.monotonic()
+    out0, _ = _outputs(node0, node1)
+    time.sleep(0.5)  # the kernel delivers the task's death signal
+    assert not _no_survivors(pids) and len(pids) == 2
+    assert node0.returncode == 1, out0
+    assert "[launcher] node 1's launcher is gone (its machine stopped, or it was killed); stopping every task" in out0
+    assert time.monotonic() - start < 20
+
+
+@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
+def test_an_interrupted_node_stops_every_node(tmp_path, signum, status):
+    marker = tmp_path / "pids"
+    script = _script(tmp_path, PIDS.format(marker=str(marker)))
+    port = launch.free_ports(1)[0]
+    node0, node1 = _node(0, 2, port, script), _node(1, 2, port, script)
+    pids = _wait_for_pids(marker, 2)
+    node1.send_signal(signum)
+    out0, out1 = _outputs(node0, node1)
+    assert not _no_survivors(pids)
+    assert (node0.returncode, node1.returncode) == (status, status), out0 + out1
+    assert "[launcher] interrupted; stopping every task" in out1
+    assert "[launcher] node 1: interrupted; stopping every task here" in out0
+
+
+def test_a_node_that_never_arrives_is_named_and_nothing_starts(tmp_path):
+    marker = tmp_path / "started"
+    script = _script(tmp_path, f"open({str(marker)!r}, 'w').close()\n")
+    port = launch.free_ports(1)[0]
+    start = time.monotonic()
+    node0, node1 = _node(0, 3, port, script, timeout=3), _node(1, 3, port, script, timeout=3)
+    out0, out1 = _outputs(node0, node1)
+    assert (node0.returncode, node1.returncode) == (1, 1), out0 + out1
+    assert "node(s) 2 of 3 never joined the rendezvous at localhost:" in out0
+    assert "(joined: 0, 1)" in out0 and "--node-rank N" in out0
+    assert "never joined" in out1  # node 0 tells the nodes that did arrive
+    assert not marker.exists()
+    assert time.monotonic() - start < 20
+
+
+def test_a_node_without_node_0_says_where_it_looked(tmp_path):
+    script = _script(tmp_path, "pass\n")
+    port = launch.free_ports(1)[0]
+    (out,) = _outputs(_node(1, 2, port, script, timeout=2))
+    assert f"node 1 could not reach node 0's rendezvous at localhost:{port} in 2 s" in out
+    assert "--node-rank 0 on localhost" in out
+
+
+def test_nodes_started_with_another_node_count_are_refused(tmp_path):
+    script = _script(tmp_path, "pass\n")
+    port = launch.free_ports(1)[0]
+    node0, node1 = _node(0, 2, port, script), _node(1, 3, port, script)
+    out0, out1 = _outputs(node0, node1)
+    assert (node0.returncode, node1.returncode) == (1, 1)
+    for out in (out0, out1):
+        assert "node 1 was started with --nnodes 3 and node 0 with --nnodes 2" in out
+
+
+def test_parameter_server_tasks_on_the_nodes_and_the_chief_on_node_0(tmp_path):
+    """The chief runs the script; the other tasks run `--serve` until the chief is done, on every node."""
+    script = _script(tmp_path, REPORT + "    time.sleep(1)\n")
+    port = launch.free_ports(1)[0]
+    node0, node1 = _node(0, 2, port, script, workers=1), _node(1, 2, port, script, workers=1, ps=1)
+    out0, out1 = _outputs(node0, node1, timeout=90)
+    assert (node0.returncode, node1.returncode) == (0, 0), out0 + out1
+    config = json.loads(out0.split("[chief:0] config ")[1].split(" trainer-launch")[0])
+    assert [len(config["cluster"][kind]) for kind in ("chief", "worker", "ps")] == [1, 2, 1]
+    assert config["task"] == {"type": "chief", "index": 0}
+    assert "config" not in out1  # node 1 only serves
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--nnodes", "2", "--node-rank", "2", "--master-addr", "h"], "--node-rank must be 0 to 1 (--nnodes 2)"),
+    (["--nnodes", "2", "--node-rank", "1"], "--nnodes 2 needs --master-addr"),
+    (["--node-rank", "1"], "--nnodes is 1. Received: --node-rank 1"),
+], ids=["rank-out-of-range", "no-master-addr", "rank-without-nnodes"])
+def test_bad_node_options_are_usage_errors(tmp_path, args, message):
+    script = _script(tmp_path, "pass\n")
+    proc = subprocess.run([sys.executable, "-m", "trainer.launch", *args, script], capture_output=True, text=True)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr

@@ -1,0 +1,316 @@
+"""Several machines without a scheduler: node 0's rendezvous, and the links that keep the launchers together.
+
+    # on every machine, with its own --node-rank:
+    trainer-launch --nnodes 2 --node-rank 0 --master-addr host0 --master-port 29400 train.py [args]
+
+Node 0 serves the rendezvous at `--master-addr:--master-port`. Every other node
+connects and says how many tasks it runs and on which free ports; once all
+have arrived, node 0 sends each node the same cluster and that node's tasks,
+so every task gets the same full TF_CONFIG. The connections then stay open for
+the whole job: a node whose task fails, or which is interrupted, says so and
+node 0 tells the others to stop with its status; a connection that drops is a
+node gone, and the others stop too. Pure Python: no TensorFlow here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import select
+import socket
+import time
+
+DEFAULT_MASTER_PORT = 29400
+DEFAULT_TIMEOUT = 300.0  # seconds for every node to arrive
+
+
+class RendezvousError(RuntimeError):
+    """The nodes could not agree on a cluster; the message says which node and what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    """One machine's part of the job, as it reports it at the rendezvous."""
+
+    rank: int
+    host: str  # the address the other nodes reach it by
+    workers: int
+    ps: int
+    ports: tuple[int, ...]  # free ports: one per worker, one per ps task, and one for a chief
+
+
+def node_cluster(nodes: list[Node]) -> tuple[dict[str, list[str]], list[list[tuple[str, int]]]]:
+    """The cluster of every node's tasks (in node order), and each node's (task type, index) list.
+
+    Without ps tasks, the workers form a MultiWorkerMirroredStrategy cluster and node 0's first worker is
+    the chief. With ps tasks on any node, node 0 also runs the chief (the coordinator).
+    """
+    nodes = sorted(nodes, key=lambda n: n.rank)
+    with_ps = any(n.ps for n in nodes)
+    cluster: dict[str, list[str]] = {"chief": [], "worker": [], "ps": []} if with_ps else {"worker": []}
+    own: list[list[tuple[str, int]]] = []
+    for node in nodes:
+        mine = []
+        if with_ps and node.rank == 0:
+            mine.append(("chief", 0))
+            cluster["chief"].append(f"{node.host}:{node.ports[-1]}")
+        kinds = ["worker"] * node.workers + ["ps"] * node.ps
+        for kind, port in zip(kinds, node.ports):
+            mine.append((kind, len(cluster[kind])))
+            cluster[kind].append(f"{node.host}:{port}")
+        own.append(mine)
+    return cluster, own
+
+
+class Channel:
+    """One end of a launcher-to-launcher connection: JSON messages, one per line."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self._buffer = b""
+
+    def send(self, message: dict) -> None:
+        try:
+            self.sock.sendall((json.dumps(message) + "\n").encode())
+        except OSError:
+            pass  # the other end is gone: its side finds out from the closed connection
+
+    def receive(self, timeout: float) -> dict | None:
+        """The next message, waiting up to `timeout` seconds; None if none came.
+
+        Raises:
+          ConnectionError: the other end closed the connection (or it broke).
+        """
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            ready, _, _ = select.select([self.sock], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                return None
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("closed")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        try:
+            message = json.loads(line)
+        except ValueError:
+            raise ConnectionError(f"not a launcher's message: {line[:80]!r}") from None
+        if not isinstance(message, dict):
+            raise ConnectionError(f"not a launcher's message: {line[:80]!r}")
+        return message
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What the rendezvous gave this node: the whole cluster, its own tasks, and its link to the others."""
+
+    cluster: dict[str, list[str]]
+    tasks: list[tuple[str, int]]
+    link: "Alone | NodeLink | Hub"
+
+
+class Alone:
+    """The link of a launcher on one machine: no other node to hear from or tell."""
+
+    def poll(self) -> tuple[int, str] | None:
+        return None
+
+    def stopping(self, status: int, why: str) -> None:
+        pass
+
+    def finish(self, status: int) -> int:
+        return status
+
+
+class NodeLink:
+    """Node r > 0's link to node 0: hears stops from it, tells it of its own."""
+
+    def __init__(self, channel: Channel, rank: int):
+        self.channel, self.rank = channel, rank
+
+    def poll(self) -> tuple[int, str] | None:
+        try:
+            message = self.channel.receive(0)
+        except ConnectionError:
+            return 1, "node 0's launcher is gone (its machine stopped, or it was killed)"
+        if message is not None and "stop" in message:
+            return int(message["stop"]), str(message.get("why", "node 0 stopped the job"))
+        return None
+
+    def stopping(self, status: int, why: str) -> None:
+        self.channel.send({"stop": status, "why": f"node {self.rank}: {why}"})
+
+    def finish(self, status: int) -> int:
+        if status == 0:
+            self.channel.send({"done": True})
+        self.channel.close()
+        return status
+
+
+class Hub:
+    """Node 0's links to every other node: relays a stop from one node to the others."""
+
+    def __init__(self, channels: dict[int, Channel], servers_only: bool):
+        self.channels = channels
+        self.servers_only = servers_only  # the other nodes only serve (parameter-server training)
+        self.done: set[int] = set()
+
+    def poll(self) -> tuple[int, str] | None:
+        for rank, channel in self.channels.items():
+            if rank in self.done:
+                continue
+            try:
+                message = channel.receive(0)
+            except ConnectionError:
+                return self._relay(1, f"node {rank}'s launcher is gone (its machine stopped, or it was killed)", rank)
+            if message is None:
+                continue
+            if "done" in message:
+                self.done.add(rank)
+            elif "stop" in message:
+                return self._relay(int(message["stop"]), str(message.get("why", f"node {rank} stopped")), rank)
+        return None
+
+    def _relay(self, status: int, why: str, source: int) -> tuple[int, str]:
+        self.done.add(source)
+        for rank, channel in self.channels.items():
+            if rank != source:
+                channel.send({"stop": status, "why": why})
+        return status, why
+
+    def stopping(self, status: int, why: str) -> None:
+        for channel in self.channels.values():
+            channel.send({"stop": status, "why": f"node 0: {why}"})
+
+    def finish(self, status: int, poll_seconds: float = 0.1) -> int:
+        """Node 0's own tasks are done with `status`: with 0, waits for every node to finish (telling
+        serving nodes to stop first); returns the job's status."""
+        if status == 0 and self.servers_only:
+            for channel in self.channels.values():
+                channel.send({"stop": 0, "why": "node 0: the chief finished"})
+        while status == 0 and len(self.done) < len(self.channels):
+            news = self.poll()
+            if news is not None:
+                status = news[0]
+            time.sleep(poll_seconds)
+        for channel in self.channels.values():
+            channel.close()
+        return status
+
+
+def join(*, nnodes: int, node_rank: int, master_addr: str, master_port: int, workers: int, ps: int,
+         timeout: float, free_ports) -> Plan:
+    """Meets the other nodes at node 0's rendezvous; returns this node's `Plan`.
+
+    `free_ports(count)` gives free ports on this machine for its tasks.
+
+    Raises:
+      RendezvousError: a node did not arrive within `timeout` seconds, node 0 could not be reached or
+        could not serve, or the nodes disagree (their --nnodes, a --node-rank used twice).
+    """
+    if node_rank == 0:
+        return _host(nnodes, master_addr, master_port, workers, ps, timeout, free_ports)
+    channel = _connect(master_addr, master_port, timeout, node_rank)
+    host = channel.sock.getsockname()[0]  # the address of this machine that reaches node 0
+    channel.send({"nnodes": nnodes, "rank": node_rank, "host": host, "workers": workers, "ps": ps,
+                  "ports": free_ports(workers + ps + 1)})
+    try:
+        reply = channel.receive(timeout + 30)  # node 0 answers once every node arrived, or when it gives up
+    except ConnectionError:
+        reply = {"error": f"node 0's launcher at {master_addr}:{master_port} closed the rendezvous without an "
+                          "answer (it stopped or was killed)"}
+    if reply is None or "error" in reply:
+        channel.close()
+        why = reply["error"] if reply else f"node 0 at {master_addr}:{master_port} sent no cluster in {timeout:.0f} s"
+        raise RendezvousError(why)
+    return Plan(cluster=reply["cluster"], tasks=[tuple(t) for t in reply["tasks"]], link=NodeLink(channel, node_rank))
+
+
+def _connect(master_addr: str, master_port: int, timeout: float, node_rank: int) -> Channel:
+    """A connection to node 0's rendezvous, retried until `timeout` (node 0 may start later)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return Channel(socket.create_connection((master_addr, master_port), timeout=5))
+        except OSError as err:
+            if time.monotonic() > deadline:
+                raise RendezvousError(
+                    f"node {node_rank} could not reach node 0's rendezvous at {master_addr}:{master_port} in "
+                    f"{timeout:.0f} s ({err}). Start trainer-launch with --node-rank 0 on {master_addr} (it serves "
+                    "the rendezvous), check --master-addr and --master-port on every node, or raise --rdzv-timeout."
+                ) from None
+            time.sleep(0.5)
+
+
+def _host(nnodes: int, master_addr: str, master_port: int, workers: int, ps: int, timeout: float,
+          free_ports) -> Plan:
+    """Node 0: serves the rendezvous until every node has arrived, then sends each its part."""
+    try:
+        listener = socket.create_server(("", master_port))
+    except OSError as err:
+        raise RendezvousError(
+            f"node 0 cannot serve the rendezvous on port {master_port} ({err}). Pass a free --master-port, the "
+            "same on every node."
+        ) from None
+    nodes = {0: Node(0, master_addr, workers, ps, tuple(free_ports(workers + ps + 1)))}
+    channels: dict[int, Channel] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        with listener:
+            while len(nodes) < nnodes:
+                left = deadline - time.monotonic()
+                ready, _, _ = select.select([listener], [], [], max(0.0, left))
+                if not ready:
+                    missing = ", ".join(str(r) for r in range(nnodes) if r not in nodes)
+                    raise RendezvousError(
+                        f"node(s) {missing} of {nnodes} never joined the rendezvous at {master_addr}:{master_port} "
+                        f"in {timeout:.0f} s (joined: {', '.join(str(r) for r in sorted(nodes))}). Start "
+                        f"trainer-launch --nnodes {nnodes} --node-rank N --master-addr {master_addr} --master-port "
+                        f"{master_port} on each missing node, check that it reaches {master_addr}:{master_port}, "
+                        "or raise --rdzv-timeout."
+                    )
+                channel = Channel(listener.accept()[0])
+                node = _arrival(channel, nnodes, nodes)
+                if node is not None:
+                    nodes[node.rank], channels[node.rank] = node, channel
+    except BaseException as err:
+        for channel in channels.values():
+            channel.send({"error": str(err) if isinstance(err, RendezvousError) else "node 0 stopped"})
+            channel.close()
+        raise
+    cluster, own = node_cluster(list(nodes.values()))
+    for rank, channel in channels.items():
+        channel.send({"cluster": cluster, "tasks": own[rank]})
+    servers_only = "chief" in cluster
+    return Plan(cluster=cluster, tasks=own[0], link=Hub(channels, servers_only))
+
+
+def _arrival(channel: Channel, nnodes: int, nodes: dict[int, Node]) -> Node | None:
+    """The node that just connected, once it said who it is; None for a stray connection.
+
+    Raises:
+      RendezvousError: the node disagrees with node 0 (another --nnodes, a rank already taken).
+    """
+    try:
+        hello = channel.receive(10)
+    except ConnectionError:
+        hello = None
+    if hello is None or "rank" not in hello:
+        channel.close()
+        return None
+    rank = int(hello["rank"])
+    if int(hello["nnodes"]) != nnodes:
+        why = (f"node {rank} was started with --nnodes {hello['nnodes']} and node 0 with --nnodes {nnodes}. "
+               "Start every node with the same --nnodes.")
+        channel.send({"error": why})
+        channel.close()
+        raise RendezvousError(why)
+    if rank in nodes:
+        channel.send({"error": f"--node-rank {rank} is taken (by {nodes[rank].host}). Give each machine its own "
+                               f"--node-rank, 0 to {nnodes - 1}."})
+        channel.close()
+        return None
+    return Node(rank, str(hello["host"]), int(hello["workers"]), int(hello["ps"]), tuple(hello["ports"]))
