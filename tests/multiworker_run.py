@@ -2,7 +2,9 @@
 
 Usage: python multiworker_run.py OUT_DIR STRATEGY [backup]
 Run once without TF_CONFIG for the single-process reference, or under
-trainer-launch for the multi-worker run. Each task writes OUT_DIR/task<id>.npz
+trainer-launch for the multi-worker run. Environment: REPLICAS (CPU replicas
+of a single process), KILL_TASK or KILL_NODE (a task, e.g. worker1, whose
+process or launcher dies at epoch 1, step 8), EPOCHS (default 2). Each task writes OUT_DIR/task<id>.npz
 and OUT_DIR/task<id>.json; chief-only files go to OUT_DIR/files.
 """
 
@@ -15,6 +17,11 @@ import numpy as np
 from trainer import Trainer, cluster_info  # noqa: E402
 
 out, strategy = sys.argv[1], sys.argv[2]
+if "REPLICAS" in os.environ:  # a single process of several CPU replicas, e.g. to resume the workers' backup
+    import tensorflow as tf
+
+    tf.config.set_logical_device_configuration(
+        tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * int(os.environ["REPLICAS"]))
 # Multi-worker strategies must exist before TensorFlow runs anything, so the Trainer comes first.
 trainer = Trainer(strategy=strategy, batch_size=64, lr_scaling=None, seed=0, steps_per_execution=4)
 
@@ -32,8 +39,11 @@ if "backup" in sys.argv[3:]:
     callbacks.append(BackupAndRestore(os.path.join(files, "backup"), save_freq=4))
 info = cluster_info()
 task = f"{info.task_type or 'single'}{info.task_id}"
-if os.environ.get("KILL_TASK") == task:  # dies at epoch 1, step 8: a crashed worker
+if task in (os.environ.get("KILL_TASK"), os.environ.get("KILL_NODE")):  # at epoch 1, step 8: a crash
     import signal
+
+    # KILL_TASK: the worker dies. KILL_NODE: its launcher dies, and the worker with it: a machine gone.
+    victim = os.getpid() if os.environ.get("KILL_TASK") == task else os.getppid()
 
     class Die(keras.callbacks.Callback):
         handles_fused_steps = True
@@ -43,7 +53,7 @@ if os.environ.get("KILL_TASK") == task:  # dies at epoch 1, step 8: a crashed wo
 
         def on_train_batch_end(self, batch, logs=None):
             if (self.context.epoch, self.context.step) >= (1, 8):
-                os.kill(os.getpid(), signal.SIGKILL)
+                os.kill(victim, signal.SIGKILL)
 
     callbacks.append(Die())
 

@@ -65,13 +65,63 @@ def test_a_dead_worker_stops_the_job_and_backup_resumes_it(tmp_path, reference):
     assert elapsed < 120
     assert (tmp_path / "files" / "backup" / "backup.npz").exists()
 
-    resumed = _launch(tmp_path, "backup")
+    # Resumed on another layout: one process of 2 CPU replicas, the same global batch.
+    resumed = subprocess.run([sys.executable, SCRIPT, str(tmp_path), "mirrored", "backup"], capture_output=True,
+                             text=True, env={**ENV, "REPLICAS": "2"}, timeout=240)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert "[worker:0] BackupAndRestore: resuming from epoch 1" in resumed.stdout
-    result, arrays = _load(tmp_path, "worker0")
-    assert result["epochs"] == [1]
+    assert ("BackupAndRestore: resuming from epoch 1, step 8 (" in resumed.stdout
+            and "written on 2 replica(s) over 2 worker(s))" in resumed.stdout), resumed.stdout[-3000:]
+    result, arrays = _load(tmp_path, "single0")
+    assert result["epochs"] == [1] and result["replicas"] == 2
     np.testing.assert_allclose(arrays["weights"], reference[1]["weights"], rtol=1e-5, atol=1e-7)
     assert not (tmp_path / "files" / "backup" / "backup.npz").exists()
+
+
+def _nodes(out, *extra, env=None, timeout=240):
+    """Two launchers on this machine acting as two nodes of one worker each; their outputs and statuses."""
+    from trainer.launch import free_ports
+
+    port = free_ports(1)[0]
+    procs = [subprocess.Popen([sys.executable, "-m", "trainer.launch", "--nnodes", "2", "--node-rank", str(rank),
+                               "--master-addr", "localhost", "--master-port", str(port), SCRIPT, str(out),
+                               "multi_worker", *extra],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**ENV, **(env or {})})
+             for rank in (0, 1)]
+    try:
+        outs = [proc.communicate(timeout=timeout)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+    return outs, [proc.returncode for proc in procs]
+
+
+def test_two_nodes_match_the_single_process_run(tmp_path, reference):
+    (out0, out1), statuses = _nodes(tmp_path)
+    assert statuses == [0, 0], out0[-3000:] + out1[-3000:]
+    assert "[worker:0]   cluster        trainer-launch on 2 nodes (node 0 at localhost): 2 workers; chief: worker 0" \
+        in out0
+    assert "[worker:0]   replicas       2 in sync over 2 worker(s)" in out0 and "Training plan" not in out1
+    assert_same_run(*_load(tmp_path, "worker0"), reference)
+    assert_same_run(*_load(tmp_path, "worker1"), reference)
+
+
+def test_a_node_gone_mid_epoch_stops_the_job_and_the_rerun_resumes(tmp_path, reference):
+    """Node 1's launcher and worker die at epoch 1, step 8 (its machine gone): node 0 stops with a message
+    naming it and leaves no process; running both nodes again resumes from the backup."""
+    start = time.monotonic()
+    (out0, _), statuses = _nodes(tmp_path, "backup", env={"KILL_NODE": "worker1"})
+    assert statuses == [1, -9], out0[-3000:]
+    assert "[launcher] node 1's launcher is gone (its machine stopped, or it was killed); stopping every task" in out0
+    assert time.monotonic() - start < 120
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
+    assert not left, f"processes left running: {left}"
+
+    (out0, out1), statuses = _nodes(tmp_path, "backup")
+    assert statuses == [0, 0], out0[-3000:] + out1[-3000:]
+    assert "[worker:0] BackupAndRestore: resuming from epoch 1, step 8" in out0
+    result, arrays = _load(tmp_path, "worker1")
+    assert result["epochs"] == [1]
+    np.testing.assert_allclose(arrays["weights"], reference[1]["weights"], rtol=1e-5, atol=1e-7)
 
 
 def test_a_dead_peer_gives_a_clear_error_not_a_hang():
