@@ -124,21 +124,24 @@ def test_a_node_gone_mid_epoch_stops_the_job_and_the_rerun_resumes(tmp_path, ref
     np.testing.assert_allclose(arrays["weights"], reference[1]["weights"], rtol=1e-5, atol=1e-7)
 
 
-def test_a_dead_peer_gives_a_clear_error_not_a_hang():
+def test_a_dead_peer_is_named_by_every_survivor_not_a_hang():
+    """Three workers without a launcher; worker 1 dies: both others end with an error naming it."""
     from trainer.launch import cluster_spec, free_ports, tf_config
 
-    cluster = cluster_spec(2, 0, free_ports(2))
+    cluster = cluster_spec(3, 0, free_ports(3))
     procs = [subprocess.Popen([sys.executable, str(TESTS / "dead_peer_run.py")],
                               env={**ENV, "TF_CONFIG": tf_config(cluster, "worker", i)},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(3)]
     try:
-        out, _ = procs[0].communicate(timeout=120)  # a hang would time out here
+        outs = [proc.communicate(timeout=120)[0] for proc in procs]  # a hang would time out here
     finally:
         for proc in procs:
             proc.kill()
             proc.wait()
-    assert procs[0].returncode == 1
-    assert "RuntimeError: A collective failed in epoch 0 near step 6: a peer worker is probably dead" in out
+    assert [proc.returncode for proc in procs] == [1, -9, 1]
+    for out in (outs[0], outs[2]):
+        assert (f"RuntimeError: A collective failed in epoch 0 near step 6: worker 1 ({cluster['worker'][1]}) is "
+                "probably gone or stuck") in out, out[-3000:]
 
 
 def test_uneven_last_batches_of_datasets_on_two_workers_match_one_process(tmp_path):

@@ -99,3 +99,21 @@ def test_repeated_fits_under_mirrored_strategies_of_different_sizes():
                                       "MirroredStrategy of this process. Received: strategy=MirroredStrategy over 4 "
                                       "device(s), group key 1, which a strategy over 2 device(s) already used")
     assert "trainer.resolve_strategy('mirrored', devices=[...])" in result["error"]
+
+
+def test_a_collective_error_names_the_peer_task_and_its_address():
+    from trainer.cluster import ClusterInfo
+    from trainer.loop import failed_peer
+
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec({"worker": ["a:1", "b:2", "c:3"]}), task_type="worker", task_id=0)
+    strategy = type("Strategy", (), {"cluster_resolver": resolver})()
+    me = ClusterInfo(task_type="worker", task_id=0, num_workers=3)
+    broken_call = ("Collective ops is aborted by: recvmsg:Connection reset by peer\nAdditional GRPC error information "
+                   "from remote target /job:worker/replica:0/task:2 while calling /tensorflow.WorkerService/RecvBuf")
+    assert failed_peer(broken_call, strategy, me) == "worker 2 (c:3)"
+    health_check = "cluster check alive failed, /job:worker/replica:0/task:1 is down"
+    assert failed_peer(health_check, strategy, me) == "worker 1 (b:2)"
+    own_device = "Detected at /job:worker/replica:0/task:0/device:CPU:0: deadline exceeded"
+    assert failed_peer(own_device, strategy, me) == "a peer task"
+    assert failed_peer("deadline exceeded", tf.distribute.get_strategy(), ClusterInfo()) == "a peer task"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 import threading
 import time
 from typing import Any, Callable, ContextManager, Protocol
@@ -295,9 +296,10 @@ def _explained_collective_errors(context: TrainContext):
         yield
     except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as err:
         raise RuntimeError(
-            f"A collective failed in epoch {context.epoch} near step {context.step}: a peer worker is "
-            "probably dead or stuck (see its log). With BackupAndRestore, re-run the job to resume. "
-            "The per-collective timeout is resolve_strategy('multi_worker', timeout_seconds=...)."
+            f"A collective failed in epoch {context.epoch} near step {context.step}: "
+            f"{failed_peer(str(err), context.strategy, context.cluster)} is probably gone or stuck (see its log). "
+            "With BackupAndRestore, re-run the job to resume. The per-collective timeout is "
+            "resolve_strategy('multi_worker', timeout_seconds=...)."
         ) from err
     except tf.errors.InternalError as err:
         if "joining a group" not in str(err):
@@ -308,6 +310,26 @@ def _explained_collective_errors(context: TrainContext):
             "the process; then build strategies with trainer.resolve_strategy('mirrored', devices=[...]), "
             "or use one device layout per process."
         ) from err
+
+
+_TASK_NAME = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
+
+
+def failed_peer(message: str, strategy: tf.distribute.Strategy, own: ClusterInfo) -> str:
+    """The peer task a collective's error names, with its address ("worker 1 (host:port)"), or "a peer task".
+
+    TensorFlow names it as the remote end of a broken call ("remote target /job:worker/replica:0/task:1")
+    or in its health check's abort ("cluster check alive failed, /job:worker/replica:0/task:1 is down").
+    """
+    resolver = getattr(strategy, "cluster_resolver", None)
+    spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
+    for job, index in _TASK_NAME.findall(message):
+        if (job, int(index)) == (own.task_type, own.task_id) or job not in spec:
+            continue
+        addresses = spec[job]
+        address = addresses[int(index)] if isinstance(addresses, list) else addresses.get(int(index))
+        return f"{job} {index} ({address})"
+    return "a peer task"
 
 
 def run_eval(steps: Steps, make_reader: MakeReader, inp, callbacks, num_steps: int | None = None
