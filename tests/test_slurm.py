@@ -44,9 +44,10 @@ def _load(out, task):
         return json.load(f), dict(np.load(out / f"{task}.npz"))
 
 
-def _srun(slurm, tasks, out, timeout=300):
-    env = {**slurm.env, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    command = ["srun", "-n", str(tasks), "--kill-on-bad-exit=1", sys.executable, SCRIPT, str(out), "auto"]
+def _srun(slurm, tasks, out, *args, kill_on_bad_exit=True, env=None, timeout=300):
+    env = {**slurm.env, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
+    command = ["srun", "-n", str(tasks), *(["--kill-on-bad-exit=1"] if kill_on_bad_exit else []), sys.executable,
+               SCRIPT, str(out), "auto", *args]
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout, cwd=TESTS)
 
 
@@ -71,6 +72,25 @@ def test_srun_of_two_tasks_trains_as_one_process(slurm, reference, tmp_path):
     np.testing.assert_array_equal(worker0[1]["weights"], worker1[1]["weights"])
     assert_same_run(*worker0, reference)  # 1003 examples: an uneven last batch
     assert sorted(os.listdir(tmp_path / "files")) == ["ckpt", "log.jsonl"]  # only the chief writes
+
+
+def test_a_task_killed_mid_epoch_is_named_by_the_survivor_and_a_new_job_resumes(slurm, reference, tmp_path):
+    """Task 1 dies at epoch 1, step 8; with Slurm's default (no --kill-on-bad-exit) srun waits for task 0,
+    which ends with an error naming worker 1 and its address. The job submitted again resumes from the
+    backup to the uninterrupted run's weights."""
+    proc = _srun(slurm, 2, tmp_path, "backup", kill_on_bad_exit=False, env={"KILL_TASK": "worker1"}, timeout=200)
+    assert proc.returncode != 0
+    assert "RuntimeError: A collective failed in epoch 1 near step 8: worker 1 (" in proc.stdout + proc.stderr, \
+        proc.stdout[-3000:] + proc.stderr[-3000:]
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
+    assert not left, f"processes left running: {left}"
+
+    resumed = _srun(slurm, 2, tmp_path, "backup")
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "BackupAndRestore: resuming from epoch 1, step 8" in resumed.stdout
+    result, arrays = _load(tmp_path, "worker0")
+    assert result["epochs"] == [1]
+    np.testing.assert_allclose(arrays["weights"], reference[1]["weights"], rtol=1e-5, atol=1e-7)
 
 
 def test_srun_of_one_task_is_one_process(slurm, reference, tmp_path):
