@@ -51,6 +51,8 @@ class BackupAndRestore(ContextAware):
       handle_sigterm: install the SIGTERM handler.
     """
 
+    resumes = True  # the plan says how exactly this fit can resume (plan.resume_note)
+
     def __init__(self, backup_dir: str | os.PathLike, save_freq: int | str = "epoch", handle_sigterm: bool = True):
         super().__init__()
         self.save_freq = checked_frequency(save_freq, arg="save_freq", example=500)

@@ -20,8 +20,8 @@ out, strategy = sys.argv[1], sys.argv[2]
 if "REPLICAS" in os.environ:  # a single process of several CPU replicas, e.g. to resume the workers' backup
     import tensorflow as tf
 
-    tf.config.set_logical_device_configuration(
-        tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * int(os.environ["REPLICAS"]))
+    cpus = [tf.config.LogicalDeviceConfiguration()] * int(os.environ["REPLICAS"])
+    tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0], cpus)
 # Multi-worker strategies must exist before TensorFlow runs anything, so the Trainer comes first.
 trainer = Trainer(strategy=strategy, batch_size=64, lr_scaling=None, seed=0, steps_per_execution=4)
 

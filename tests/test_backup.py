@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from trainer.callbacks import BackupAndRestore
-from conftest import TESTS, tiny_data, tiny_model
+from conftest import TESTS, run_python, tiny_data, tiny_model
 from trainer import Trainer
 
 SCRIPT = str(TESTS / "backup_run.py")
@@ -176,3 +176,54 @@ def test_a_full_disk_mid_backup_keeps_the_previous_backup_and_resumes_from_it(tm
     assert f"resuming from epoch 0, step 4 ({path})" in capsys.readouterr().out
     for resumed, expected in zip(history.model.get_weights(), reference):
         np.testing.assert_allclose(resumed, expected, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("make, exact, why", [
+    (lambda ds: ds, True, ""),
+    (lambda ds: ds.shuffle(64, seed=1, reshuffle_each_iteration=False), True, ""),
+    (lambda ds: ds.shuffle(64), False, "reshuffles each time it is read"),
+    (lambda ds: ds.interleave(lambda x, y: __import__("tensorflow").data.Dataset.from_tensors((x, y)).shuffle(2)),
+     False, "reshuffles each time it is read"),
+], ids=["plain", "seeded-once", "reshuffled", "inner-shuffle"])
+def test_the_plan_says_whether_a_backup_resumes_exactly(tmp_path, capsys, make, exact, why):
+    import tensorflow as tf
+
+    x, y, w = tiny_data(64)
+    dataset = make(tf.data.Dataset.from_tensor_slices((x, y)))
+    trainer = Trainer(strategy="default", batch_size=16, verbose=1)
+    trainer.fit(tiny_model(), dataset, epochs=1, callbacks=[BackupAndRestore(tmp_path)])
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("  resume "))
+    if exact:
+        assert "exact: a backup resumes at its step to the uninterrupted run's numbers" in row
+        assert "global batch 16" in row
+    else:
+        assert row.split("resume", 1)[1].strip().startswith("not exact: ") and why in row, row
+
+
+def test_the_plan_says_a_resumed_stream_or_parameter_server_run_is_not_exact(tmp_path, capsys):
+    import tensorflow as tf
+
+    from trainer.plan import resume_note
+
+    x, y, w = tiny_data(64)
+    trainer = Trainer(strategy="default", batch_size=16, verbose=1)
+    trainer.fit(tiny_model(), tf.data.Dataset.from_tensor_slices((x, y)).repeat(), epochs=1, steps_per_epoch=2,
+                callbacks=[BackupAndRestore(tmp_path)])
+    assert "not exact: steps_per_epoch cuts one stream of the dataset into epochs" in capsys.readouterr().out
+    trainer.fit(tiny_model(), (x, y), epochs=1)  # no resuming callback: no row
+    assert "  resume " not in capsys.readouterr().out
+    note = resume_note(parameter_server=True, input_note="", global_batch_size=64)
+    assert note.startswith("not exact: under parameter-server training each worker repeats its own shard")
+
+
+def test_a_shuffle_without_any_seed_is_told_apart(tmp_path):
+    """In a fresh process with no global seed (this one has one): the seeds TensorFlow gives the op are 0."""
+    script = tmp_path / "shuffles.py"
+    script.write_text(
+        "import json, tensorflow as tf\n"
+        "from trainer import _compat\n"
+        "ds = tf.data.Dataset.range(8)\n"
+        "cases = [ds.shuffle(8, reshuffle_each_iteration=False),\n"
+        "         ds.shuffle(8, seed=3, reshuffle_each_iteration=False)]\n"
+        "print(json.dumps([_compat.dataset_shuffles(d) for d in cases]))\n")
+    assert run_python(script) == [[[False, False]], [[False, True]]]

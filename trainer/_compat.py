@@ -683,6 +683,39 @@ def collective_group_keys(strategy: tf.distribute.Strategy) -> dict[int, str]:
     return {key: devices for devices, key in known.items()}
 
 
+def dataset_shuffles(dataset: tf.data.Dataset) -> list[tuple[bool, bool]]:
+    """(reshuffles each time it is read, seeded) for each shuffle in `dataset`'s graph, functions included.
+
+    `Dataset._as_serialized_graph` (2.0-2.21) and the Shuffle* ops' inputs
+    (input, buffer_size, seed, seed2, ...): a shuffle is unseeded when both
+    seeds are 0 (no op seed, no global seed when the dataset was made). A graph
+    that cannot be read (a dataset of Python objects) gives no shuffles.
+    """
+    from tensorflow.core.framework import graph_pb2
+
+    try:
+        graph = graph_pb2.GraphDef.FromString(dataset._as_serialized_graph().numpy())
+    except Exception:  # noqa: BLE001 (TensorFlow raises various errors for graphs it will not serialize)
+        return []
+    found = []
+    for nodes in [graph.node, *(function.node_def for function in graph.library.function)]:
+        by_name = {node.name: node for node in nodes}
+
+        def constant(name: str) -> int | None:
+            node = by_name.get(name.split(":")[0].lstrip("^"))
+            if node is None or node.op != "Const" or not node.attr["value"].tensor.int64_val:
+                return None
+            return node.attr["value"].tensor.int64_val[0]
+
+        for node in nodes:
+            if not node.op.startswith("Shuffle"):
+                continue
+            reshuffles = node.attr["reshuffle_each_iteration"].b if "reshuffle_each_iteration" in node.attr else True
+            seeds = [constant(name) for name in node.input[2:4]]
+            found.append((reshuffles, seeds != [0, 0]))
+    return found
+
+
 # A model's state, and the variables behind it ------------------------------------
 #
 # A Keras variable on the TensorFlow backend is a handle on a backing

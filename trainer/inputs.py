@@ -27,6 +27,7 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
+from trainer import _compat
 from trainer import arrays as arrays_lib
 from trainer import feed
 from trainer.cluster import strategy_cluster_info
@@ -69,6 +70,10 @@ class _Input:
         makes it one stream that epochs cut.
         """
         return steps_per_epoch is None
+
+    def resume(self, steps_per_epoch: int | None) -> str:
+        """Why a run resumed mid-fit reads other batches than the uninterrupted run would ("" if it can't)."""
+        return ""
 
     def epoch_begin(self) -> None:
         """Starts an epoch of reading (a PyDataset's workers)."""
@@ -148,6 +153,18 @@ class _DatasetKind(_Input):
     def _sharding(self, num_workers: int) -> tuple[str, str]:
         policy, reason = shard_policy(self.dataset, num_workers)
         return policy.name, reason
+
+    def resume(self, steps_per_epoch: int | None) -> str:
+        if not self.restarts_each_epoch(steps_per_epoch):
+            return ("steps_per_epoch cuts one stream of the dataset into epochs, and a resumed run reads the "
+                    "stream from its start")
+        shuffles = _compat.dataset_shuffles(self.dataset)
+        if any(reshuffles for reshuffles, _ in shuffles):
+            return ("the dataset reshuffles each time it is read (shuffle's reshuffle_each_iteration), and a "
+                    "resumed run's first read is in the first epoch's order")
+        if not all(seeded for _, seeded in shuffles):
+            return "the dataset shuffles without a seed, so a resumed run reads it in another order"
+        return ""
 
     def global_batches(self, global_batch_size: int, start_step: int = 0) -> tf.data.Dataset:
         """The dataset in global batches (the last one partial), from global step `start_step` on."""
@@ -297,6 +314,9 @@ class FunctionInput(_Input):
 
     def sample(self, n: int) -> Any:
         return next(iter(self.fn(tf.distribute.InputContext())))
+
+    def resume(self, steps_per_epoch: int | None) -> str:
+        return "a dataset function's pipelines start again from their first batch"
 
     def reader(self, readers: Readers, epoch: int | None = None, start_step: int = 0, until: int | None = None):
         del epoch, start_step, until  # it restarts the epoch

@@ -79,6 +79,7 @@ class Plan:
     process: str = ""  # what the trainer changed for the whole process (malloc.tune_process), in words
     placement: str = ""  # how the model entered the strategy's scope (placement.Move.describe), when it moved
     cluster: str = ""  # where the tasks' cluster came from (cluster.cluster_source), on several tasks
+    resume: str = ""  # how exactly a backup resumes (resume_note), when a callback resumes training
 
     def __post_init__(self):
         if self.native_bf16 is not None and self.native_bf16 not in BF16_UNITS:
@@ -166,10 +167,23 @@ class Plan:
             rows.append(("batch norm", batch_norm_note(self.batch_norm, self.num_replicas)))
         if self.onednn is False:
             rows.append(("cpu kernels", ONEDNN_HINT))
+        if self.resume:
+            rows.append(("resume", self.resume))
         if self.process:
             rows.append(("process", self.process))
         width = max(len(k) for k, _ in rows)
         return "Training plan\n" + "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+
+
+def resume_note(*, parameter_server: bool, input_note: str, global_batch_size: int) -> str:
+    """How exactly a backup resumes, in words: `input_note` is the input's reason it can't (`Input.resume`)."""
+    if parameter_server:
+        input_note = ("under parameter-server training each worker repeats its own shard and takes steps as it "
+                      "frees up, and a resumed run starts the workers' streams again")
+    if input_note:
+        return f"not exact: {input_note}; it trains on from the backup's weights, optimizer state and position"
+    return (f"exact: a backup resumes at its step to the uninterrupted run's numbers, on any layout with global "
+            f"batch {global_batch_size}")
 
 
 def batch_norm_note(layers: tuple[str, ...] | list[str], num_replicas: int) -> str:

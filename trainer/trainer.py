@@ -21,7 +21,7 @@ from trainer.options import check_int
 from trainer.fusion import StepFusion
 from trainer.history import History
 from trainer.objective import ModelSteps, logs_in_order
-from trainer.plan import Plan, batch_norm_note, optimizer_note, strategy_label
+from trainer.plan import Plan, batch_norm_note, optimizer_note, resume_note, strategy_label
 from trainer.steps import Steps
 
 
@@ -253,7 +253,8 @@ class Trainer:
             fusion, fusion_source = self._fusion(compiled, batch, steps_per_epoch, callbacks)
             plan = self._plan(strategy, train, batch, steps_per_epoch, lr_plan, fusion, model,
                               batch_source=batch_source, fusion_source=fusion_source, process=process,
-                              moved=move.describe())
+                              moved=move.describe(), resumes=any(getattr(c, "resumes", False) for c in callbacks),
+                              user_steps=user_steps)
             context = loop.TrainContext(strategy, strategy_cluster_info(strategy), plan, epochs=epochs,
                                         initial_epoch=initial_epoch, fusion=fusion, lr_plan=lr_plan)
             verbose = self.verbose if verbose is None else 1 if verbose == "auto" else verbose  # Keras's "auto" is 1
@@ -433,7 +434,7 @@ class Trainer:
 
     def _plan(self, strategy, inp, batch, steps_per_epoch, lr_plan: scaling.LRPlan, fusion: StepFusion,
               model, *, batch_source: str = "", fusion_source: str = "", process: str = "",
-              moved: str = "") -> Plan:
+              moved: str = "", resumes: bool = False, user_steps: int | None = None) -> Plan:
         num_workers = strategy_cluster_info(strategy).num_workers
         parameter_server = is_parameter_server(strategy)
         policy, why = inp.sharding(num_workers, parameter_server=parameter_server)
@@ -472,6 +473,8 @@ class Trainer:
             process=process,
             placement=moved,
             cluster=cluster_source() if num_workers > 1 or parameter_server else "",
+            resume=resume_note(parameter_server=parameter_server, input_note=inp.resume(user_steps),
+                               global_batch_size=batch.global_batch_size) if resumes else "",
         )
 
     def _jit_source(self, model) -> str:
