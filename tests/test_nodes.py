@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from test_launch import _sigint_as_in_a_terminal
 from trainer import launch
 from trainer.rendezvous import Node, node_cluster
 
@@ -127,19 +128,22 @@ def _no_survivors(pids):
     return survivors
 
 
-def test_a_node_killed_outright_stops_the_others_and_leaves_no_task(tmp_path):
+@pytest.mark.parametrize("killed", [1, 0], ids=["node-1", "node-0"])
+def test_a_node_killed_outright_stops_the_others_and_leaves_no_task(tmp_path, killed):
     marker = tmp_path / "pids"
     script = _script(tmp_path, PIDS.format(marker=str(marker)))
     port = launch.free_ports(1)[0]
-    node0, node1 = _node(0, 2, port, script), _node(1, 2, port, script)
+    nodes = [_node(0, 2, port, script), _node(1, 2, port, script)]
     pids = _wait_for_pids(marker, 2)
-    node1.kill()  # its machine gone: the launcher dies, and its task with it
+    nodes[killed].kill()  # its machine gone: the launcher dies, and its task with it
     start = time.monotonic()
-    out0, _ = _outputs(node0, node1)
+    outs = _outputs(*nodes)
     time.sleep(0.5)  # the kernel delivers the task's death signal
     assert not _no_survivors(pids) and len(pids) == 2
-    assert node0.returncode == 1, out0
-    assert "[launcher] node 1's launcher is gone (its machine stopped, or it was killed); stopping every task" in out0
+    survivor = nodes[1 - killed]
+    assert survivor.returncode == 1, outs[1 - killed]
+    assert (f"[launcher] node {killed}'s launcher is gone (its machine stopped, or it was killed); stopping every "
+            "task") in outs[1 - killed]
     assert time.monotonic() - start < 20
 
 
@@ -148,7 +152,8 @@ def test_an_interrupted_node_stops_every_node(tmp_path, signum, status):
     marker = tmp_path / "pids"
     script = _script(tmp_path, PIDS.format(marker=str(marker)))
     port = launch.free_ports(1)[0]
-    node0, node1 = _node(0, 2, port, script), _node(1, 2, port, script)
+    with _sigint_as_in_a_terminal():
+        node0, node1 = _node(0, 2, port, script), _node(1, 2, port, script)
     pids = _wait_for_pids(marker, 2)
     node1.send_signal(signum)
     out0, out1 = _outputs(node0, node1)
@@ -156,6 +161,19 @@ def test_an_interrupted_node_stops_every_node(tmp_path, signum, status):
     assert (node0.returncode, node1.returncode) == (status, status), out0 + out1
     assert "[launcher] interrupted; stopping every task" in out1
     assert "[launcher] node 1: interrupted; stopping every task here" in out0
+
+
+def test_sigterm_while_waiting_for_the_nodes_stops_at_once(tmp_path):
+    script = _script(tmp_path, "pass\n")
+    port = launch.free_ports(1)[0]
+    node0, node1 = _node(0, 3, port, script, timeout=60), _node(1, 3, port, script, timeout=60)
+    time.sleep(3)  # node 1 has arrived; node 2 never will
+    start = time.monotonic()
+    node0.send_signal(signal.SIGTERM)  # not SIGINT: a test run started in the background ignores it
+    out0, out1 = _outputs(node0, node1, timeout=20)
+    assert (node0.returncode, node1.returncode) == (143, 1), out0 + out1
+    assert "node 0 was interrupted before every node had arrived" in out0 and "interrupted" in out1
+    assert time.monotonic() - start < 5
 
 
 def test_a_node_that_never_arrives_is_named_and_nothing_starts(tmp_path):

@@ -163,10 +163,10 @@ def run_nodes(command: Sequence[str], *, nnodes: int, node_rank: int, master_add
         try:
             plan = rendezvous.join(nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
                                    master_port=master_port, workers=workers, ps=ps, timeout=timeout,
-                                   free_ports=free_ports)
+                                   free_ports=free_ports, interrupted=lambda: bool(requested))
         except rendezvous.RendezvousError as err:
             _say(out, f"node {node_rank}: {err}")
-            return 1
+            return 128 + requested[0] if requested else 1
         if requested:
             plan.link.stopping(128 + requested[0], "interrupted")
             return plan.link.finish(128 + requested[0])

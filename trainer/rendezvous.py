@@ -28,6 +28,13 @@ class RendezvousError(RuntimeError):
     """The nodes could not agree on a cluster; the message says which node and what to do."""
 
 
+class Interrupted(RendezvousError):
+    """Ctrl-C or SIGTERM before every node had arrived."""
+
+
+_TICK = 0.5  # seconds between looks at the stop requests while waiting
+
+
 @dataclasses.dataclass(frozen=True)
 class Node:
     """One machine's part of the job, as it reports it at the rendezvous."""
@@ -202,23 +209,31 @@ class Hub:
 
 
 def join(*, nnodes: int, node_rank: int, master_addr: str, master_port: int, workers: int, ps: int,
-         timeout: float, free_ports) -> Plan:
+         timeout: float, free_ports, interrupted=lambda: False) -> Plan:
     """Meets the other nodes at node 0's rendezvous; returns this node's `Plan`.
 
-    `free_ports(count)` gives free ports on this machine for its tasks.
+    `free_ports(count)` gives free ports on this machine for its tasks; `interrupted()` says whether a
+    stop was requested (Ctrl-C, SIGTERM), looked at every half second while waiting.
 
     Raises:
       RendezvousError: a node did not arrive within `timeout` seconds, node 0 could not be reached or
         could not serve, or the nodes disagree (their --nnodes, a --node-rank used twice).
+      Interrupted: a stop was requested meanwhile.
     """
     if node_rank == 0:
-        return _host(nnodes, master_addr, master_port, workers, ps, timeout, free_ports)
-    channel = _connect(master_addr, master_port, timeout, node_rank)
+        return _host(nnodes, master_addr, master_port, workers, ps, timeout, free_ports, interrupted)
+    channel = _connect(master_addr, master_port, timeout, node_rank, interrupted)
     host = channel.sock.getsockname()[0]  # the address of this machine that reaches node 0
     channel.send({"nnodes": nnodes, "rank": node_rank, "host": host, "workers": workers, "ps": ps,
                   "ports": free_ports(workers + ps + 1)})
+    deadline = time.monotonic() + timeout + 30  # node 0 answers once every node arrived, or when it gives up
+    reply = None
     try:
-        reply = channel.receive(timeout + 30)  # node 0 answers once every node arrived, or when it gives up
+        while reply is None and time.monotonic() < deadline:
+            if interrupted():
+                channel.close()
+                raise Interrupted(f"node {node_rank} was interrupted while waiting for the other nodes")
+            reply = channel.receive(_TICK)
     except ConnectionError:
         reply = {"error": f"node 0's launcher at {master_addr}:{master_port} closed the rendezvous without an "
                           "answer (it stopped or was killed)"}
@@ -229,10 +244,12 @@ def join(*, nnodes: int, node_rank: int, master_addr: str, master_port: int, wor
     return Plan(cluster=reply["cluster"], tasks=[tuple(t) for t in reply["tasks"]], link=NodeLink(channel, node_rank))
 
 
-def _connect(master_addr: str, master_port: int, timeout: float, node_rank: int) -> Channel:
+def _connect(master_addr: str, master_port: int, timeout: float, node_rank: int, interrupted) -> Channel:
     """A connection to node 0's rendezvous, retried until `timeout` (node 0 may start later)."""
     deadline = time.monotonic() + timeout
     while True:
+        if interrupted():
+            raise Interrupted(f"node {node_rank} was interrupted while looking for node 0")
         try:
             return Channel(socket.create_connection((master_addr, master_port), timeout=5))
         except OSError as err:
@@ -242,11 +259,11 @@ def _connect(master_addr: str, master_port: int, timeout: float, node_rank: int)
                     f"{timeout:.0f} s ({err}). Start trainer-launch with --node-rank 0 on {master_addr} (it serves "
                     "the rendezvous), check --master-addr and --master-port on every node, or raise --rdzv-timeout."
                 ) from None
-            time.sleep(0.5)
+            time.sleep(_TICK)
 
 
 def _host(nnodes: int, master_addr: str, master_port: int, workers: int, ps: int, timeout: float,
-          free_ports) -> Plan:
+          free_ports, interrupted) -> Plan:
     """Node 0: serves the rendezvous until every node has arrived, then sends each its part."""
     try:
         listener = socket.create_server(("", master_port))
@@ -261,8 +278,12 @@ def _host(nnodes: int, master_addr: str, master_port: int, workers: int, ps: int
     try:
         with listener:
             while len(nodes) < nnodes:
+                if interrupted():
+                    raise Interrupted("node 0 was interrupted before every node had arrived")
                 left = deadline - time.monotonic()
-                ready, _, _ = select.select([listener], [], [], max(0.0, left))
+                ready, _, _ = select.select([listener], [], [], min(_TICK, max(0.0, left)))
+                if not ready and left > _TICK:
+                    continue
                 if not ready:
                     missing = ", ".join(str(r) for r in range(nnodes) if r not in nodes)
                     raise RendezvousError(
