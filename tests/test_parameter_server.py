@@ -107,3 +107,30 @@ def test_a_variable_partitioner_splits_the_instance_over_the_ps_tasks_with_the_u
     assert whole_arrays.keys() == split_arrays.keys() and len(whole_arrays) == 18 + 4 + 18
     for key, value in whole_arrays.items():
         np.testing.assert_allclose(split_arrays[key], value, rtol=1e-6, atol=1e-7, err_msg=key)
+
+
+def test_parameter_server_training_over_two_nodes(tmp_path, results):
+    """trainer-launch on two nodes (launchers on localhost): the chief and a worker on node 0, a worker and
+    the ps task on node 1; it trains as the one-machine cluster does, and node 1 stops when the chief is done."""
+    from trainer.launch import free_ports
+
+    default, _, _ = results
+    port = free_ports(1)[0]
+    procs = [subprocess.Popen([sys.executable, "-m", "trainer.launch", "--nnodes", "2", "--node-rank", str(rank),
+                               "--master-addr", "localhost", "--master-port", str(port), "--workers", "1",
+                               "--ps", str(rank), SCRIPT, str(tmp_path / "ps.json"), "parameter_server"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
+             for rank in (0, 1)]
+    try:
+        outs = [proc.communicate(timeout=300)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+    assert [proc.returncode for proc in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    assert ("cluster        trainer-launch on 2 nodes (node 0 at localhost): 1 chief, 2 workers, 1 ps; chief: the "
+            "chief task") in outs[0]
+    assert "[chief:0]" in outs[0] and "[ps:0]" not in outs[0] and "[chief:0]" not in outs[1]
+    ps = json.loads((tmp_path / "ps.json").read_text())
+    assert ps["iterations"] == default["iterations"] == 4 * 32
+    assert ps["evaluate"]["accuracy"] > 0.85
+    assert all("/job:ps" in device for device in ps["instance"]["devices"])
