@@ -1,4 +1,4 @@
-"""Local multi-process launcher, like torchrun: one process per task, TF_CONFIG set for each.
+"""Multi-process launcher, like torchrun: one process per task, TF_CONFIG set for each.
 
     trainer-launch --workers 2 script.py [args]          # MultiWorkerMirroredStrategy
     trainer-launch --workers 2 --ps 1 script.py [args]   # ParameterServerStrategy
@@ -10,8 +10,8 @@ machine, default 1: a worker computes on all of its machine's GPUs):
     trainer-launch --nnodes 2 --node-rank R --master-addr HOST0 --master-port 29400 script.py [args]
 
 Each output line is prefixed with the task's role and index. If a task fails,
-the others are stopped and the launcher exits with that task's status. Ctrl-C
-stops everything. With --ps, the script runs on the chief (the coordinator);
+the others are stopped (on every machine) and the launcher exits with that
+task's status. Ctrl-C stops everything; so does a machine's launcher gone. With --ps, the script runs on the chief (the coordinator);
 the worker and ps tasks run TensorFlow servers:
 
     trainer-launch --serve    # a worker or ps task of a parameter-server cluster, as TF_CONFIG names it
