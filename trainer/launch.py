@@ -11,8 +11,9 @@ machine, default 1: a worker computes on all of its machine's GPUs):
 
 Each output line is prefixed with the task's role and index. If a task fails,
 the others are stopped (on every machine) and the launcher exits with that
-task's status. Ctrl-C stops everything; so does a machine's launcher gone. With --ps, the script runs on the chief (the coordinator);
-the worker and ps tasks run TensorFlow servers:
+task's status. Ctrl-C stops everything; so does a machine's launcher gone.
+With --ps, the script runs on the chief (the coordinator); the worker and ps
+tasks run TensorFlow servers:
 
     trainer-launch --serve    # a worker or ps task of a parameter-server cluster, as TF_CONFIG names it
 
