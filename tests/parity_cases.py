@@ -493,6 +493,26 @@ def _two_output_data():
     return x, {"a": y, "b": (x[:, :3].argmax(axis=1)).astype("int32")}, None
 
 
+def _dict_inputs():
+    """A model built on a dict of Inputs, keyed otherwise than the Inputs are named and not in sorted order."""
+    inputs = {"size": keras.Input((3,), name="size_feature"), "age": keras.Input((2,), name="age_feature")}
+    hidden = keras.layers.Concatenate()([keras.layers.Dense(2)(inputs["size"]), inputs["age"]])
+    return _compiled(keras.Model(inputs, keras.layers.Dense(1)(hidden)), metrics=["mae"])
+
+
+def _list_inputs():
+    inputs = [keras.Input((3,), name="size"), keras.Input((2,), name="age")]
+    return _compiled(keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Concatenate()(inputs))), metrics=["mae"])
+
+
+def _columns(*extra):
+    """A dict of columns, as a CSV or a DataFrame gives them: the model's (in another order) and `extra` ones."""
+    x, y, _ = _regression()
+    columns = {"age": x[:, 3:], "size": x[:, :3]}
+    columns.update({name: _rng(3).rand(N, 4).astype("float32") for name in extra})
+    return columns, y, None
+
+
 def _vectorized_text():
     vocabulary = ["the", "cat", "dog", "sat", "ran", "on", "mat"]
     model = keras.Sequential([keras.Input((), dtype="string"),
@@ -591,6 +611,12 @@ CASES: dict[str, Case] = {
     "pydataset_workers": Case(lambda: _compiled(_dense(), metrics=["mae"]), _regression, form="pydataset_workers"),
     "string_inputs": Case(_vectorized_text, _sentences),
     "string_dataset": Case(_vectorized_text, _sentences, form="dataset"),
+    # A dict of columns for the model's inputs, taken by name as Keras takes it; keys beyond the inputs are
+    # ignored (Keras warns that the structures differ for a model built on a dict, and feeds its values in
+    # sorted key order: here the extra keys sort after the inputs'; test_bad_input has keys that sort among them).
+    "dict_inputs_by_key": Case(_dict_inputs, _columns),
+    "dict_inputs_more_columns": Case(_dict_inputs, lambda: _columns("weight", "zip")),
+    "list_inputs_columns_by_name": Case(_list_inputs, lambda: _columns("0_index")),
     # fit's Keras arguments.
     "class_weight": Case(_classifier, _classes, fit_kwargs={"class_weight": {0: 0.5, 2: 3.0}}),
     "class_weight_pydataset": Case(_classifier, _classes, form="pydataset_workers",

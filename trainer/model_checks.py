@@ -64,31 +64,19 @@ def describe_spec(spec: Any) -> str:
     return str(tf.nest.map_structure(lambda s: f"{s.dtype.name}{list(s.shape)}", spec)).replace('"', "")
 
 
-def _model_inputs(model: keras.Model) -> tuple[list[str], list[Any]] | None:
-    """(names, symbolic inputs) of a model built on keras.Input, else None (e.g. subclassed)."""
+def _check_features(model: keras.Model, x: Any, arg: str) -> None:
+    """Each array (or element part) of `x` against the model input Keras gives it: by name for a dict, as
+    Keras takes one (`_compat.keyed_inputs`; keys beyond the inputs are ignored), else by position."""
     try:
         tensors = list(model.inputs or [])
-    except AttributeError:
-        return None
-    struct = getattr(model, "input", None) if not isinstance(model, keras.Sequential) else None
-    names = list(struct) if isinstance(struct, dict) else [t.name for t in tensors]
-    return (names, tensors) if tensors else None
-
-
-def _check_features(model: keras.Model, x: Any, arg: str) -> None:
-    spec = _model_inputs(model)
-    if spec is None:
+    except AttributeError:  # subclassed: its inputs are checked when it first runs
         return
-    names, tensors = spec
-    if isinstance(x, dict):
-        unknown, missing = sorted(set(x) - set(names)), [n for n in names if n not in x]
-        if unknown or missing:
-            raise ValueError(
-                f"{subject(arg, 'x')} must have one key per model input. Received: x with keys {sorted(x)} "
-                f"(unknown: {unknown}, missing: {missing}). The model's inputs are {names}: "
-                "rename the keys to match."
-            )
-        pairs = [(f"x[{n!r}]", x[n], t) for n, t in zip(names, tensors)]
+    if not tensors:
+        return
+    feed = _compat.dict_feed(model, list(x)) if isinstance(x, dict) else None
+    if feed is not None:
+        _check_keys(feed, x, arg)
+        pairs = [(f"x[{key!r}]", x[key], tensor) for key, _, tensor in feed.pairs]
     else:
         flat = leaves(x, "x")
         if len(flat) != len(tensors):
@@ -100,6 +88,28 @@ def _check_features(model: keras.Model, x: Any, arg: str) -> None:
         pairs = [(name, leaf, t) for (name, leaf), t in zip(flat, tensors)]
     for name, leaf, tensor in pairs:
         _check_feature(leaf, name, tensor, arg)
+
+
+def _check_keys(feed: _compat.DictFeed, x: dict, arg: str) -> None:
+    """A dict of data against the model's inputs, as Keras takes it (`_compat.dict_feed`)."""
+    names = [name for _, name, _ in feed.pairs]
+    received = f"x with keys {_sorted(x)}"
+    if feed.missing:
+        raise ValueError(
+            f"{subject(arg, 'x')} must have a key for each model input: Keras takes each input's data by its "
+            f"name. Received: {received} (missing: {feed.missing}). The model's inputs are {names}: rename the "
+            "keys to match (other keys are ignored, as model.fit ignores them)."
+        )
+    moved = [(key, name) for key, name, _ in feed.pairs if key != name]
+    if moved:
+        key, name = moved[0]
+        raise ValueError(
+            f"{subject(arg, 'x')} has keys beyond the model's inputs that sort among them, and for a model built on "
+            "a dict of Inputs Keras feeds a dict's values in sorted key order, so model.fit would feed "
+            f"x[{key!r}] to input {name!r}. Received: {received}; the model's inputs are {names}. Keep only the "
+            f"inputs' keys: {{k: x[k] for k in {names}}}, or build the model on a list of named Inputs "
+            "(Keras takes those by name)."
+        )
 
 
 def _check_feature(leaf: Any, name: str, tensor: Any, arg: str) -> None:
@@ -201,9 +211,16 @@ def parts(struct: Any, with_targets: bool) -> dict[str, Any]:
 
 
 def leaves(struct: Any, name: str) -> list[tuple[str, Any]]:
-    """(name, leaf) pairs, e.g. ("x['a']", array)."""
+    """(name, leaf) pairs, e.g. ("x['a']", array), in Keras's flattened order (a dict's sorted keys)."""
     if isinstance(struct, dict):
-        return [pair for key in struct for pair in leaves(struct[key], f"{name}[{key!r}]")]
+        return [pair for key in _sorted(struct) for pair in leaves(struct[key], f"{name}[{key!r}]")]
     if isinstance(struct, (list, tuple)):
         return [pair for i, item in enumerate(struct) for pair in leaves(item, f"{name}[{i}]")]
     return [(name, struct)]
+
+
+def _sorted(keys) -> list:
+    try:
+        return sorted(keys)
+    except TypeError:  # keys of mixed types: Keras's tree sorts those its own way; keep the order given
+        return list(keys)

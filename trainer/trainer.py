@@ -16,7 +16,7 @@ from trainer import data as data_lib
 from trainer import inputs as inputs_lib
 from trainer import engine as engine_lib
 from trainer import strategy as strategy_lib
-from trainer.cluster import cluster_source, is_parameter_server, strategy_cluster_info
+from trainer.cluster import cluster_info, cluster_source, is_parameter_server, strategy_cluster_info
 from trainer.options import check_int
 from trainer.fusion import StepFusion
 from trainer.history import History
@@ -26,7 +26,9 @@ from trainer.steps import Steps
 
 
 def _quiet_tf_info(method):
-    """Hides TensorFlow's INFO chatter (a line per cross-device reduce) while `method` runs."""
+    """Hides TensorFlow's INFO chatter (a line per cross-device reduce) while `method` runs, and on a task other
+    than the chief Keras's warnings: they are about the model and the data, the same on every task, and the
+    chief shows them once, as model.fit would."""
 
     @functools.wraps(method)
     def wrapper(*args, **kwargs):
@@ -35,7 +37,11 @@ def _quiet_tf_info(method):
         if logger.getEffectiveLevel() < logging.WARNING:
             logger.setLevel(logging.WARNING)
         try:
-            return method(*args, **kwargs)
+            if cluster_info().is_chief:
+                return method(*args, **kwargs)  # the user's filters as they are (a change would reset their "once")
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", module=r"keras(\.|$)")
+                return method(*args, **kwargs)
         finally:
             logger.setLevel(level)
 
