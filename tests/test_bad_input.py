@@ -94,6 +94,13 @@ def _cli(main, *argv):
 
 TWO_WORKERS = {"worker": ["localhost:1", "localhost:2"]}
 
+
+def _keras_backup_on_two_workers(c):
+    """fit's checks on a worker of two (TF_CONFIG is read by the checks; no strategy is built)."""
+    from trainer import checks
+
+    checks.check_callbacks_on_workers([keras.callbacks.BackupAndRestore(str(c.tmp / "backup"))], num_workers=2)
+
 # (id, call, error, argument, value as shown, fix) and, optionally, what makes the model the call gets
 # (a model, or a builder that fit calls).
 ROWS = [
@@ -140,26 +147,12 @@ ROWS = [
     ("tf-config-not-object", _tf_config("[1, 2]", "parameter_server"), ValueError, "`TF_CONFIG`",
      "TF_CONFIG='[1, 2]'", r"unset it"),
     # fit's loop arguments and warmup
-    ("epochs-negative", lambda c: _fit(c, epochs=-1), ValueError, "`epochs`", "epochs=-1", r"Pass the epoch"),
     ("epochs-float", lambda c: _fit(c, epochs=2.5), TypeError, "`epochs`", "epochs=2.5", r"Pass the epoch"),
-    ("epochs-bool", lambda c: _fit(c, epochs=True), TypeError, "`epochs`", "epochs=True", r"Pass the epoch"),
-    ("initial-epoch-after-epochs", lambda c: _fit(c, epochs=2, initial_epoch=3), ValueError, "`initial_epoch`",
-     "initial_epoch=3", r"pass epochs >= 3"),
     ("callback-not-a-callback", lambda c: _fit(c, callbacks=[keras.callbacks.History(), object()]), TypeError,
      "`callbacks[1]`", "<object object at", r"Subclass keras.callbacks.Callback"),
-    ("callbacks-not-a-list", lambda c: _fit(c, callbacks=keras.callbacks.History()), TypeError, "`callbacks`",
-     "callbacks=<keras.src.callbacks.history.History", r"Pass a list: callbacks=\[...\]"),
-    ("callback-keras-backup-and-restore",
-     lambda c: _fit(c, callbacks=[keras.callbacks.BackupAndRestore(str(c.tmp / "backup"))]), ValueError,
-     "`callbacks[0]`", "keras.callbacks.BackupAndRestore", r"from trainer.callbacks import BackupAndRestore"),
     ("evaluate-callback-not-a-callback", lambda c: Trainer(strategy="default", verbose=0).evaluate(
         c.model, (c.x, c.y), callbacks=["log"]), TypeError, "`callbacks[0]`", "'log' of type str",
      r"Subclass keras.callbacks.Callback"),
-    ("steps-per-epoch-0", lambda c: _fit(c, steps_per_epoch=0), ValueError, "`steps_per_epoch`",
-     "steps_per_epoch=0", r"Pass a positive number of steps"),
-    ("steps-per-epoch-beyond-arrays",
-     lambda c: _fit(c, trainer=Trainer(strategy="default", batch_size=32, verbose=0), steps_per_epoch=10),
-     ValueError, "`steps_per_epoch`", "steps_per_epoch=10", r"Pass steps_per_epoch<=7, or None for one pass"),
     ("warmup-steps-beyond-training",
      lambda c: _fit(c, trainer=Trainer(strategy="default", batch_size=32, warmup_steps=1000, verbose=0), epochs=2),
      ValueError, "`warmup_steps`", "warmup_steps=1000", r"Lower it to at most 14 steps, or train for more epochs"),
@@ -186,8 +179,6 @@ ROWS = [
      r"Encode the labels as integers"),
     ("missing-dict-key", lambda c: _fit(c, ({"a": c.x[:, :4], "c": c.x[:, 4:]}, c.y)), ValueError, "`data` x",
      "missing: ['b']", r"The model's inputs are \['a', 'b'\]: rename the keys", named_inputs_model),
-    ("too-many-arrays", lambda c: _fit(c, ([c.x, c.x], c.y)), ValueError, "`data` x", "2 arrays",
-     r"Pass one array per input"),
     ("lengths-differ", lambda c: _fit(c, (c.x, c.y[:-1])), ValueError, "`data`", "[203, 202]",
      r"Make x, y and sample_weight the same length"),
     ("sample-weight-length", lambda c: _fit(c, (c.x, c.y, c.w[:10])), ValueError, "`data`", "[203, 203, 10]",
@@ -251,8 +242,12 @@ ROWS = [
      "'cat'", r"classes left out weigh 1.0"),
     ("class-and-sample-weight", lambda c: _fit(c, (c.x, c.y, c.w), class_weight={0: 2.0}), ValueError,
      "`class_weight` and `sample_weight`", "{0: 2.0}", r"Multiply the class weights into sample_weight"),
-    ("validation-freq-zero", lambda c: _fit(c, validation_freq=0), ValueError, "`validation_freq`",
-     "validation_freq=0", r"Pass a positive number of epochs"),
+    ("validation-freq-zero", lambda c: _fit(c, validation_data=(c.x, c.y), validation_freq=0), ValueError,
+     "`validation_freq`", "validation_freq=0", r"Pass e.g. validation_freq=1"),
+    ("callback-keras-backup-and-restore-on-workers", _keras_backup_on_two_workers, ValueError, "`callbacks[0]`",
+     "keras.callbacks.BackupAndRestore", r"from trainer.callbacks import BackupAndRestore"),
+    ("too-few-arrays", lambda c: _fit(c, ([c.x[:, :4]], c.y)), ValueError, "`data` x", "1 arrays",
+     r"Pass one array per input", named_inputs_model),
     ("fit-batch-size-string", lambda c: c_fit_keras(c, c.x, c.y, batch_size="64"), TypeError, "`batch_size`",
      "'64'", r"Pass the global batch size"),
     ("dataset-empty", lambda c: _fit(c, _ds(c.x, c.y).take(0)), ValueError, "`data`", "cardinality 0",
@@ -278,8 +273,6 @@ ROWS = [
     ("not-a-model", lambda c: Trainer(strategy="default", verbose=0).fit(3, (c.x, c.y)), TypeError, "`model`",
      "model of type int", r"a zero-argument function returning one"),
     # evaluate and predict
-    ("evaluate-steps-0", lambda c: Trainer(strategy="default").evaluate(c.model, (c.x, c.y), steps=0), ValueError,
-     "`steps`", "steps=0", r"Pass a positive number of steps"),
     ("evaluate-feature-shape", lambda c: Trainer(strategy="default").evaluate(c.model, (c.x[:, 1:], c.y)),
      ValueError, "`data` x", "(203, 7)", r"Reshape the data"),
     ("evaluate-labels", lambda c: Trainer(strategy="default").evaluate(c.model, (c.x, c.y + 7)), ValueError,
@@ -357,6 +350,128 @@ ROWS = [
 ]
 
 
+# The same call through Keras: model.fit, evaluate or predict on one device, on the row's model and data.
+# Where the trainer batches a dataset of examples itself, Keras gets it batched (Keras's default batch, 32).
+
+
+class RunsForever(Exception):
+    """Raised by `Forever` once a pass has read far more batches than the data could end in."""
+
+
+class Forever(keras.callbacks.Callback):
+    """Stops a Keras call whose pass never ends (an endless dataset with no step count)."""
+
+    def __init__(self, limit=100):
+        super().__init__()
+        self.limit, self.seen = limit, 0
+
+    def _count(self, *args, **kwargs):
+        self.seen += 1
+        if self.seen > self.limit:
+            raise RunsForever()
+
+    on_train_batch_end = on_test_batch_end = on_predict_batch_end = _count
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.seen = 0
+
+
+def _k(c):
+    """The row's model for the Keras side (a builder is called, as fit would call it)."""
+    return c.model if isinstance(c.model, keras.Model) else c.model()
+
+
+def _kfit(*args, **kwargs):
+    return lambda c: _k(c).fit(*(a(c) if callable(a) else a for a in args), verbose=0, **kwargs)
+
+
+def _kcall(method, x, *rest, **kwargs):
+    return lambda c: getattr(_k(c), method)(x(c), *(r(c) for r in rest), verbose=0, **kwargs)
+
+
+X, Y, W = (lambda c: c.x), (lambda c: c.y), (lambda c: c.w)
+KERAS_SIDE = {
+    "epochs-float": _kfit(X, Y, epochs=2.5),
+    "callback-not-a-callback": _kfit(X, Y, callbacks=[keras.callbacks.History(), object()]),
+    "evaluate-callback-not-a-callback": _kcall("evaluate", X, Y, callbacks=["log"]),
+    "feature-shape": _kfit(lambda c: c.x[:, :5], Y),
+    "feature-shape-builder": _kfit(lambda c: c.x[:, :5], Y),
+    "string-features": _kfit(lambda c: c.x.astype(str), Y),
+    "object-array": _kfit(lambda c: np.array([np.ones(8)] * 3 + [np.ones(7)], dtype=object), lambda c: c.y[:4]),
+    "ragged-list": _kfit(lambda c: [[1.0] * 8, [1.0] * 7], lambda c: c.y[:2]),
+    "labels-too-large": _kfit(X, lambda c: c.y + 1),
+    "labels-negative": _kfit(X, lambda c: c.y - 1),
+    "string-labels": _kfit(X, lambda c: c.y.astype(str)),
+    "missing-dict-key": _kfit(lambda c: {"a": c.x[:, :4], "c": c.x[:, 4:]}, Y),
+    "lengths-differ": _kfit(X, lambda c: c.y[:-1]),
+    "sample-weight-length": _kfit(X, Y, lambda c: c.w[:10]),
+    "sample-weight-rank-3": _kfit(X, Y, lambda c: np.ones((203, 4, 2), np.float32)),
+    "sample-weight-dict": _kfit(X, Y, lambda c: {"out": c.w}),
+    "empty-arrays": _kfit(lambda c: c.x[:0], lambda c: c.y[:0]),
+    "features-only-for-a-compiled-loss": _kfit(X),
+    "features-only-dataset-for-a-compiled-loss": _kfit(
+        lambda c: tf.data.Dataset.from_tensor_slices({"image": c.x, "label": c.y}).batch(32)),
+    "class-weight-without-targets": _kfit(X, None, class_weight={0: 2.0}),
+    "not-data": _kfit(3),
+    "validation-shape": _kfit(X, Y, validation_data=None) if False else (
+        lambda c: _k(c).fit(c.x, c.y, validation_data=(c.x[:, :4], c.y), verbose=0)),
+    "validation-structure-dict": lambda c: _k(c).fit(c.x, c.y, validation_data=({"a": c.x}, c.y), verbose=0),
+    "dataset-one-component": _kfit(lambda c: _ds(c.x).batch(32)),
+    "dataset-four-components": _kfit(lambda c: _ds(c.x, c.y, c.w, c.w).batch(32)),
+    "dataset-infinite": lambda c: _k(c).fit(_ds(c.x, c.y).batch(32).repeat(), verbose=0, callbacks=[Forever()]),
+    "validation-infinite": lambda c: _k(c).fit(c.x, c.y, validation_data=_ds(c.x, c.y).batch(32).repeat(),
+                                               verbose=0, callbacks=[Forever()]),
+    "batched-feature-shape": _kfit(lambda c: _ds(c.x[:, :5], c.y).batch(8, drop_remainder=True)),
+    "generator-feature-shape": _kfit(lambda c: _batches(c.x[:, :5], c.y)),
+    "pydataset-feature-shape": _kfit(lambda c: _PyBatches(c.x[:, :5], c.y)),
+    "generator-not-tuples": _kfit(lambda c: (row for row in c.x)),
+    "pydataset-endless": lambda c: _k(c).fit(_PyBatches(c.x, c.y, endless=True), verbose=0, callbacks=[Forever()]),
+    "dataset-with-y": _kfit(lambda c: _ds(c.x).batch(8), Y),
+    "generator-class-weight": _kfit(lambda c: _batches(c.x, c.y), class_weight={0: 2.0}),
+    "validation-split-one": _kfit(X, Y, validation_split=1.0),
+    "validation-split-negative": _kfit(X, Y, validation_split=-0.1),
+    "validation-split-string": _kfit(X, Y, validation_split="0.2"),
+    "validation-split-dataset": _kfit(lambda c: _ds(c.x, c.y).batch(8), validation_split=0.2),
+    "class-weight-list": _kfit(X, Y, class_weight=[1.0, 2.0]),
+    "class-weight-string-keys": _kfit(X, Y, class_weight={"cat": 2.0}),
+    "class-and-sample-weight": _kfit(X, Y, W, class_weight={0: 2.0}),
+    "validation-freq-zero": lambda c: _k(c).fit(c.x, c.y, validation_data=(c.x, c.y), validation_freq=0, verbose=0),
+    "too-few-arrays": _kfit(lambda c: [c.x[:, :4]], Y),
+    "fit-batch-size-string": _kfit(X, Y, batch_size="64"),
+    "dataset-empty": _kfit(lambda c: _ds(c.x, c.y).take(0).batch(32)),
+    "dataset-unknown-rank": _kfit(lambda c: _ds(c.x, c.y).map(
+        lambda x, y: (tf.numpy_function(lambda a: a, [x], tf.float32), y)).batch(32)),
+    "validation-unknown-rank": lambda c: _k(c).fit(c.x, c.y, verbose=0, validation_data=_ds(c.x, c.y).map(
+        lambda x, y: (x, tf.numpy_function(lambda a: a, [y], tf.int64))).batch(32)),
+    "dataset-sample-weight-shape": _kfit(lambda c: _ds(c.x, c.y, np.ones((203, 4, 2), np.float32)).batch(32)),
+    "dataset-feature-shape": _kfit(lambda c: _ds(c.x[:, :5], c.y).batch(32)),
+    "uncompiled": _kfit(X, Y),
+    "no-loss": _kfit(X, Y),
+    "uncompiled-builder": _kfit(X, Y),
+    "evaluate-feature-shape": _kcall("evaluate", lambda c: c.x[:, 1:], Y),
+    "evaluate-labels": _kcall("evaluate", X, lambda c: c.y + 7),
+    "evaluate-infinite": _kcall("evaluate", lambda c: _ds(c.x, c.y).batch(32).repeat(), callbacks=[Forever()]),
+    "predict-feature-shape": _kcall("predict", lambda c: c.x[:, :3]),
+    "predict-missing-key": _kcall("predict", lambda c: {"a": c.x[:, :4], "z": c.x[:, 4:]}),
+    "predict-infinite": _kcall("predict", lambda c: _ds(c.x).batch(32).repeat(), callbacks=[Forever()]),
+}
+
+
+def keras_outcome(row, tmp_path, monkeypatch) -> str:
+    """What Keras did with the row's call: "fails", "trains" (it completed) or "never ends"."""
+    name, _, _, _, _, _, *make_model = row
+    x, y, w = tiny_data()
+    make = make_model[0] if make_model else tiny_model
+    c = Context(x=x, y=y, w=w, tmp=tmp_path, monkeypatch=monkeypatch, restore=[], model=make())
+    try:
+        KERAS_SIDE[name](c)
+    except RunsForever:
+        return "never ends"
+    except Exception:  # noqa: BLE001 (any error: Keras refused or crashed)
+        return "fails"
+    return "trains"
+
+
 class Context(types.SimpleNamespace):
     def read_only(self):
         """A directory where no file can be created (chmod 555, or for root a read-only file system)."""
@@ -418,6 +533,116 @@ def test_bad_input_is_refused_clearly_before_anything_changes(row, tmp_path, mon
             assert int(optimizer.iterations.numpy()) == 0 and not optimizer.built
         for before, after in zip(weights, _weights(model)):
             np.testing.assert_array_equal(before, after)
+
+
+# Rows with no model.fit counterpart: the Trainer's own settings, strategies and clusters, its callbacks and
+# command lines, which model.fit has not, and several workers, where model.fit does not run.
+TRAINER_ONLY = ("per-replica-", "batch-negative", "batch-float", "batch-string", "both-batch-", "lr-scaling",
+                "warmup-", "steps-per-execution", "jit-compile", "seed-", "strategy-", "tpu-", "tf-config-",
+                "batch-below-replicas", "generator-warmup-", "not-a-model", "checkpoint-", "backup-", "csv-", "json-",
+                "tensorboard-", "plot-", "progress-", "launch-", "example-",
+                "callback-keras-backup-and-restore-on-workers")
+
+# Refusals of calls that model.fit runs: deliberate limits. Each message gives the reason (it names
+# model.fit), and the README's Limits names each with the words here.
+DELIBERATE = {
+    "dataset-infinite": "endless data", "validation-infinite": "endless data", "pydataset-endless": "endless data",
+    "evaluate-infinite": "endless data", "predict-infinite": "endless data",
+    "empty-arrays": "empty data", "dataset-empty": "empty data",
+    "validation-split-negative": "a negative `validation_split`",
+    "class-weight-string-keys": "`class_weight` keys",
+}
+
+
+def test_every_row_is_held_against_model_fit_or_is_the_trainers_own():
+    for name in (r[0] for r in ROWS):
+        assert (name in KERAS_SIDE) != name.startswith(TRAINER_ONLY), name
+    assert set(DELIBERATE) <= set(KERAS_SIDE)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row", [pytest.param(r, id=r[0]) for r in ROWS if r[0] in KERAS_SIDE])
+def test_each_refusal_stands_where_model_fit_fails_too(row, tmp_path, monkeypatch):
+    """model.fit (or evaluate, predict) runs the row's call first, on one device; what it did decides:
+    where it fails too, the trainer's refusal stands (the table's first test checks its message); where it
+    runs, the refusal must be a deliberate limit, whose message says why and which the README names."""
+    name = row[0]
+    outcome = keras_outcome(row, tmp_path / "keras", monkeypatch)
+    if name not in DELIBERATE:
+        assert outcome == "fails", f"model.fit {outcome} on {name}'s call: the trainer's refusal is a false one"
+        return
+    assert outcome in ("trains", "never ends"), f"model.fit fails on {name}'s call too: not a deliberate limit"
+    x, y, w = tiny_data()
+    make = row[6] if len(row) > 6 else tiny_model
+    c = Context(x=x, y=y, w=w, tmp=tmp_path, monkeypatch=monkeypatch, restore=[], model=make())
+    with pytest.raises(row[2], match="model.fit"):
+        row[1](c)
+    limits = README[README.index("## Limits"):README.index("## Documentation")]
+    assert DELIBERATE[name] in limits, DELIBERATE[name]
+
+
+README = (TESTS.parent / "README.md").read_text()
+
+
+def _fit_both(kwargs, x_of=lambda x: x, trainer_kwargs=None):
+    """model.fit and Trainer.fit on the same data and seed: (history, weights, warnings) of each."""
+    x, y, w = tiny_data()
+    runs = []
+    for side in ("keras", "trainer"):
+        model = tiny_model()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            call = {key: value() if callable(value) else value for key, value in kwargs.items()}
+            if side == "keras":
+                history = model.fit(x_of(x), y, batch_size=32, shuffle=False, verbose=0, **call)
+            else:
+                trainer = Trainer(strategy="default", batch_size=32, verbose=0)
+                history = trainer.fit(model, x_of(x), y, shuffle=False, **call, **(trainer_kwargs or {}))
+        kinds = {str(m.message).splitlines()[0] for m in caught if "ran out of data" in str(m.message)}
+        runs.append((history, model.get_weights(), kinds))
+    return runs
+
+
+# Calls the trainer refused before it was held against model.fit, which model.fit runs: now they train, with
+# model.fit's numbers and its warnings.
+FORMER_REFUSALS = {
+    "epochs-negative": dict(epochs=-1),
+    "epochs-bool": dict(epochs=True),
+    "initial-epoch-after-epochs": dict(epochs=2, initial_epoch=3),
+    "callbacks-not-a-list": dict(callbacks=keras.callbacks.History, epochs=2),
+    "steps-per-epoch-0": dict(steps_per_epoch=0, epochs=2),
+    "steps-per-epoch-beyond-arrays": dict(steps_per_epoch=10, epochs=2),
+    "validation-freq-zero-without-validation": dict(validation_freq=0, epochs=2),
+    "validation-freq-list": dict(validation_data=lambda: tiny_data(40, seed=1)[:2], validation_freq=[1, 3],
+                                 epochs=3),
+    "validation-steps-0": dict(validation_data=lambda: tiny_data(40, seed=1)[:2], validation_steps=0, epochs=2),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(FORMER_REFUSALS) + ["too-many-arrays"])
+def test_calls_model_fit_runs_train_with_its_numbers(name):
+    if name == "too-many-arrays":  # Keras feeds the first array to the one input, and warns
+        (reference, ref_weights, ref_warnings), (history, weights, seen) = _fit_both(
+            dict(epochs=2), x_of=lambda x: [x, x * 2])
+    else:
+        (reference, ref_weights, ref_warnings), (history, weights, seen) = _fit_both(FORMER_REFUSALS[name])
+    assert history.epoch == reference.epoch
+    assert sorted(history.history) == sorted(reference.history)
+    for key, values in reference.history.items():
+        np.testing.assert_allclose(history.history[key], values, rtol=1e-5, err_msg=key)
+    for a, b in zip(weights, ref_weights):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert seen == ref_warnings
+
+
+@pytest.mark.slow
+def test_evaluate_with_steps_0_evaluates_everything_as_keras_does():
+    x, y, w = tiny_data()
+    model = tiny_model()
+    reference = model.evaluate(x, y, batch_size=32, steps=0, verbose=0)
+    np.testing.assert_allclose(Trainer(strategy="default", batch_size=32).evaluate(model, x, y, steps=0), reference,
+                               rtol=1e-6)
 
 
 def test_the_table_covers_every_entry_point():

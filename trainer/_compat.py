@@ -579,6 +579,13 @@ def symbolic_build(model: keras.Model, data_batch: Any) -> None:
     build(data_batch=data_batch)
 
 
+def requested_initial_epoch(model: keras.Model) -> int | None:
+    """The epoch a callback asked fit to start from in `on_train_begin`, by setting `model._initial_epoch`:
+    Keras's BackupAndRestore does, and `Model.fit` starts from it when set (keras/src/backend/tensorflow/
+    trainer.py `fit`: `self._initial_epoch or initial_epoch`; 3.8-3.15)."""
+    return getattr(model, "_initial_epoch", None)
+
+
 # A dict of data for a model's inputs ----------------------------------------------
 #
 # Keras checks a dict of data against a model's inputs by name, then feeds it

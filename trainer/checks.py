@@ -21,7 +21,6 @@ from trainer import inputs as inputs_lib
 from trainer import models
 from trainer.data import subject
 from trainer.model_checks import check_model_inputs, describe_spec, leaves, parts
-from trainer.options import check_int
 
 
 def check_fit(model, train, val, *, steps_per_epoch, epoch_steps, epochs, initial_epoch, warmup,
@@ -35,15 +34,6 @@ def check_fit(model, train, val, *, steps_per_epoch, epoch_steps, epochs, initia
       global_batch_size: examples per step.
     """
     check_data(train, "data", steps_arg="steps_per_epoch", steps=steps_per_epoch)
-    if isinstance(train, inputs_lib.ArrayInput) and steps_per_epoch is not None:
-        batches = train.num_steps(global_batch_size)
-        if steps_per_epoch > batches:
-            raise ValueError(
-                f"`steps_per_epoch` can be at most the {batches} batches of one pass over the arrays "
-                f"({train.num_examples} examples, global batch {global_batch_size}): each epoch reshuffles them. "
-                f"Received: steps_per_epoch={steps_per_epoch}. Pass steps_per_epoch<={batches}, or None for one "
-                "pass per epoch; to train for longer, raise epochs."
-            )
     if val is not None:
         check_data(val, "validation_data", steps_arg=None, steps=None)
     if epoch_steps is not None:
@@ -51,11 +41,27 @@ def check_fit(model, train, val, *, steps_per_epoch, epoch_steps, epochs, initia
     return _against_model(model, [(train, "data", True), (val, "validation_data", True)])
 
 
+def steps_within_arrays(train, steps_per_epoch: int | None, global_batch_size: int) -> int | None:
+    """`steps_per_epoch` for arrays: beyond one pass over them, each epoch ends with the data, as under
+    model.fit, which warns as here (its words) and goes on."""
+    if not isinstance(train, inputs_lib.ArrayInput) or steps_per_epoch is None:
+        return steps_per_epoch
+    if steps_per_epoch <= train.num_steps(global_batch_size):
+        return steps_per_epoch
+    warnings.warn("Your input ran out of data; interrupting training. Make sure that your dataset or generator can "
+                  "generate at least `steps_per_epoch * epochs` batches. You may need to use the `.repeat()` function "
+                  "when building your dataset.", stacklevel=3)
+    return None
+
+
 def check_callbacks(callbacks: Any) -> list:
-    """`callbacks` as a list of `keras.callbacks.Callback`s; refuses Keras's own BackupAndRestore."""
+    """`callbacks` as a list of `keras.callbacks.Callback`s: a list, a tuple or one callback, as Keras's
+    CallbackList takes them."""
     if callbacks is None:
         return []
-    if isinstance(callbacks, keras.callbacks.Callback) or not isinstance(callbacks, (list, tuple)):
+    if isinstance(callbacks, keras.callbacks.Callback):
+        callbacks = [callbacks]
+    if not isinstance(callbacks, (list, tuple)):
         raise TypeError(
             f"`callbacks` must be a list of keras.callbacks.Callback instances. Received: callbacks={callbacks!r} "
             f"of type {type(callbacks).__name__}. Pass a list: callbacks=[...]."
@@ -66,19 +72,23 @@ def check_callbacks(callbacks: Any) -> list:
                 f"`callbacks[{i}]` must be a keras.callbacks.Callback. Received: {callback!r} of type "
                 f"{type(callback).__name__}. Subclass keras.callbacks.Callback (or use keras.callbacks.LambdaCallback)."
             )
-        if type(callback) is keras.callbacks.BackupAndRestore:
-            raise ValueError(
-                f"`callbacks[{i}]` is Keras's own keras.callbacks.BackupAndRestore, which resumes model.fit's loop "
-                "only: under Trainer.fit a resumed run would train every epoch again. Use the trainer's: "
-                "`from trainer.callbacks import BackupAndRestore`, BackupAndRestore(backup_dir), which resumes "
-                "mid-epoch on every strategy."
-            )
     return list(callbacks)
+
+
+def check_callbacks_on_workers(callbacks: list, num_workers: int) -> None:
+    """Refuses Keras's own BackupAndRestore on several workers: every worker would write the same files."""
+    for i, callback in enumerate(callbacks):
+        if type(callback) is keras.callbacks.BackupAndRestore and num_workers > 1:
+            raise ValueError(
+                f"`callbacks[{i}]` is Keras's own keras.callbacks.BackupAndRestore, whose every worker writes the "
+                f"same backup files. Received: it, with {num_workers} workers. Use the trainer's: `from "
+                "trainer.callbacks import BackupAndRestore`, BackupAndRestore(backup_dir), which the chief writes and "
+                "which resumes mid-epoch on every strategy (or train on one worker)."
+            )
 
 
 def check_evaluate(model, inp, *, steps) -> Any:
     """Checks evaluate's inputs; returns `model` as `check_fit` does."""
-    check_int("steps", steps, minimum=1, allow_none=True, fix="Pass a positive number of steps, or None for all.")
     check_data(inp, "data", steps_arg="steps", steps=steps)
     return _against_model(model, [(inp, "data", True)])
 
@@ -159,7 +169,8 @@ def check_data(inp, arg: str, *, steps_arg: str | None, steps: int | None, with_
                    else f"Pass finite data, e.g. {arg}.take(<examples>)" if not pydataset
                    else "Give the PyDataset a __len__")
             raise ValueError(
-                f"`{arg}` must end, or the trainer must be told when to stop: it is an infinite {what}. "
+                f"`{arg}` must end, or the trainer must be told when to stop: it is an infinite {what}, which "
+                f"model.fit would read forever. "
                 f"Received: {arg} with {received}{f', {steps_arg}=None' if steps_arg else ''}. {fix}."
             )
 

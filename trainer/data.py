@@ -229,8 +229,9 @@ def check_class_weight(class_weight: Any) -> None:
             isinstance(k, (numbers.Integral, np.integer)) and isinstance(v, (numbers.Real, np.number))
             for k, v in class_weight.items()):
         raise TypeError(
-            f"`class_weight` must be a dict mapping class indices (int) to weights (float). Received: "
-            f"class_weight={reprlib.repr(class_weight)} of type {type(class_weight).__name__}. Pass e.g. "
+            f"`class_weight` must be a dict mapping class indices (int) to weights (float); model.fit ignores keys "
+            f"of other types, so those weights would do nothing. Received: class_weight="
+            f"{reprlib.repr(class_weight)} of type {type(class_weight).__name__}. Pass e.g. "
             "class_weight={0: 1.0, 1: 5.0}; classes left out weigh 1.0."
         )
 
@@ -364,16 +365,18 @@ def _common_length(arrays: Any, arg: str) -> int:
             "Make x, y and sample_weight the same length."
         )
     if lengths[0] == 0:
-        raise ValueError(f"`{arg}` must hold at least one example. Received: {arg} with 0 examples. "
-                         "Pass arrays with at least one row.")
+        raise ValueError(f"`{arg}` must hold at least one example (model.fit would run epochs of no step and "
+                         f"return an empty history). Received: {arg} with 0 examples. Pass arrays with at least one "
+                         "row.")
     return lengths[0]
 
 
 def _checked_dataset(dataset: tf.data.Dataset, arg: str, class_weight: Any = None) -> DatasetInput | BatchedInput:
     """An unbatched dataset, which the trainer batches, or a batched one, whose batches are the global batches."""
     if dataset.cardinality() == 0:
-        raise ValueError(f"`{arg}` must hold at least one example. Received: {arg}, an empty tf.data.Dataset "
-                         "(cardinality 0). Pass a dataset with examples (check any .take/.filter/.skip).")
+        raise ValueError(f"`{arg}` must hold at least one example (model.fit would run epochs of no step and "
+                         f"return an empty history). Received: {arg}, an empty tf.data.Dataset (cardinality 0). Pass "
+                         "a dataset with examples (check any .take/.filter/.skip).")
     batched, batch_size = _compat.declared_batch_size(dataset)
     shapes = [s.shape for s in tf.nest.flatten(dataset.element_spec)]
     if not batched and shapes and all(s.rank and s[0] is None for s in shapes):

@@ -78,16 +78,19 @@ class TrainContext:
 
 @dataclasses.dataclass
 class Validation:
-    """What fit validates on, and when: after every `freq`-th epoch, at most `steps` steps of `batch`."""
+    """What fit validates on, and when: after every `freq`-th epoch (or the epochs `freq` lists, from 1), at
+    most `steps` steps of `batch`."""
 
     inp: Any
-    freq: int = 1
+    freq: Any = 1
     steps: int | None = None
     batch: Any = None  # its scaling.BatchPlan
     make_reader: MakeReader | None = None  # set by the Trainer for the evaluation strategy
 
     def due(self, epoch: int) -> bool:
-        """Whether to validate at the end of `epoch` (as Keras counts: epochs freq, 2 freq, ...)."""
+        """Whether to validate at the end of `epoch` (as Keras counts: epochs freq, 2 freq, ..., or those listed)."""
+        if isinstance(self.freq, (list, tuple)):
+            return epoch + 1 in self.freq
         return (epoch + 1) % self.freq == 0
 
 
@@ -201,6 +204,9 @@ def run_epochs(
     batch_logs = any(overrides_batch_hooks(c) for c in callbacks.callbacks)
     model.stop_training = False
     callbacks.on_train_begin()  # a resuming callback may move initial_epoch/initial_step here
+    resumed = _compat.requested_initial_epoch(model)  # Keras's own BackupAndRestore, as model.fit reads it
+    if resumed:
+        context.initial_epoch, context.initial_step = resumed, 0
     source.steps.sync_warmup()
     source.begin()
     logs: dict[str, Any] = {}

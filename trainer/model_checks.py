@@ -78,8 +78,8 @@ def _check_features(model: keras.Model, x: Any, arg: str) -> None:
         _check_keys(feed, x, arg)
         pairs = [(f"x[{key!r}]", x[key], tensor) for key, _, tensor in feed.pairs]
     else:
-        flat = leaves(x, "x")
-        if len(flat) != len(tensors):
+        flat = leaves(x, "x")  # more arrays than inputs: Keras feeds the first ones (and warns as it does)
+        if len(flat) < len(tensors):
             raise ValueError(
                 f"{subject(arg, 'x')} must hold one array per model input ({_count_inputs(tensors)}). "
                 f"Received: x with {len(flat)} arrays of shapes {[tuple(a.shape) for _, a in flat]}. Pass one "

@@ -93,30 +93,48 @@ def check_trainer_options(
         )
 
 
-def check_loop_args(*, epochs: int, initial_epoch: int, steps_per_epoch: int | None) -> None:
-    """fit's epochs (0 trains nothing, as in Keras), initial_epoch and steps_per_epoch."""
-    check_int("epochs", epochs, minimum=0, fix="Pass the epoch to stop after, e.g. epochs=10.")
+def loop_args(*, epochs, initial_epoch: int, steps_per_epoch) -> tuple[int, int | None]:
+    """fit's epochs and steps_per_epoch as Keras reads them; returns (epochs, steps_per_epoch).
+
+    Keras trains `range(initial_epoch, epochs)`: an `epochs` at or below `initial_epoch` (0, negative) trains
+    nothing, and True counts as 1. A `steps_per_epoch` of 0 is one pass, as None is.
+    """
+    if not isinstance(epochs, (int, np.integer)):
+        raise TypeError(f"`epochs` must be an integer. Received: epochs={epochs!r} of type {type(epochs).__name__}. "
+                        "Pass the epoch to stop after, e.g. epochs=10.")
     check_int("initial_epoch", initial_epoch, minimum=0, fix="Pass the epoch to start from, e.g. initial_epoch=0.")
-    if initial_epoch > epochs:
-        raise ValueError(
-            f"`initial_epoch` must be an integer in [0, epochs]. Received: initial_epoch={initial_epoch!r}, "
-            f"epochs={epochs}. `epochs` is the epoch to stop after, counted from 0 as in Keras: pass "
-            f"epochs >= {initial_epoch}."
-        )
-    check_int("steps_per_epoch", steps_per_epoch, minimum=1, allow_none=True,
+    check_int("steps_per_epoch", steps_per_epoch, minimum=0, allow_none=True,
               fix="Pass a positive number of steps, or None for one pass over the data.")
+    return max(int(epochs), initial_epoch), steps_per_epoch or None
 
 
-def check_fit_args(*, batch_size: int | None = None, validation_split: float = 0.0, validation_freq: int = 1,
-                   validation_steps: int | None = None, validation_batch_size: int | None = None) -> None:
+def steps_arg(name: str, steps, fix: str) -> int | None:
+    """A step count (evaluate's and predict's `steps`, fit's `validation_steps`): 0 means all, as None does in
+    Keras."""
+    check_int(name, steps, minimum=0, allow_none=True, fix=fix)
+    return steps or None
+
+
+def check_validation_freq(validation_freq) -> None:
+    """Keras's two forms: every n-th epoch, or the (1-based) epochs to validate after. A 0 is refused where
+    fit validates (Keras divides by it); without validation data Keras never reads it."""
+    if isinstance(validation_freq, (list, tuple)):
+        for epoch in validation_freq:
+            check_int("validation_freq", epoch, minimum=1,
+                      fix="List the epochs to validate after, counted from 1, e.g. validation_freq=[1, 5, 10].")
+        return
+    check_int("validation_freq", validation_freq, minimum=0,
+              fix="Pass a positive number of epochs, e.g. 1, or a list of epochs, e.g. [1, 5].")
+
+
+def check_fit_args(*, batch_size: int | None = None, validation_split: float = 0.0, validation_freq=1,
+                   validation_batch_size: int | None = None) -> None:
     """The Keras arguments of fit (evaluate and predict take `batch_size`), before anything runs."""
     check_int("batch_size", batch_size, minimum=1, allow_none=True,
               fix="Pass the global batch size, e.g. batch_size=64, or None for the Trainer's.")
     check_int("validation_batch_size", validation_batch_size, minimum=1, allow_none=True,
               fix="Pass the validation batch size, or None for the training batch size.")
-    check_int("validation_freq", validation_freq, minimum=1, fix="Pass a positive number of epochs, e.g. 1.")
-    check_int("validation_steps", validation_steps, minimum=1, allow_none=True,
-              fix="Pass a positive number of steps, or None to validate on all of validation_data.")
+    check_validation_freq(validation_freq)
     if isinstance(validation_split, bool) or not isinstance(validation_split, (int, float)):
         raise TypeError(
             f"`validation_split` must be a float in [0, 1). Received: validation_split={validation_split!r} of type "
@@ -124,6 +142,7 @@ def check_fit_args(*, batch_size: int | None = None, validation_split: float = 0
         )
     if not 0.0 <= validation_split < 1.0:
         raise ValueError(
-            f"`validation_split` must be in [0, 1): the fraction of the examples to validate on. Received: "
-            f"validation_split={validation_split!r}. Pass a fraction, e.g. validation_split=0.2."
+            f"`validation_split` must be in [0, 1): the fraction of the examples to validate on (model.fit takes a "
+            f"negative one as an empty split, and validates on nothing). Received: validation_split="
+            f"{validation_split!r}. Pass a fraction, e.g. validation_split=0.2."
         )

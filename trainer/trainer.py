@@ -17,7 +17,6 @@ from trainer import inputs as inputs_lib
 from trainer import engine as engine_lib
 from trainer import strategy as strategy_lib
 from trainer.cluster import cluster_info, cluster_source, is_parameter_server, strategy_cluster_info
-from trainer.options import check_int
 from trainer.fusion import StepFusion
 from trainer.history import History
 from trainer.objective import ModelSteps, logs_in_order
@@ -193,7 +192,7 @@ class Trainer:
         steps_per_epoch: int | None = None,
         validation_steps: int | None = None,
         validation_batch_size: int | None = None,
-        validation_freq: int = 1,
+        validation_freq: int | Sequence[int] = 1,
         strategy: str | tf.distribute.Strategy | None = None,
     ) -> History:
         """Trains `model` on the data; returns a `History` whose `.model` is the trained model.
@@ -226,27 +225,34 @@ class Trainer:
           steps_per_epoch: cap on steps per epoch; needed for infinite data.
           validation_steps: cap on validation steps.
           validation_batch_size: the global batch for validation arrays (default: training's).
-          validation_freq: validate after every this many epochs.
+          validation_freq: validate after every this many epochs, or after the epochs listed (from 1).
           strategy: overrides the trainer's strategy for this call.
         """
         strategy = self._resolve_strategy(strategy)
         callbacks = checks.check_callbacks(callbacks)
+        checks.check_callbacks_on_workers(callbacks, strategy_cluster_info(strategy).num_workers)
         options.check_fit_args(batch_size=batch_size, validation_split=validation_split,
-                               validation_freq=validation_freq, validation_steps=validation_steps,
-                               validation_batch_size=validation_batch_size)
+                               validation_freq=validation_freq, validation_batch_size=validation_batch_size)
+        validation_steps = options.steps_arg("validation_steps", validation_steps, fix="Pass a positive number of "
+                                             "steps, or None to validate on all of validation_data.")
         data_lib.check_class_weight(class_weight)
-        options.check_loop_args(epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch)
+        epochs, steps_per_epoch = options.loop_args(epochs=epochs, initial_epoch=initial_epoch,
+                                                    steps_per_epoch=steps_per_epoch)
         shuffle = self.shuffle if shuffle is None else shuffle
         arg = _data_arg(y, sample_weight)
         train, val = data_lib.fit_inputs(x, y, sample_weight, arg=arg, class_weight=class_weight, shuffle=shuffle,
                                          validation_split=validation_split, validation_data=validation_data,
                                          **_workers(strategy))
+        if val is not None and validation_freq == 0:
+            raise ValueError("`validation_freq` must be a positive number of epochs (or a list of epochs) when fit "
+                             "validates: model.fit divides the epoch by it. Received: validation_freq=0. Pass e.g. "
+                             "validation_freq=1.")
         self._check_shuffle_seed(train, shuffle, strategy)
         if isinstance(model, keras.Model):
             models.check_compiled(model)
         models.check_precision(model, self.mixed_precision)
         batch, batch_source = self._batch_plan(strategy, train, batch_size)
-        user_steps = steps_per_epoch
+        user_steps = steps_per_epoch = checks.steps_within_arrays(train, steps_per_epoch, batch.global_batch_size)
         steps_per_epoch = steps_per_epoch or train.num_steps(batch.global_batch_size)
         warmup_steps = self._warmup_steps(steps_per_epoch)
         model = checks.check_fit(model, train, val, steps_per_epoch=user_steps, epoch_steps=steps_per_epoch,
@@ -306,6 +312,7 @@ class Trainer:
         strategy = self._resolve_strategy(strategy)
         callbacks = checks.check_callbacks(callbacks)
         options.check_fit_args(batch_size=batch_size)
+        steps = options.steps_arg("steps", steps, fix="Pass a positive number of steps, or None for all.")
         inp = data_lib.as_input(x, y, sample_weight, arg=_data_arg(y, sample_weight))
         data_lib.check_workers(inp, **_workers(strategy, training=False), arg=_data_arg(y, sample_weight))
         if isinstance(model, keras.Model):
@@ -343,7 +350,7 @@ class Trainer:
         checks.check_callbacks(callbacks)
         strategy = self._resolve_strategy(strategy)
         options.check_fit_args(batch_size=batch_size)
-        check_int("steps", steps, minimum=1, allow_none=True, fix="Pass a positive number of steps, or None for all.")
+        steps = options.steps_arg("steps", steps, fix="Pass a positive number of steps, or None for all.")
         inp = data_lib.features(data_lib.as_input(x, arg="x", with_targets=False), model)
         data_lib.check_workers(inp, **_workers(strategy, training=False), arg="x")
         model = checks.check_predict(model, inp)
