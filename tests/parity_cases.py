@@ -190,6 +190,35 @@ class TwoOptimizerGAN(keras.Model):
         return {"d_loss": self.d_loss_tracker.result(), "g_loss": self.g_loss_tracker.result()}
 
 
+class RawLossesModel(keras.Model):
+    """keras.io's WGAN-GP shape: its own steps return loss tensors, not metric results; model.fit logs the
+    last step's values (means over the batch, so on several replicas their weighted sum is exact)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden = keras.layers.Dense(4, activation="relu")
+        self.out = keras.layers.Dense(1)
+        self.loss_fn = keras.losses.MeanSquaredError()
+
+    def call(self, x):
+        return self.out(self.hidden(x))
+
+    def train_step(self, data):
+        import tensorflow as tf
+
+        x, y = data[:2]
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.loss_fn(y, y_pred)
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply(grads, self.trainable_variables)
+        return {"loss": loss, "mean_prediction": ops.mean(y_pred)}
+
+    def test_step(self, data):
+        x, y = data[:2]
+        return {"loss": self.loss_fn(y, self(x, training=False))}
+
+
 def _features_only():
     return _regression()[0], None, None
 
@@ -575,6 +604,8 @@ CASES: dict[str, Case] = {
                                validation=True),
     "compute_metrics_override": Case(lambda: _compiled(ExtraMetricModel(_dense().layers), metrics=["mae"]),
                                      _regression),
+    "train_step_returns_loss_tensors": Case(lambda: _compiled(RawLossesModel(), loss=None), _regression,
+                                            validation=True),
     "gan_two_optimizers": Case(_gan, lambda: (_regression()[0], _regression()[0][:, :1], None), evaluate=False),
     # Optimizer options: clipping acts on the global gradient (Keras's own fit under a strategy
     # clips each replica's), and the options that update inside a `cond` work on every layout.

@@ -40,7 +40,7 @@ UNEVEN = ["class_weighted_loss", "activity_regularizer", "add_loss_mean", "maski
           "own_steps_no_compiled_loss", "compute_loss_penalty", "global_clipnorm", "gradient_accumulation",
           "train_step_global_clipnorm", "gan_two_optimizers", "padded_seq2seq", "vae_no_call",
           "distiller_teacher_in_compute_loss", "fitted_twice", "custom_objects_with_required_arguments",
-          "lambda_layer", "saved_and_reloaded"]
+          "lambda_layer", "saved_and_reloaded", "train_step_returns_loss_tensors"]
 LAYOUTS = {1: ALL, 2: ALL, 3: UNEVEN}
 # Rows whose model.fit reference is wrong on an older Keras: (the first Keras that gets it right, what goes wrong).
 KERAS_BUGS = {
@@ -108,7 +108,8 @@ def test_the_table_covers_each_item_of_the_issue():
                  "vae_no_call", "distiller_teacher_in_compute_loss", "custom_objects_with_required_arguments",
                  "lambda_layer", "fitted_twice", "saved_and_reloaded",
                  # issue 34: a dict of columns taken by name, as Keras takes it
-                 "dict_inputs_by_key", "dict_inputs_more_columns", "list_inputs_columns_by_name"]:
+                 "dict_inputs_by_key", "dict_inputs_more_columns", "list_inputs_columns_by_name",
+                 "train_step_returns_loss_tensors"]:
         assert name in parity_cases.CASES
     forms = {case.form for case in parity_cases.CASES.values()}
     assert forms == {"arrays", *parity_cases.FORMS}, forms

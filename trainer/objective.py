@@ -76,7 +76,7 @@ class ModelSteps:
 
     @staticmethod
     def log_sources(method: str, logs: Any, model: keras.Model,
-                    made_by: dict[int, tuple[Any, str]]) -> dict[str, str] | None:
+                    made_by: dict[int, tuple[Any, str]]) -> dict[str, str | None] | None:
         """Which metric each key that the model's step returned reads, at trace time; None for all of them.
 
         `model.fit` logs `model.get_metrics_result()` when the step returns
@@ -84,29 +84,32 @@ class ModelSteps:
         value the step returned is exact across replicas when it is a metric's
         `result()` (`made_by`, from `_compat.results_recorded`): the trainer
         then logs that metric, read across replicas, under the returned key (the
-        keras.io VAE returns its "total_loss" tracker as "loss").
+        keras.io VAE returns its "total_loss" tracker as "loss"). Any other
+        value (a loss tensor, as keras.io's WGAN-GP returns) maps to None: the
+        trainer logs the last step's value, as `model.fit` does (`Objective.hold`).
         """
         names = metric_names(model)
-        returned = _flat_items(logs) if isinstance(logs, dict) else None
-        if returned is not None and {key for key, _ in returned} == set(names):
+        if not isinstance(logs, dict):
+            raise ValueError(
+                f"{type(model).__name__}.{method} returned {type(logs).__name__}, and model.fit logs a dict: "
+                "return {name: value}, e.g. {m.name: m.result() for m in self.metrics}, as the Keras guide's custom "
+                "train_step does."
+            )
+        returned = _flat_items(logs)
+        if {key for key, _ in returned} == set(names):
             return None
-        sources, unknown = {}, []
-        for key, value in returned or []:
+        sources = {}
+        for key, value in returned:
             made = made_by.get(id(value))
-            source = made[1] if made is not None and made[0] is value else key if key in names else None
-            if source is None:
-                unknown.append(key)
-            sources[key] = source
-        if returned is not None and not unknown:
-            return sources
-        what = sorted(unknown) if returned is not None else type(logs)
-        raise ValueError(
-            f"{type(model).__name__}.{method} returned {what}, which are not results of the model's metrics "
-            f"({sorted(names)}). The trainer logs the metrics in `model.metrics`, summed over every replica. "
-            "Track each value in a keras.metrics.Metric (a Mean for a loss), list it in the model's `metrics` "
-            "property, and return its result(), e.g. {m.name: m.result() for m in self.metrics}, as the Keras "
-            "guide's custom train_step does."
-        )
+            sources[key] = made[1] if made is not None and made[0] is value else None
+        return sources
+
+    @staticmethod
+    def returned_values(logs: dict, sources: dict[str, str | None] | None) -> dict[str, Any]:
+        """The values the step returned that are no metric's result, by key (`log_sources` mapped them to None)."""
+        if sources is None:
+            return {}
+        return {key: value for key, value in _flat_items(logs) if sources.get(key, "") is None}
 
 
 def _names(methods: list[str]) -> str:
@@ -175,7 +178,8 @@ class Objective:
         self.loss_tracker = _compat.loss_tracker(model)
         self.model_steps = ModelSteps.of(model)
         self._read = self._reset = None
-        self._log_sources: dict[str, dict[str, str] | None] = {}  # by the model's own step: `name_logs`
+        self._log_sources: dict[str, dict[str, str | None] | None] = {}  # by the model's own step: `name_logs`
+        self._held: dict[str, dict[str, tf.Variable]] = {}  # the last step's other returned values, by method
 
     # Replica context ------------------------------------------------------------------
 
@@ -263,9 +267,24 @@ class Objective:
             self._reset = graph_function(lambda: self.model.reset_metrics())
         self._reset()
 
-    def name_logs(self, method: str, logs: Any, made_by: dict[int, tuple[Any, str]]) -> None:
-        """While the model's own `method` traces: the keys it returned, and the metric each reads."""
-        self._log_sources[method] = ModelSteps.log_sources(method, logs, self.model, made_by)
+    def name_logs(self, method: str, logs: Any, made_by: dict[int, tuple[Any, str]]) -> dict[str, Any]:
+        """While the model's own `method` traces: the keys it returned, and the metric each reads. Returns the
+        values that are no metric's result, by key, to be held (`hold`)."""
+        sources = ModelSteps.log_sources(method, logs, self.model, made_by)
+        self._log_sources[method] = sources
+        return ModelSteps.returned_values(logs, sources)
+
+    def hold(self, method: str, values: dict[str, Any]) -> None:
+        """Keeps the step's returned `values` (cross-replica context, in the traced step): `results` logs the
+        last step's, as model.fit logs what the step returned. Each is held in a variable made the first time
+        (lifted out of the trace)."""
+        held = self._held.setdefault(method, {})
+        for key, value in values.items():
+            if key not in held:
+                with self.strategy.scope(), tf.init_scope():
+                    held[key] = tf.Variable(tf.zeros(value.shape, tf.float32), trainable=False,
+                                            name=f"returned_{key}".replace(" ", "_"), shape=value.shape)
+            held[key].assign(value)
 
     def results(self, method: str = "train_step") -> dict[str, Any]:
         """The model's metrics over every example since `reset`, as Python values, under the keys that
@@ -276,7 +295,11 @@ class Objective:
             self._read = graph_function(lambda: tf.nest.map_structure(_read, self.model.get_metrics_result()))
         values = {name: _to_python(value) for name, value in self._read().items()}
         sources = self._log_sources.get(method)
-        return values if sources is None else {key: values[source] for key, source in sources.items()}
+        if sources is None:
+            return values
+        held = self._held.get(method, {})
+        return {key: values[source] if source is not None else _to_python(_read(held[key]))
+                for key, source in sources.items() if source is not None or key in held}
 
 
 def _read(value: Any) -> Any:

@@ -158,6 +158,7 @@ class Steps:
         self._activity_sums = bool(_compat.activity_layers(model))  # Keras < 3.14 sums them over the batch
         self._feed: feed_lib.ArrayFeed | None = None  # the feed that the traced feed loops read when they run
         self._results_made_by: dict[int, tuple[Any, str]] = {}  # while tracing: which metric made each result
+        self._traced_step = ""  # while tracing: the model's own step being traced ("train_step", "test_step")
         self._train_loops = Loops(self._use_feed, step_function(self._train_feed_loop),
                                   step_function(self._train_global_loop), step_function(self._train_loop))
         self._eval_loops = Loops(self._use_feed, step_function(self._eval_feed_loop),
@@ -243,8 +244,12 @@ class Steps:
         with _compat.replica_share(gradients=tf.math.divide_no_nan(count, total)), \
                 _compat.activity_share(self.model, examples):
             logs = method(batch)
-        self.objective.name_logs(method.__name__, logs, self._results_made_by)
-        return ()
+        returned = self.objective.name_logs(method.__name__, logs, self._results_made_by)
+        self._traced_step = method.__name__  # for `_run`, which holds what the step returned
+        # Each replica's value weighed by its share of the global batch: their sum is the one-device value
+        # of a mean over the batch (a replica with no rows adds nothing).
+        share = tf.math.divide_no_nan(tf.cast(count, tf.float32), tf.cast(total, tf.float32))
+        return {key: tf.where(count > 0, tf.cast(value, tf.float32) * share, 0.0) for key, value in returned.items()}
 
     def _examples(self, share: feed_lib.Share):
         """The examples in the global step (each counted once), for `_compat.activity_share`; None when not needed."""
@@ -285,6 +290,8 @@ class Steps:
         if self.model_steps.train or self.model_steps.test:
             with _compat.results_recorded(self.model, self._results_made_by):  # read by `_model_step`
                 outputs = self.strategy.run(replica_fn, args=args)
+            if isinstance(outputs, dict) and outputs:  # values the model's own step returned: the last step's
+                self.objective.hold(self._traced_step, self.strategy.reduce("SUM", outputs, axis=None))
         else:
             outputs = self.strategy.run(replica_fn, args=args)
         if not self.replica_metrics:
