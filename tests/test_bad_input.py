@@ -636,6 +636,29 @@ def test_calls_model_fit_runs_train_with_its_numbers(name):
     assert seen == ref_warnings
 
 
+def _warnings_of(call) -> set[str]:
+    """The first lines of the warnings a call gives, with every filter set to always."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call()
+    return {str(w.message).splitlines()[0] for w in caught if issubclass(w.category, UserWarning)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["dataset", "steps-beyond-arrays", "more-arrays-than-inputs"])
+def test_fit_warns_as_model_fit_warns(case):
+    x, y, w = tiny_data()
+    data = {"dataset": (lambda: _ds(x, y).batch(32), None, {}),
+            "steps-beyond-arrays": (lambda: x, y, {"steps_per_epoch": 10}),
+            "more-arrays-than-inputs": (lambda: [x, x], y, {})}[case]
+    features, targets, kwargs = data
+    model = tiny_model()
+    expected = _warnings_of(lambda: model.fit(features(), targets, batch_size=32, epochs=1, verbose=0, **kwargs))
+    trainer = Trainer(strategy="default", batch_size=32, verbose=0)
+    seen = _warnings_of(lambda: trainer.fit(tiny_model(), features(), targets, epochs=1, **kwargs))
+    assert expected and seen == expected
+
+
 @pytest.mark.slow
 def test_evaluate_with_steps_0_evaluates_everything_as_keras_does():
     x, y, w = tiny_data()
