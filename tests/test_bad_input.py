@@ -656,7 +656,8 @@ def test_fit_warns_as_model_fit_warns(case):
     expected = _warnings_of(lambda: model.fit(features(), targets, batch_size=32, epochs=1, verbose=0, **kwargs))
     trainer = Trainer(strategy="default", batch_size=32, verbose=0)
     seen = _warnings_of(lambda: trainer.fit(tiny_model(), features(), targets, epochs=1, **kwargs))
-    assert expected and seen == expected
+    assert seen == expected
+    assert expected or case == "dataset"  # Keras 3.8 gives no warning for a dataset with shuffle=True
 
 
 @pytest.mark.slow

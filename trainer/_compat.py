@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import random
 import threading
+import warnings
 from typing import Any, Callable
 
 import keras
@@ -652,6 +653,26 @@ def keras_adapter(x: Any, *, class_weight: Any = None, shuffle: bool = False) ->
     if isinstance(x, keras.utils.PyDataset):
         return _PyDatasetAdapter(x, class_weight=class_weight, shuffle=shuffle)
     return _GeneratorAdapter(x)
+
+
+def adapter_warnings(x: Any, shuffle: bool) -> list:
+    """The warnings model.fit's data adapters give for a tf.data.Dataset or PyDataset `x` (Keras's own
+    `get_data_adapter`, keras/src/trainers/data_adapters/__init__.py: from some version after 3.8, that
+    `shuffle` leaves them as they are). Their adapters only keep `x` when made; generators, whose adapter
+    reads a batch, give none here."""
+    if not isinstance(x, (tf.data.Dataset, keras.utils.PyDataset)):
+        return []
+    try:
+        from keras.src.trainers.data_adapters import get_data_adapter
+    except ImportError:  # pragma: no cover
+        return []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            get_data_adapter(x, shuffle=shuffle)
+        except Exception:  # noqa: BLE001 (what Keras refuses, the trainer's own checks say)
+            return []
+    return list(caught)
 
 
 def first_batch(adapter: Any) -> Any:

@@ -17,6 +17,7 @@ import math
 import numbers
 import reprlib
 import types
+import warnings
 from typing import Any, Callable
 
 import keras
@@ -113,6 +114,13 @@ def check_workers(inp: Input, num_workers: int, *, parameter_server: bool, arg: 
             f"`{arg}` as a PyDataset with shuffle=True (fit's default). Pass shuffle=False, and shuffle in the "
             "PyDataset's on_epoch_end with a generator seeded the same on every worker."
         )
+
+
+def warn_as_keras_adapters(x: Any, shuffle: bool) -> None:
+    """The warnings model.fit's data adapters give for `x` (that `shuffle` leaves a dataset as it is, in the
+    Keras versions that say so), given again here as warnings of the caller's call."""
+    for caught in _compat.adapter_warnings(x, shuffle):
+        warnings.warn(caught.message, caught.category, stacklevel=4)
 
 
 def fit_inputs(x: Any, y: Any, sample_weight: Any, *, arg: str, class_weight: Any, shuffle: bool,

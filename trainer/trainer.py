@@ -52,19 +52,6 @@ def _data_arg(y: Any, sample_weight: Any) -> str:
     return "data" if y is None and sample_weight is None else "x"
 
 
-def _warn_unshuffled(x: Any, shuffle: bool, strategy: tf.distribute.Strategy) -> None:
-    """model.fit's warning (its words, on the chief) that `shuffle` leaves data that shuffles itself alone."""
-    if not shuffle or not strategy_cluster_info(strategy).is_chief:
-        return
-    if isinstance(x, tf.data.Dataset):
-        warnings.warn("`shuffle=True` was passed, but will be ignored since the data `x` was provided as a "
-                      "tf.data.Dataset. The Dataset is expected to already be shuffled (via `.shuffle(buffer_size)`).",
-                      stacklevel=4)
-    elif isinstance(x, keras.utils.PyDataset) and getattr(x, "num_batches", None) is None:
-        warnings.warn("`shuffle=True` was passed, but will be ignored since the data `x` was provided as an "
-                      "infinite PyDataset. The PyDataset is expected to already be shuffled.", stacklevel=4)
-
-
 def _workers(strategy: tf.distribute.Strategy, *, training: bool = True) -> dict[str, Any]:
     """The workers that will read an input: under parameter-server training, evaluation and prediction run on
     the coordinator, one process."""
@@ -252,11 +239,12 @@ class Trainer:
         epochs, steps_per_epoch = options.loop_args(epochs=epochs, initial_epoch=initial_epoch,
                                                     steps_per_epoch=steps_per_epoch)
         shuffle = self.shuffle if shuffle is None else shuffle
-        _warn_unshuffled(x, shuffle, strategy)
         arg = _data_arg(y, sample_weight)
         train, val = data_lib.fit_inputs(x, y, sample_weight, arg=arg, class_weight=class_weight, shuffle=shuffle,
                                          validation_split=validation_split, validation_data=validation_data,
                                          **_workers(strategy))
+        if strategy_cluster_info(strategy).is_chief:
+            data_lib.warn_as_keras_adapters(x, shuffle)
         if val is not None and validation_freq == 0:
             raise ValueError("`validation_freq` must be a positive number of epochs (or a list of epochs) when fit "
                              "validates: model.fit divides the epoch by it. Received: validation_freq=0. Pass e.g. "
