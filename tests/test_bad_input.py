@@ -11,6 +11,7 @@ import json
 import os
 import re
 import sys
+import traceback
 import types
 import warnings
 
@@ -37,6 +38,36 @@ def named_inputs_model():
     model = keras.Model(inputs, keras.layers.Dense(3)(merged))
     model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
+
+
+def stateful_model():
+    """A stateful RNN, whose fixed batch of 8 every step must take."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input(batch_shape=(8, 4, 2)), keras.layers.SimpleRNN(3, stateful=True),
+                              keras.layers.Dense(3)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def two_output_model():
+    inputs = keras.Input((8,))
+    model = keras.Model(inputs, [keras.layers.Dense(3, name="a")(inputs), keras.layers.Dense(3, name="b")(inputs)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def _sequences(c):
+    return c.x.reshape(-1, 4, 2)
+
+
+def _check_workers(x, num_workers, parameter_server=False, shuffle=False):
+    """fit's check of a Python-fed input on several workers (no strategy is built)."""
+    def call(c):
+        from trainer import data
+
+        inp = data.as_input(x(c), arg="data", shuffle=shuffle)
+        data.check_workers(inp, num_workers, parameter_server=parameter_server, arg="data")
+    return call
 
 
 def uncompiled_model():
@@ -126,6 +157,12 @@ ROWS = [
     ("jit-compile", lambda c: Trainer(jit_compile="yes"), ValueError, "`jit_compile`", "jit_compile='yes'",
      r"Pass 'auto'"),
     ("seed-text", lambda c: Trainer(seed="0"), TypeError, "`seed`", "seed='0'", r"Pass a non-negative integer"),
+    ("nan-guard-text", lambda c: Trainer(nan_guard="yes"), TypeError, "`nan_guard`", "nan_guard='yes'",
+     r"Pass nan_guard=True or nan_guard=False"),
+    ("warmup-text", lambda c: Trainer(warmup_epochs="2"), TypeError, "`warmup_epochs`", "warmup_epochs='2'",
+     r"Pass e.g. warmup_epochs=2"),
+    ("mixed-precision-typo", lambda c: Trainer(mixed_precision="fp16"), ValueError, "`mixed_precision`",
+     "mixed_precision='fp16'", r"Use 'mixed_float16' on GPUs"),
     ("seed-negative", lambda c: Trainer(seed=-1), ValueError, "`seed`", "seed=-1", r"Pass a non-negative integer"),
     ("strategy-typo", lambda c: Trainer(strategy="mirorred"), ValueError, "`strategy`", "strategy='mirorred'",
      r"Did you mean 'mirrored'\?"),
@@ -177,6 +214,8 @@ ROWS = [
     ("labels-negative", lambda c: _fit(c, (c.x, c.y - 1)), ValueError, "`data` y", "min=-1", r"Use labels 0..2"),
     ("string-labels", lambda c: _fit(c, (c.x, c.y.astype(str))), TypeError, "`data` y", "dtype=<U",
      r"Encode the labels as integers"),
+    ("dict-key-among-the-inputs", lambda c: _fit(c, ({"a": c.x[:, :4], "aa": c.x[:, 4:], "b": c.x[:, 4:]}, c.y)),
+     ValueError, "`data` x", "x['aa'] to input 'b'", r"Keep only the inputs' keys", named_inputs_model),
     ("missing-dict-key", lambda c: _fit(c, ({"a": c.x[:, :4], "c": c.x[:, 4:]}, c.y)), ValueError, "`data` x",
      "missing: ['b']", r"The model's inputs are \['a', 'b'\]: rename the keys", named_inputs_model),
     ("lengths-differ", lambda c: _fit(c, (c.x, c.y[:-1])), ValueError, "`data`", "[203, 202]",
@@ -197,6 +236,29 @@ ROWS = [
     ("class-weight-without-targets", lambda c: c_fit_keras(c, c.x, None, class_weight={0: 2.0}), ValueError,
      "`class_weight`", "class_weight={0: 2.0}", r"Pass the targets"),
     ("not-data", lambda c: _fit(c, 3), TypeError, "`data`", "data=3", r"Pass the data"),
+    ("scalar-arrays", lambda c: _fit(c, (np.float32(1.0), np.int64(0))), ValueError, "`data`", "shapes [()",
+     r"Pass arrays with one row per example"),
+    ("callbacks-a-string", lambda c: _fit(c, callbacks="log"), TypeError, "`callbacks`", "callbacks='log'",
+     r"Pass a list: callbacks=\[...\]"),
+    ("stateful-batch-mismatch", lambda c: _fit(c, (_sequences(c)[:200], c.y[:200]),
+                                               trainer=Trainer(strategy="default", batch_size=16, verbose=0)),
+     ValueError, "`batch_size`", "a global batch of 16", r"Pass Trainer\(batch_size=8\)", stateful_model),
+    ("stateful-partial-batch", lambda c: _fit(c, (_sequences(c)[:201], c.y[:201]),
+                                              trainer=Trainer(strategy="default", batch_size=8, verbose=0)),
+     ValueError, "multiple of 8", "201 examples", r"Drop the last 1 examples", stateful_model),
+    ("stateful-on-replicas", lambda c: _fit(c, (_sequences(c)[:200], c.y[:200]),
+                                            trainer=Trainer(strategy=mirrored(2), batch_size=8, verbose=0)),
+     ValueError, "`model`", "2 replicas", r"Train it on one device", stateful_model),
+    ("validation-split-empty-side", lambda c: _fit(c, validation_split=0.999), ValueError, "`validation_split`",
+     "validation_split=0.999", r"leaves at least one example for training"),
+    ("class-weight-multi-output", lambda c: _fit(c, (c.x, (c.y, c.y)), class_weight={0: 2.0}), ValueError,
+     "`class_weight`", "2 outputs", r"Pass per-output sample_weight", two_output_model),
+    ("generator-on-workers", _check_workers(lambda c: _batches(c.x, c.y), 2), ValueError, "generator",
+     "`data` as a generator", r"keras.utils.PyDataset"),
+    ("shuffled-pydataset-on-workers", _check_workers(lambda c: _PyBatches(c.x, c.y), 2, shuffle=True), ValueError,
+     "PyDataset", "shuffle=True", r"Pass shuffle=False"),
+    ("pydataset-under-parameter-server", _check_workers(lambda c: _PyBatches(c.x, c.y), 2, parameter_server=True),
+     ValueError, "Parameter-server", "`data` as a PyDataset", r"Pass a tf.data.Dataset"),
     ("validation-shape", lambda c: _fit(c, validation_data=(c.x[:, :4], c.y)), ValueError, "`validation_data`",
      "(4,)", r"Pass validation arrays shaped like the training arrays"),
     ("validation-structure-dict", lambda c: _fit(c, validation_data=({"a": c.x}, c.y)), ValueError,
@@ -403,6 +465,7 @@ KERAS_SIDE = {
     "labels-negative": _kfit(X, lambda c: c.y - 1),
     "string-labels": _kfit(X, lambda c: c.y.astype(str)),
     "missing-dict-key": _kfit(lambda c: {"a": c.x[:, :4], "c": c.x[:, 4:]}, Y),
+    "dict-key-among-the-inputs": _kfit(lambda c: {"a": c.x[:, :4], "aa": c.x[:, 4:], "b": c.x[:, 4:]}, Y),
     "lengths-differ": _kfit(X, lambda c: c.y[:-1]),
     "sample-weight-length": _kfit(X, Y, lambda c: c.w[:10]),
     "sample-weight-rank-3": _kfit(X, Y, lambda c: np.ones((203, 4, 2), np.float32)),
@@ -413,6 +476,12 @@ KERAS_SIDE = {
         lambda c: tf.data.Dataset.from_tensor_slices({"image": c.x, "label": c.y}).batch(32)),
     "class-weight-without-targets": _kfit(X, None, class_weight={0: 2.0}),
     "not-data": _kfit(3),
+    "scalar-arrays": _kfit(lambda c: np.float32(1.0), lambda c: np.int64(0)),
+    "callbacks-a-string": _kfit(X, Y, callbacks="log"),
+    "stateful-batch-mismatch": _kfit(lambda c: _sequences(c)[:200], lambda c: c.y[:200], batch_size=16),
+    "stateful-partial-batch": _kfit(lambda c: _sequences(c)[:201], lambda c: c.y[:201], batch_size=8),
+    "validation-split-empty-side": _kfit(X, Y, validation_split=0.999),
+    "class-weight-multi-output": _kfit(X, lambda c: (c.y, c.y), class_weight={0: 2.0}),
     "validation-shape": _kfit(X, Y, validation_data=None) if False else (
         lambda c: _k(c).fit(c.x, c.y, validation_data=(c.x[:, :4], c.y), verbose=0)),
     "validation-structure-dict": lambda c: _k(c).fit(c.x, c.y, validation_data=({"a": c.x}, c.y), verbose=0),
@@ -540,8 +609,9 @@ def test_bad_input_is_refused_clearly_before_anything_changes(row, tmp_path, mon
 TRAINER_ONLY = ("per-replica-", "batch-negative", "batch-float", "batch-string", "both-batch-", "lr-scaling",
                 "warmup-", "steps-per-execution", "jit-compile", "seed-", "strategy-", "tpu-", "tf-config-",
                 "batch-below-replicas", "generator-warmup-", "not-a-model", "checkpoint-", "backup-", "csv-", "json-",
-                "tensorboard-", "plot-", "progress-", "launch-", "example-",
-                "callback-keras-backup-and-restore-on-workers")
+                "tensorboard-", "plot-", "progress-", "launch-", "example-", "nan-guard-", "mixed-precision-",
+                "callback-keras-backup-and-restore-on-workers", "stateful-on-replicas", "generator-on-workers",
+                "shuffled-pydataset-on-workers", "pydataset-under-parameter-server")
 
 # Refusals of calls that model.fit runs: deliberate limits. Each message gives the reason (it names
 # model.fit), and the README's Limits names each with the words here.
@@ -551,6 +621,7 @@ DELIBERATE = {
     "empty-arrays": "empty data", "dataset-empty": "empty data",
     "validation-split-negative": "a negative `validation_split`",
     "class-weight-string-keys": "`class_weight` keys",
+    "dict-key-among-the-inputs": "sort among the inputs' keys",
 }
 
 
@@ -582,6 +653,49 @@ def test_each_refusal_stands_where_model_fit_fails_too(row, tmp_path, monkeypatc
 
 
 README = (TESTS.parent / "README.md").read_text()
+CHECKS = ("trainer/checks.py", "trainer/model_checks.py", "trainer/data.py", "trainer/options.py")
+
+
+def _raised_where(row, tmp_path, monkeypatch) -> tuple[str, int] | None:
+    """(file, line) in the checks where the row's refusal was raised."""
+    x, y, w = tiny_data()
+    make = row[6] if len(row) > 6 else tiny_model
+    tmp_path.mkdir()
+    c = Context(x=x, y=y, w=w, tmp=tmp_path, monkeypatch=monkeypatch, restore=[], model=make())
+    c.a_file = tmp_path / "a_file"
+    c.a_file.write_text("not a directory")
+    try:
+        row[1](c)
+    except (ValueError, TypeError) as err:
+        for frame in reversed(traceback.extract_tb(err.__traceback__)):
+            path = os.path.relpath(frame.filename, REPO)
+            if path in CHECKS:
+                return path, frame.lineno
+    except SystemExit:
+        pass
+    finally:
+        for undo in c.restore:
+            undo()
+    return None
+
+
+@pytest.mark.slow
+def test_every_refusal_in_the_checks_has_a_row(tmp_path, monkeypatch, capsys):
+    """Each `raise ValueError/TypeError` of checks.py, model_checks.py, data.py and options.py is reached by a
+    row, so each is held against model.fit (or is the trainer's own)."""
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    sites = [(path, number) for path in CHECKS
+             for number, line in enumerate((TESTS.parent / path).read_text().splitlines(), 1)
+             if re.search(r"raise (ValueError|TypeError)\(", line)]
+    reached = set()
+    for i, row in enumerate(ROWS):
+        where = _raised_where(row, tmp_path / str(i), monkeypatch)
+        monkeypatch.delenv("TF_CONFIG", raising=False)
+        if where is not None:  # the raise statement at or before the line the traceback names
+            reached.add(max((site for site in sites if site[0] == where[0] and site[1] <= where[1]),
+                            key=lambda site: site[1]))
+    capsys.readouterr()
+    assert sorted(set(sites) - reached) == []
 
 
 def _fit_both(kwargs, x_of=lambda x: x, trainer_kwargs=None):
