@@ -107,6 +107,18 @@ class GuideCustomModel(keras.Model):
         return {m.name: m.result() for m in self.metrics}
 
 
+def _own_gradient_step(model, data):
+    """A train_step's usual middle: (x, y, y_pred, loss) after one step of `model.loss_fn` by its optimizer."""
+    import tensorflow as tf
+
+    x, y = data[:2]
+    with tf.GradientTape() as tape:
+        y_pred = model(x, training=True)
+        loss = model.loss_fn(y, y_pred)
+    model.optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+    return x, y, y_pred, loss
+
+
 class LowLevelModel(keras.Model):
     """Compiled without a loss: its own loss object, tracker and optimizer step (GAN-style)."""
 
@@ -126,14 +138,7 @@ class LowLevelModel(keras.Model):
         return [self.loss_tracker, self.mae_metric]
 
     def train_step(self, data):
-        import tensorflow as tf
-
-        x, y = data[:2]
-        with tf.GradientTape() as tape:
-            y_pred = self(x, training=True)
-            loss = self.loss_fn(y, y_pred)
-        grads = tape.gradient(loss, self.trainable_variables)
-        self.optimizer.apply(grads, self.trainable_variables)
+        x, y, y_pred, loss = _own_gradient_step(self, data)
         self.loss_tracker.update_state(_unscaled(loss), sample_weight=ops.shape(x)[0])
         self.mae_metric.update_state(y, y_pred)
         return {"loss": self.loss_tracker.result(), "mae": self.mae_metric.result()}
@@ -204,14 +209,7 @@ class RawLossesModel(keras.Model):
         return self.out(self.hidden(x))
 
     def train_step(self, data):
-        import tensorflow as tf
-
-        x, y = data[:2]
-        with tf.GradientTape() as tape:
-            y_pred = self(x, training=True)
-            loss = self.loss_fn(y, y_pred)
-        grads = tape.gradient(loss, self.trainable_variables)
-        self.optimizer.apply(grads, self.trainable_variables)
+        _, _, y_pred, loss = _own_gradient_step(self, data)
         return {"loss": loss, "mean_prediction": ops.mean(y_pred)}
 
     def test_step(self, data):
