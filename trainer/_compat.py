@@ -603,7 +603,9 @@ def requested_initial_epoch(model: keras.Model) -> int | None:
 #   sorted key order, zipped with the inputs in sorted key order (after a
 #   warning when the keys differ), so a key beyond the inputs that sorts among
 #   them moves the later inputs' data along by one.
-# Without names (no input_spec), the dict's values go by position, sorted by key.
+# A Sequential has no input_spec; its Functional, built on one Input, takes
+# `data[name]` or fails. Without names, the dict's values go by position,
+# sorted by key.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -623,6 +625,8 @@ def dict_feed(model: keras.Model, keys) -> DictFeed | None:
     except (AttributeError, ValueError):
         return None
     names = [getattr(spec, "name", None) for spec in specs]
+    if not specs and len(tensors) == 1:  # a Sequential: its Functional takes a dict's data by the input's name
+        names = [tensors[0].name]
     if not names or not all(names) or len(names) != len(tensors):
         return None
     missing = [name for name in names if name not in keys]
