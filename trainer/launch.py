@@ -312,8 +312,10 @@ def _count(flag: str, minimum: int) -> Callable[[str], int]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="trainer-launch", description=__doc__.split("\n")[0])
     parser.add_argument("--workers", type=_count("--workers", 1), default=None,
-                        help="worker tasks (default 2; under srun, srun's tasks are the workers)")
-    parser.add_argument("--ps", type=_count("--ps", 0), default=0, help="parameter-server tasks (default 0)")
+                        help="worker tasks on this machine (default 2; 1 with --nnodes, where a worker uses all of "
+                             "its machine's GPUs; under srun, srun's tasks are the workers)")
+    parser.add_argument("--ps", type=_count("--ps", 0), default=0,
+                        help="parameter-server tasks on this machine (default 0)")
     parser.add_argument("--serve", action="store_true",
                         help="run this task's TensorFlow server: the worker and ps tasks of a parameter-server "
                              "cluster, as TF_CONFIG names them")
