@@ -31,6 +31,7 @@ examples, sum(w * loss) / N for an unmasked loss.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import keras
@@ -282,8 +283,8 @@ class Objective:
         for key, value in values.items():
             if key not in held:
                 with self.strategy.scope(), tf.init_scope():
-                    held[key] = tf.Variable(tf.zeros(value.shape, tf.float32), trainable=False,
-                                            name=f"returned_{key}".replace(" ", "_"), shape=value.shape)
+                    held[key] = tf.Variable(tf.zeros(value.shape, tf.float32), trainable=False, shape=value.shape,
+                                            name="returned_" + re.sub(r"[^A-Za-z0-9_.]", "_", str(key)))
             held[key].assign(value)
 
     def results(self, method: str = "train_step") -> dict[str, Any]:
