@@ -21,6 +21,7 @@ from trainer import inputs as inputs_lib
 from trainer import models
 from trainer.data import subject
 from trainer.model_checks import check_model_inputs, describe_spec, leaves, parts
+from trainer.route import user_stacklevel
 
 
 def check_fit(model, train, val, *, steps_per_epoch, epoch_steps, epochs, initial_epoch, warmup,
@@ -50,7 +51,7 @@ def steps_within_arrays(train, steps_per_epoch: int | None, global_batch_size: i
         return steps_per_epoch
     warnings.warn("Your input ran out of data; interrupting training. Make sure that your dataset or generator can "
                   "generate at least `steps_per_epoch * epochs` batches. You may need to use the `.repeat()` function "
-                  "when building your dataset.", stacklevel=3)
+                  "when building your dataset.", stacklevel=user_stacklevel())
     return None
 
 
@@ -218,7 +219,7 @@ def _check_array(array: np.ndarray, name: str, part: str, arg: str) -> None:
             f"{subject(arg, name)} holds {int(bad.sum())} non-finite values (NaN or Inf) in {int(rows.sum())} of "
             f"{len(array)} rows (the first in row {int(np.argmax(rows))}). They make the loss and "
             "outputs NaN. Drop or fix those rows (e.g. np.nan_to_num).",
-            UserWarning, stacklevel=6,  # the user's fit/evaluate/predict call
+            UserWarning, stacklevel=user_stacklevel(),  # the user's fit/evaluate/predict call
         )
 
 

@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from trainer import _compat
 from trainer.inputs import ArrayInput, BatchedInput, DatasetInput, FunctionInput, Input
+from trainer.route import user_stacklevel
 
 
 def as_input(x: Any, y: Any = None, sample_weight: Any = None, *, arg: str, with_targets: bool = True,
@@ -120,7 +121,7 @@ def warn_as_keras_adapters(x: Any, shuffle: bool) -> None:
     """The warnings model.fit's data adapters give for `x` (that `shuffle` leaves a dataset as it is, in the
     Keras versions that say so), given again here as warnings of the caller's call."""
     for caught in _compat.adapter_warnings(x, shuffle):
-        warnings.warn(caught.message, caught.category, stacklevel=4)
+        warnings.warn(caught.message, caught.category, stacklevel=user_stacklevel())
 
 
 def fit_inputs(x: Any, y: Any, sample_weight: Any, *, arg: str, class_weight: Any, shuffle: bool,
@@ -188,6 +189,11 @@ def _features_only(inp: DatasetInput | BatchedInput) -> DatasetInput | BatchedIn
         return DatasetInput(dataset)
     first = None if inp.first is None else _keras_x(inp.first)
     return dataclasses.replace(inp, dataset=dataset, example_spec=_keras_x(inp.example_spec), first=first)
+
+
+def is_arrays(x: Any) -> bool:
+    """Whether `x` is data given as arrays (which fit batches), not a dataset, generator, PyDataset or function."""
+    return x is not None and _form(x) == "arrays"
 
 
 def _form(x: Any) -> str:

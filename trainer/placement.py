@@ -22,6 +22,7 @@ next call, so the steps traced on them are reused.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any, Callable
 
@@ -138,7 +139,8 @@ def move_in(model: keras.Model, strategy: tf.distribute.Strategy, table: Backing
         with strategy.scope():
             build(model, data_batch, targets=targets)
         return Move(model, strategy, {}, [], table)
-    build(model, data_batch, targets=targets)
+    with _home_scope(model):
+        build(model, data_batch, targets=targets)
     variables, optimizers = _compat.model_state(model)
     move = Move(model, strategy, {}, [], table,
                 stay={id(v) for v in variables
@@ -206,6 +208,21 @@ def build(model: keras.Model, data_batch: Any, *, targets: bool) -> None:
             raise
         if model.optimizer is not None and not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
+
+
+def _home_scope(model: keras.Model):
+    """The scope of the strategy the model's variables belong to (it was built in a user's
+    `with strategy.scope():`), where what it has not built yet must be made; none for a model built outside
+    any, or while another strategy's scope is open (the call sits in it)."""
+    variables, _ = _compat.model_state(model)
+    for variable in variables:
+        backing = _compat.backing(variable)
+        if isinstance(backing, tf.distribute.DistributedValues):
+            home = backing.distribute_strategy
+            if not tf.distribute.has_strategy():
+                return home.scope()
+            break
+    return contextlib.nullcontext()
 
 
 def _all_in_scope(model: keras.Model, strategy: tf.distribute.Strategy) -> bool:

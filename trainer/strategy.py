@@ -248,3 +248,15 @@ _OPTIONS = {
     "parameter_server": (),
     "tpu": (),
 }
+
+
+def ambient_strategy() -> tf.distribute.Strategy | None:
+    """The strategy whose `with strategy.scope():` the caller is in, or None outside any."""
+    if tf.distribute.has_strategy() and tf.distribute.in_cross_replica_context():
+        return tf.distribute.get_strategy()
+    return None
+
+
+def same_layout(a: tf.distribute.Strategy, b: tf.distribute.Strategy) -> bool:
+    """Whether two strategies are of one kind over the same devices (either may stand for the other)."""
+    return type(a) is type(b) and tuple(a.extended.worker_devices) == tuple(b.extended.worker_devices)

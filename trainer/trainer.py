@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import inspect
 import logging
 import warnings
-from typing import Any, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import keras
 import numpy as np
@@ -15,6 +17,7 @@ from trainer import checks, collectives, loop, malloc, models, options, placemen
 from trainer import data as data_lib
 from trainer import inputs as inputs_lib
 from trainer import engine as engine_lib
+from trainer import route as route_lib
 from trainer import strategy as strategy_lib
 from trainer.cluster import cluster_info, cluster_source, is_parameter_server, strategy_cluster_info
 from trainer.fusion import StepFusion
@@ -45,6 +48,27 @@ def _quiet_tf_info(method):
             logger.setLevel(level)
 
     return wrapper
+
+
+def _passed(method: Callable, values: dict[str, Any]) -> dict[str, Any]:
+    """The arguments of a call of the public `method` that differ from its defaults, by name (the model, the
+    strategy and `self` aside), to hand to the model's own method, whose defaults then fill in the rest."""
+    def given(value, default) -> bool:
+        if value is default:
+            return False
+        if isinstance(value, (bool, int, float, str)) and type(value) is type(default):
+            return value != default
+        return True
+
+    parameters = inspect.signature(method).parameters
+    return {name: values[name] for name, parameter in parameters.items()
+            if name not in ("self", "model", "strategy") and given(values[name], parameter.default)}
+
+
+def _no_unknown(method: str, unknown: dict[str, Any]) -> None:
+    if unknown:
+        raise TypeError(f"`{method}` got arguments Keras's {method} does not take. Received: {sorted(unknown)}. "
+                        f"Pass only what model.{method} takes.")
 
 
 def _data_arg(y: Any, sample_weight: Any) -> str:
@@ -228,7 +252,13 @@ class Trainer:
           validation_freq: validate after every this many epochs, or after the epochs listed (from 1).
           strategy: overrides the trainer's strategy for this call.
         """
-        strategy = self._resolve_strategy(strategy)
+        return self._through_model("fit", model, strategy, _passed(Trainer.fit, locals()))
+
+    def _fit(self, model, x=None, y=None, *, batch_size=None, epochs=1, verbose=None, callbacks=None,
+             validation_split=0.0, validation_data=None, shuffle=None, class_weight=None, sample_weight=None,
+             initial_epoch=0, steps_per_epoch=None, validation_steps=None, validation_batch_size=None,
+             validation_freq=1, strategy: tf.distribute.Strategy, planned_batch: int | None = None) -> History:
+        """fit's engine, with the arguments Keras's own fit received (`fit` documents them)."""
         callbacks = checks.check_callbacks(callbacks)
         checks.check_callbacks_on_workers(callbacks, strategy_cluster_info(strategy).num_workers)
         options.check_fit_args(batch_size=batch_size, validation_split=validation_split,
@@ -253,7 +283,7 @@ class Trainer:
         if isinstance(model, keras.Model):
             models.check_compiled(model)
         models.check_precision(model, self.mixed_precision)
-        batch, batch_source = self._batch_plan(strategy, train, batch_size)
+        batch, batch_source = self._batch_plan(strategy, train, batch_size, planned_batch)
         user_steps = steps_per_epoch = checks.steps_within_arrays(train, steps_per_epoch, batch.global_batch_size)
         steps_per_epoch = steps_per_epoch or train.num_steps(batch.global_batch_size)
         warmup_steps = self._warmup_steps(steps_per_epoch)
@@ -276,7 +306,7 @@ class Trainer:
                 print(plan.describe(), flush=True)
             if plan.batch_norm and plan.num_replicas > 1:
                 warnings.warn(f"Per-replica BatchNormalization: {batch_norm_note(plan.batch_norm, plan.num_replicas)}.",
-                              stacklevel=2)
+                              stacklevel=route_lib.user_stacklevel())
             history = History()
             callback_list = self._callback_list(callbacks + [history], context, model, verbose)
             validation = None if val is None else loop.Validation(
@@ -310,8 +340,14 @@ class Trainer:
         `return_dict=True`, {metric name: value}. `verbose` is accepted for Keras's signature;
         evaluation prints nothing.
         """
+        return self._through_model("evaluate", model, strategy, _passed(Trainer.evaluate, locals()))
+
+    def _evaluate(self, model, x=None, y=None, *, batch_size=None, verbose=None, sample_weight=None, steps=None,
+                  callbacks=None, return_dict=False, strategy: tf.distribute.Strategy,
+                  planned_batch: int | None = None, **unknown) -> float | list[float] | dict[str, float]:
+        """evaluate's engine, with the arguments Keras's own evaluate received."""
         del verbose
-        strategy = self._resolve_strategy(strategy)
+        _no_unknown("evaluate", unknown)
         callbacks = checks.check_callbacks(callbacks)
         options.check_fit_args(batch_size=batch_size)
         steps = options.steps_arg("steps", steps, fix="Pass a positive number of steps, or None for all.")
@@ -321,7 +357,7 @@ class Trainer:
             models.check_compiled(model)
         models.check_precision(model, self.mixed_precision)
         model = checks.check_evaluate(model, inp, steps=steps)
-        batch, _ = self._batch_plan(strategy, inp, batch_size)
+        batch, _ = self._batch_plan(strategy, inp, batch_size, planned_batch)
         malloc.tune_process(self.tune_malloc)
         model, compiled, _, move = self._build(model, strategy, inp, batch)
         with move:
@@ -348,16 +384,20 @@ class Trainer:
         features of `(x, y)` elements are used). `verbose` and `callbacks` are
         accepted for Keras's signature; prediction calls no callbacks.
         """
+        return self._through_model("predict", model, strategy, _passed(Trainer.predict, locals()))
+
+    def _predict(self, model, x, *, batch_size=None, verbose=None, steps=None, callbacks=None,
+                 strategy: tf.distribute.Strategy, planned_batch: int | None = None) -> Any:
+        """predict's engine, with the arguments Keras's own predict received."""
         del verbose
         checks.check_callbacks(callbacks)
-        strategy = self._resolve_strategy(strategy)
         options.check_fit_args(batch_size=batch_size)
         steps = options.steps_arg("steps", steps, fix="Pass a positive number of steps, or None for all.")
         inp = data_lib.features(data_lib.as_input(x, arg="x", with_targets=False), model)
         data_lib.check_workers(inp, **_workers(strategy, training=False), arg="x")
         model = checks.check_predict(model, inp)
         models.check_precision(model, self.mixed_precision)
-        batch, _ = self._batch_plan(strategy, inp, batch_size)
+        batch, _ = self._batch_plan(strategy, inp, batch_size, planned_batch)
         malloc.tune_process(self.tune_malloc)
         model = models.from_builder(model, strategy, self.seed, self.mixed_precision)
         sample_x = engine_lib.sample_batch(model, inp, strategy, batch.global_batch_size)
@@ -368,7 +408,77 @@ class Trainer:
                 outputs = self._predict_steps(model, strategy).predict(reader, steps)
         return tf.nest.map_structure(lambda *parts: np.concatenate(parts, axis=0), *outputs)
 
+    @contextlib.contextmanager
+    def distribute(self, strategy: str | tf.distribute.Strategy | None = None) -> Iterator[Trainer]:
+        """Inside the block, every Keras model's own `fit`, `evaluate` and `predict` run on this trainer.
+
+        A tool that calls `model.fit` (a KerasTuner search, a script's own
+        function) then trains under the trainer's strategy, batch plan and exact
+        aggregation, with no line changed; on this thread only, until the block ends.
+
+        ```python
+        with trainer.distribute():
+            tuner.search(x, y, epochs=3, validation_split=0.2)
+        ```
+        """
+        strategy_lib.check_strategy_name(strategy)
+
+        def engine(method: str, model: keras.Model, arguments: dict[str, Any]) -> Any:
+            run = _quiet_tf_info(getattr(self, "_" + method))
+            return run(model, strategy=self._call_strategy(strategy), **arguments)
+
+        with route_lib.routed(route_lib.Route(engine)):
+            yield self
+
     # Stages ------------------------------------------------------------------
+
+    def _through_model(self, method: str, model: Any, strategy: Any, arguments: dict[str, Any]) -> Any:
+        """The model's own `method` called with the arguments given, Keras's own `method` running this trainer's
+        engine (trainer/route.py); a builder, or anything but a Keras model, goes to the engine directly.
+
+        Arrays get the Trainer's global batch as `batch_size` unless one was
+        given, so that a model's own method that batches them (a KerasHub
+        task) makes the Trainer's batches.
+        """
+        strategy = self._call_strategy(strategy)
+        run = getattr(self, "_" + method)
+        if not isinstance(model, keras.Model):
+            return run(model, strategy=strategy, **arguments)
+        planned = None
+        if arguments.get("batch_size") is None and data_lib.is_arrays(arguments.get("x")):
+            planned = self._batch_plan(strategy)[0].global_batch_size
+            arguments = {**arguments, "batch_size": planned}
+
+        def engine(name: str, routed: keras.Model, handed: dict[str, Any]) -> Any:
+            if planned is not None and handed.get("batch_size") == planned:
+                del handed["batch_size"]  # handed down as it was passed: the Trainer's own plan
+            return getattr(self, "_" + name)(routed, strategy=strategy, planned_batch=planned, **handed)
+
+        return route_lib.call_model(model, method, arguments, engine)
+
+    def _call_strategy(self, strategy) -> tf.distribute.Strategy:
+        """The strategy a call runs on: fit's, else the Trainer's, else the one whose scope the call sits in.
+
+        TensorFlow runs one strategy's scope at a time. Inside a user's
+        `with strategy.scope():` the Trainer's "auto" takes that strategy, as
+        `model.fit` does, and so does a name the strategy fits (a "mirrored"
+        Trainer inside a MirroredStrategy's scope over the same devices); any
+        other strategy is refused before anything runs.
+        """
+        resolved = self._resolve_strategy(strategy)
+        ambient = strategy_lib.ambient_strategy()
+        if ambient is None or ambient is resolved:
+            return resolved
+        setting = self.strategy if strategy is None else strategy
+        if setting == "auto" or (isinstance(setting, str) and strategy_lib.same_layout(ambient, resolved)):
+            collectives.check_group_keys(ambient)
+            return ambient
+        raise ValueError(
+            f"`strategy` must be the strategy whose scope this call sits in: TensorFlow runs one strategy's scope "
+            f"at a time. Received: strategy={setting!r} ({strategy_label(resolved)}) inside the scope of "
+            f"{strategy_label(ambient)}. Call the trainer after the `with strategy.scope():` block (a model built "
+            "there trains in place on any strategy), or pass that strategy: Trainer(strategy=strategy)."
+        )
 
     def _resolve_strategy(self, strategy) -> tf.distribute.Strategy:
         strategy_lib.check_strategy_name(strategy)
@@ -389,15 +499,17 @@ class Trainer:
             )
 
     def _batch_plan(self, strategy: tf.distribute.Strategy, inp: inputs_lib.Input | None = None,
-                    batch_size: int | None = None) -> tuple[scaling.BatchPlan, str]:
+                    batch_size: int | None = None, planned_batch: int | None = None) -> tuple[scaling.BatchPlan, str]:
         """The global batch, and where it came from when not from the Trainer ("" then).
 
         Batches the user made (a batched dataset, generator or PyDataset) are
         the global batches, as under `model.fit`; else a `batch_size` given to
-        fit/evaluate/predict wins over the Trainer's settings.
+        fit/evaluate/predict wins over the Trainer's settings. `planned_batch`
+        is the Trainer's batch handed to the model's own method, which batched
+        the data with it: batches of that size are the Trainer's.
         """
         replicas = strategy.num_replicas_in_sync
-        if isinstance(inp, inputs_lib.BatchedInput):
+        if isinstance(inp, inputs_lib.BatchedInput) and inp.full_batch_size() != (planned_batch or 0):
             return scaling.BatchPlan(inp.full_batch_size(), replicas), f"the {inp.form}'s batches"
         if batch_size is not None:
             unused = ("" if not self._batch_given else

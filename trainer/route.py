@@ -1,0 +1,134 @@
+"""The trainer beneath `model.fit`: a model's own fit, evaluate and predict, run on the trainer's engine.
+
+`Trainer.fit(model, ...)` does not go around `model.fit`: it calls it. What the
+model's class overrides runs first, as under `model.fit` (a KerasHub task turns
+strings or images into a batched tf.data pipeline that maps its preprocessing
+and makes the targets and weights; a user's model may prepare its data the same
+way), and so does whatever a library patched onto `keras.Model.fit` (MLflow's
+autologging adds its callback and logs the run). Where that chain reaches
+Keras's own backend method for this model, the trainer's engine runs with the
+arguments handed down, instead of Keras's loop (`_compat.keras_methods_hooked`).
+
+A route is scoped to the call and to its model by a context variable: other
+threads and other models stay Keras's, and so does anything called while the
+engine runs (a callback's own `model.evaluate`). `Trainer.distribute()` routes
+every model inside a `with` block, so that a tool which calls `model.fit` (a
+KerasTuner search) trains on the trainer without a line changed.
+
+A model's own method that trains without reaching Keras's (a loop of
+`train_on_batch`) is refused at its first step, naming the method, and one that
+returns without reaching it at all is reported: the trainer never trains on
+data the model's own method would have prepared otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import os
+import sys
+from typing import Any, Callable
+
+import keras
+
+from trainer import _compat
+
+# Keras's per-batch methods: under a route they would train or run on one device, outside the strategy.
+_BATCH_METHODS = ("train_on_batch", "test_on_batch", "predict_on_batch")
+
+
+@dataclasses.dataclass
+class Route:
+    """Where Keras's own fit, evaluate and predict go while the route is current.
+
+    Attributes:
+      engine: `(method name, model, arguments as handed down) -> result`: the trainer's engine.
+      model: the one model routed, or None for every model (`Trainer.distribute`).
+      method: the method the trainer called on it ("" for `Trainer.distribute`).
+      reached: how many times the engine ran under this route.
+    """
+
+    engine: Callable[[str, keras.Model, dict[str, Any]], Any]
+    model: keras.Model | None = None
+    method: str = ""
+    reached: int = 0
+
+    def takes(self, model: keras.Model) -> bool:
+        return self.model is None or self.model is model
+
+
+_current: contextvars.ContextVar[Route | None] = contextvars.ContextVar("trainer_route", default=None)
+
+
+@contextlib.contextmanager
+def routed(route: Route):
+    """Inside, Keras's own fit, evaluate and predict for the route's model(s), on this thread, run `route.engine`."""
+    with _compat.keras_methods_hooked(_dispatch):
+        token = _current.set(route)
+        try:
+            yield route
+        finally:
+            _current.reset(token)
+
+
+def call_model(model: keras.Model, method: str, arguments: dict[str, Any],
+               engine: Callable[[str, keras.Model, dict[str, Any]], Any]) -> Any:
+    """`model.<method>(**arguments)`, where Keras's own method for `model` runs `engine` instead.
+
+    Raises RuntimeError if the model's method returned without reaching Keras's:
+    then it did its own work, which the trainer did not distribute.
+    """
+    with routed(Route(engine, model, method)) as route:
+        result = getattr(model, method)(**arguments)
+    if not route.reached:
+        owner = _owner(model, method)
+        raise RuntimeError(
+            f"{owner}.{method} returned without calling Keras's own {method} (super().{method}), so nothing ran "
+            f"on the trainer's strategy. Make {owner}.{method} end in super().{method}(...) with the data it "
+            f"prepared, or call trainer.{method} on that data yourself."
+        )
+    return result
+
+
+def _dispatch(name: str, keras_method: Callable, model: keras.Model, args: tuple, kwargs: dict) -> Any:
+    route = _current.get()
+    if route is None or not route.takes(model) or kwargs.get("_use_cached_eval_dataset"):
+        return keras_method(model, *args, **kwargs)
+    if name in _BATCH_METHODS:
+        method = route.method or "fit"
+        raise ValueError(
+            f"`model` must reach Keras's own {method} for the trainer to run it. Received: a "
+            f"{type(model).__name__} whose {_owner(model, method)}.{method} calls {name}, which runs on one "
+            f"device, outside the strategy. Make it hand the data it prepares to super().{method}(...), or call "
+            f"trainer.{method} on that data."
+        )
+    arguments = _compat.keras_method_arguments(keras_method, model, args, kwargs)
+    route.reached += 1
+    token = _current.set(None)  # what runs inside the engine (a callback's model.evaluate) is Keras's own
+    try:
+        return route.engine(name, model, arguments)
+    finally:
+        _current.reset(token)
+
+
+def _owner(model: keras.Model, method: str) -> str:
+    """The class whose `method` a call of `model.<method>` runs (where an override lives)."""
+    for cls in type(model).__mro__:
+        if method in vars(cls):
+            return cls.__name__
+    return type(model).__name__
+
+
+# Where the trainer's and Keras's own frames live, for `user_stacklevel`.
+_INTERNAL = tuple(os.path.dirname(os.path.abspath(module.__file__)) + os.sep
+                  for module in (sys.modules["trainer"], keras))
+
+
+def user_stacklevel() -> int:
+    """`warnings.warn`'s stacklevel that points at the user's call, from the function that warns: the first
+    frame outside the trainer and Keras, however deep the model's own method made the way down."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_INTERNAL):
+        frame, level = frame.f_back, level + 1
+    return level
