@@ -6,6 +6,7 @@ strings, uint8 images), for tests/hub_run.py to fit through model.fit and
 Trainer.fit. Imported only where keras_hub is installed.
 """
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -67,4 +68,83 @@ def causal_lm(rng):
     return model, {"fit": dict(x=dataset, epochs=2), "evaluate": dict(x=dataset), "predict": dict(x=texts[:10])}
 
 
-CASES = {"text_classifier": text_classifier, "causal_lm": causal_lm}
+def _sentencepiece_proto():
+    import io
+
+    import sentencepiece
+
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(WORDS * 3), model_writer=model, vocab_size=len(WORDS) + 3, model_type="WORD",
+        pad_id=0, eos_id=1, unk_id=2, bos_id=-1, pad_piece="<pad>", eos_piece="</s>", unk_piece="<unk>")
+    return model.getvalue()
+
+
+def seq2seq_lm(rng):
+    tokenizer = keras_hub.models.T5Tokenizer(proto=_sentencepiece_proto())
+    preprocessor = keras_hub.models.T5Seq2SeqLMPreprocessor(tokenizer, encoder_sequence_length=SEQUENCE,
+                                                           decoder_sequence_length=SEQUENCE)
+    backbone = keras_hub.models.T5Backbone(vocabulary_size=tokenizer.vocabulary_size(), num_layers=1, num_heads=2,
+                                           hidden_dim=8, intermediate_dim=16, dropout=0.0)
+    model = keras_hub.models.T5Seq2SeqLM(backbone, preprocessor=preprocessor)
+    x = {"encoder_text": list(_sentences(rng, N)), "decoder_text": list(_sentences(rng, N))}
+    vx = {"encoder_text": list(_sentences(rng, 10)), "decoder_text": list(_sentences(rng, 10))}
+    return model, {"fit": dict(x=x, epochs=2), "evaluate": dict(x=vx), "predict": None}
+
+
+def _images(rng, n):
+    return rng.integers(0, 256, (n, 20, 24, 3)).astype("uint8")
+
+
+def image_classifier(rng):
+    """A VGG classifier (no BatchNormalization: exact on every layout) with its resizing and rescaling image
+    preprocessor, re-compiled by the user."""
+    backbone = keras_hub.models.VGGBackbone(stackwise_num_repeats=[1], stackwise_num_filters=[4])
+    converter = keras_hub.layers.VGGImageConverter(image_size=(16, 16), scale=1 / 255.0)
+    preprocessor = keras_hub.models.VGGImageClassifierPreprocessor(image_converter=converter)
+    model = keras_hub.models.VGGImageClassifier(backbone, num_classes=3, preprocessor=preprocessor,
+                                                pooling_hidden_dim=8)
+    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    x, y = _images(rng, N), rng.integers(0, 3, N)
+    vx, vy = _images(rng, 10), rng.integers(0, 3, 10)
+    return model, {"fit": dict(x=x, y=y, validation_data=(vx, vy), epochs=2),
+                   "evaluate": dict(x=vx, y=vy), "predict": dict(x=vx)}
+
+
+def resnet_classifier(rng):
+    """A ResNet classifier: BatchNormalization, so exact on one device (each replica normalises its share)."""
+    backbone = keras_hub.models.ResNetBackbone(
+        input_conv_filters=[64], input_conv_kernel_sizes=[3], stackwise_num_filters=[64], stackwise_num_blocks=[1],
+        stackwise_num_strides=[1], block_type="basic_block")
+    converter = keras_hub.layers.ResNetImageConverter(image_size=(16, 16), scale=1 / 255.0)
+    preprocessor = keras_hub.models.ResNetImageClassifierPreprocessor(image_converter=converter)
+    model = keras_hub.models.ResNetImageClassifier(backbone, num_classes=3, preprocessor=preprocessor)
+    x, y = _images(rng, N), rng.integers(0, 3, N)
+    vx, vy = _images(rng, 10), rng.integers(0, 3, 10)
+    return model, {"fit": dict(x=x, y=y, validation_data=(vx, vy), epochs=2),
+                   "evaluate": dict(x=vx, y=vy), "predict": dict(x=vx)}
+
+
+def two_phase_fine_tune(rng):
+    """The text classifier trained with its backbone frozen, then unfrozen and re-compiled at a lower rate."""
+    model, calls = text_classifier(rng)
+
+    def phase_two(model):
+        model.backbone.trainable = True
+        model.compile(optimizer=keras.optimizers.Adam(1e-4),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["sparse_categorical_accuracy"])
+
+    model.backbone.trainable = False
+    model.compile(optimizer=keras.optimizers.Adam(1e-2),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["sparse_categorical_accuracy"])
+    return model, {**calls, "then": phase_two}
+
+
+CASES = {"text_classifier": text_classifier, "causal_lm": causal_lm, "seq2seq_lm": seq2seq_lm,
+         "image_classifier": image_classifier, "resnet_classifier": resnet_classifier,
+         "two_phase_fine_tune": two_phase_fine_tune}
+# Exact on several replicas too (no per-replica statistics, no random draws).
+EXACT_ON_REPLICAS = ["text_classifier", "causal_lm", "seq2seq_lm", "image_classifier", "two_phase_fine_tune"]
