@@ -18,6 +18,7 @@ if __name__ != "trainer.callbacks":  # the repository's root on sys.path: a seco
 
 from .backup import BackupAndRestore
 from .checkpoint import ModelCheckpoint
+from .chief_only import ChiefOnly
 from .csv_logger import CSVLogger
 from .json_logger import JSONLogger
 from .nan_guard import NanGuard
@@ -28,6 +29,7 @@ from .tensorboard import TensorBoard
 __all__ = [
     "BackupAndRestore",
     "CSVLogger",
+    "ChiefOnly",
     "JSONLogger",
     "ModelCheckpoint",
     "NanGuard",
