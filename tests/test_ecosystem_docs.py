@@ -1,0 +1,36 @@
+"""docs/ecosystem.md's snippets run as pasted (in a fresh interpreter each, in a scratch folder)."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import TESTS
+
+DOC = (TESTS.parent / "docs" / "ecosystem.md").read_text()
+SNIPPETS = re.findall(r"```python\n(.*?)```", DOC, re.S)
+NEEDS = {"keras_hub": "keras_hub", "mlflow": "mlflow", "wandb": "wandb", "keras_tuner": "keras_tuner",
+         "ray": "ray.train"}
+
+pytestmark = pytest.mark.slow  # a fresh interpreter per snippet
+
+
+def _title(code: str) -> str:
+    return next((name for name in NEEDS if re.search(rf"^import .*\b{name}\b", code, re.M)), "tensorflow")
+
+
+@pytest.mark.parametrize("code", SNIPPETS, ids=[_title(code) for code in SNIPPETS])
+def test_a_snippet_runs_as_pasted(code, tmp_path):
+    for name, module in NEEDS.items():
+        if re.search(rf"^import .*\b{name}\b", code, re.M):
+            pytest.importorskip(module, reason=f"{module} is in the 'ecosystem' extra")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                          env={**os.environ, "WANDB_SILENT": "true", "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+
+
+def test_the_page_has_a_snippet_for_each_tool():
+    assert sorted(_title(code) for code in SNIPPETS) == sorted(
+        ["keras_hub", "mlflow", "mlflow", "keras_tuner", "ray", "tensorflow", "tensorflow"])
