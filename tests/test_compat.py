@@ -85,3 +85,31 @@ def test_a_sparse_gradient_of_a_sharded_variable_stays_sparse_with_the_table_row
     assert grad.dense_shape.numpy().tolist() == [5, 4]
     dense = tf.convert_to_tensor(grad).numpy()
     np.testing.assert_array_equal(dense[:, 0], [2, 0, 0, 0, 1 + 3])
+
+
+def test_the_route_reaches_a_patch_made_before_it_inside_kerass_own_wrapper():
+    """`keras_methods_hooked` goes inside the traceback filter that wraps fit, evaluate and predict (checked at
+    both ends of the range, Keras 3.8 and the newest), so a wrapper kept by a library that patched
+    keras.Model.fit earlier (as MLflow's autologging keeps it) reaches the dispatcher."""
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+
+    kept = {name: TensorFlowTrainer.__dict__[name] for name in ("fit", "evaluate", "predict")}
+    calls = []
+
+    def dispatch(name, method, model, args, kwargs):
+        calls.append((name, _compat.keras_method_arguments(method, model, args, kwargs)))
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    x = np.ones((4, 3), "float32")
+    with _compat.keras_methods_hooked(dispatch):
+        assert {name: TensorFlowTrainer.__dict__[name] for name in kept} == kept  # the wrappers stay
+        kept["fit"](model, x, x[:, :1], epochs=2)
+        kept["evaluate"](model, x, x[:, :1], return_dict=True)
+        kept["predict"](model, x, batch_size=2)
+    # each call's arguments by name, as passed (no defaults filled in)
+    assert [(name, sorted(arguments)) for name, arguments in calls] == [
+        ("fit", ["epochs", "x", "y"]), ("evaluate", ["return_dict", "x", "y"]), ("predict", ["batch_size", "x"])]
+    assert calls[0][1]["x"] is x and calls[0][1]["epochs"] == 2
+    model.fit(x, x[:, :1], verbose=0)  # after the block: Keras's own fit, not the dispatcher
+    assert len(calls) == 3
