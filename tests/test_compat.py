@@ -10,6 +10,7 @@ from tensorflow.python.distribute.parameter_server_strategy import ParameterServ
 from tensorflow.python.distribute.sharded_variable import ShardedVariable
 
 from trainer import Trainer, _compat
+from trainer.route import keras_method_arguments
 
 
 def _keras_functions():
@@ -97,7 +98,7 @@ def test_the_route_reaches_a_patch_made_before_it_inside_kerass_own_wrapper():
     calls = []
 
     def dispatch(name, method, model, args, kwargs):
-        calls.append((name, _compat.keras_method_arguments(method, model, args, kwargs)))
+        calls.append((name, keras_method_arguments(method, model, args, kwargs)))
 
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     model.compile("sgd", "mse")

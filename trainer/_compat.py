@@ -779,19 +779,6 @@ def keras_methods_hooked(dispatch: Callable):
                     _unhook.pop()()
 
 
-def keras_method_arguments(method: Callable, model: keras.Model, args: tuple, kwargs: dict) -> dict[str, Any]:
-    """The arguments a call of Keras's `method` received, by name, as passed (no defaults filled in)."""
-    signature = inspect.signature(method)
-    bound = signature.bind(model, *args, **kwargs).arguments
-    arguments = {}
-    for name, value in list(bound.items())[1:]:  # the first is the model
-        if signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
-            arguments.update(value)
-        else:
-            arguments[name] = value
-    return arguments
-
-
 # TensorFlow internals ----------------------------------------------------------
 
 

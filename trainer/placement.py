@@ -135,11 +135,12 @@ def move_in(model: keras.Model, strategy: tf.distribute.Strategy, table: Backing
       data_batch: a sample `(x, y, sample_weight)` batch (or `x`) whose shapes build the model.
       targets: build the compiled losses and metrics too (fit and evaluate), not only the model (predict).
     """
-    if _all_in_scope(model, strategy):
+    variables, _ = _compat.model_state(model)
+    if _all_in_scope(variables, strategy):
         with strategy.scope():
             build(model, data_batch, targets=targets)
         return Move(model, strategy, {}, [], table)
-    with _home_scope(model):
+    with _home_scope(variables):
         build(model, data_batch, targets=targets)
     variables, optimizers = _compat.model_state(model)
     move = Move(model, strategy, {}, [], table,
@@ -210,23 +211,20 @@ def build(model: keras.Model, data_batch: Any, *, targets: bool) -> None:
             model.optimizer.build(model.trainable_variables)
 
 
-def _home_scope(model: keras.Model):
-    """The scope of the strategy the model's variables belong to (it was built in a user's
-    `with strategy.scope():`), where what it has not built yet must be made; none for a model built outside
-    any, or while another strategy's scope is open (the call sits in it)."""
-    variables, _ = _compat.model_state(model)
+def _home_scope(variables: list):
+    """The scope of the strategy these variables belong to (the model was built in a user's
+    `with strategy.scope():`), where what the model has not built yet must be made; none for variables made
+    outside any, or while another strategy's scope is open (the call sits in it)."""
     for variable in variables:
         backing = _compat.backing(variable)
         if isinstance(backing, tf.distribute.DistributedValues):
-            home = backing.distribute_strategy
             if not tf.distribute.has_strategy():
-                return home.scope()
+                return backing.distribute_strategy.scope()
             break
     return contextlib.nullcontext()
 
 
-def _all_in_scope(model: keras.Model, strategy: tf.distribute.Strategy) -> bool:
-    variables, _ = _compat.model_state(model)
+def _all_in_scope(variables: list, strategy: tf.distribute.Strategy) -> bool:
     return all(in_scope(strategy, _compat.backing(v)) for v in variables if _compat.backing(v) is not None)
 
 

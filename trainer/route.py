@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import inspect
 import os
 import sys
 from typing import Any, Callable
@@ -103,13 +104,26 @@ def _dispatch(name: str, keras_method: Callable, model: keras.Model, args: tuple
             f"device, outside the strategy. Make it hand the data it prepares to super().{method}(...), or call "
             f"trainer.{method} on that data."
         )
-    arguments = _compat.keras_method_arguments(keras_method, model, args, kwargs)
+    arguments = keras_method_arguments(keras_method, model, args, kwargs)
     route.reached += 1
     token = _current.set(None)  # what runs inside the engine (a callback's model.evaluate) is Keras's own
     try:
         return route.engine(name, model, arguments)
     finally:
         _current.reset(token)
+
+
+def keras_method_arguments(method: Callable, model: keras.Model, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The arguments a call of Keras's `method` received, by name, as passed (no defaults filled in)."""
+    signature = inspect.signature(method)
+    bound = signature.bind(model, *args, **kwargs).arguments
+    arguments = {}
+    for name, value in list(bound.items())[1:]:  # the first is the model
+        if signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
+            arguments.update(value)
+        else:
+            arguments[name] = value
+    return arguments
 
 
 def _owner(model: keras.Model, method: str) -> str:
