@@ -7,6 +7,9 @@ MultiWorkerMirroredStrategy. Writes OUT/<case>.<runner>.<task>.pkl: history,
 evaluate, predict and weights. Every run makes the same calls, the task's own
 data forms (strings, a dict of strings, uint8 images), with a global batch of 8
 over 21 examples (a last batch of 5).
+
+A task batches arrays with grain where grain is installed, else with tf.data;
+HUB_PIPELINE=tf.data hides grain, so that each pipeline can be run.
 """
 
 import os
@@ -14,6 +17,9 @@ import pickle
 import sys
 
 import tensorflow as tf
+
+if os.environ.get("HUB_PIPELINE") == "tf.data":
+    sys.modules["grain"] = None  # `import grain` then fails, and KerasHub builds tf.data pipelines
 
 out, names = sys.argv[1], sys.argv[2].split(",")
 replicas = int(sys.argv[3]) if len(sys.argv) > 3 else 1

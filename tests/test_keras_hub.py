@@ -9,7 +9,8 @@ preprocessing runs where the task runs it. Each task of tests/hub_models.py,
 built from a config and a tiny vocabulary (no preset), is fitted by model.fit on
 one device and by Trainer.fit on 1, 2 and 3 replicas and on 2 workers, with a
 global batch of 8 over 21 examples (a last batch of 5): history with its keys,
-weights, evaluate and predict must agree.
+weights, evaluate and predict must agree. Where grain is installed a task batches
+arrays with grain, else with tf.data: both pipelines are run.
 """
 
 import os
@@ -32,13 +33,13 @@ sys.path.insert(0, str(TESTS))
 import hub_models  # noqa: E402
 
 SCRIPT = str(TESTS / "hub_run.py")
-ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "HUB_PIPELINE": "tf.data"}
 
 
-def _run(out, cases, *args, launch=False):
+def _run(out, cases, *args, launch=False, env=ENV):
     command = [sys.executable, *(["-m", "trainer.launch", "--workers", "2"] if launch else []), SCRIPT, str(out),
                ",".join(cases), *args]
-    proc = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=900)
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
@@ -94,3 +95,26 @@ def test_tasks_give_one_devices_numbers_on_two_workers(one_device, tmp_path):
         worker0, worker1 = _load(tmp_path, case, "trainer", "worker0"), _load(tmp_path, case, "trainer", "worker1")
         _assert_same(worker0, reference, 1e-4)
         _assert_same(worker1, worker0, 0)  # the workers agree exactly
+
+
+GRAIN_CASES = ["text_classifier", "seq2seq_lm", "image_classifier"]  # arrays: batched by grain, then preprocessed
+
+
+@pytest.fixture(scope="module")
+def grain_one_device(tmp_path_factory):
+    """model.fit and Trainer.fit on one device, where the tasks batch arrays with grain."""
+    pytest.importorskip("grain", reason="grain is in the 'ecosystem' extra; without it KerasHub batches with tf.data")
+    out = tmp_path_factory.mktemp("grain1")
+    _run(out, GRAIN_CASES, "1", env={**ENV, "HUB_PIPELINE": "grain"})
+    return out
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_tasks_that_batch_arrays_with_grain_give_model_fits_numbers(grain_one_device, tmp_path, replicas):
+    out = grain_one_device
+    if replicas > 1:
+        out = tmp_path
+        _run(out, GRAIN_CASES, str(replicas), env={**ENV, "HUB_PIPELINE": "grain"})
+    tolerance = 1e-5 if replicas == 1 else 1e-4
+    for case in GRAIN_CASES:
+        _assert_same(_load(out, case, "trainer"), _load(grain_one_device, case, "keras"), tolerance)

@@ -650,13 +650,29 @@ try:  # keras/src/trainers/data_adapters/ (3.0-3.15)
 except ImportError:  # pragma: no cover
     _GeneratorAdapter = _PyDatasetAdapter = None
 
+# Grain's datasets (grain.MapDataset, grain.IterDataset, grain.DataLoader), which model.fit takes since Keras
+# 3.10 and which a KerasHub task's own fit makes from arrays when grain is installed:
+# keras/src/trainers/data_adapters/grain_dataset_adapter.py and `data_adapters.is_grain_dataset` (3.10-3.15).
+try:
+    from keras.src.trainers.data_adapters import is_grain_dataset as _is_grain_dataset
+    from keras.src.trainers.data_adapters.grain_dataset_adapter import GrainDatasetAdapter as _GrainAdapter
+except ImportError:  # Keras before 3.10: model.fit takes no grain dataset either
+    _is_grain_dataset = _GrainAdapter = None
+
+
+def is_grain_dataset(x: Any) -> bool:
+    return _is_grain_dataset is not None and bool(_is_grain_dataset(x))
+
 
 def keras_adapter(x: Any, *, class_weight: Any = None, shuffle: bool = False) -> Any:
-    """Keras's adapter for a generator or PyDataset: `.get_tf_dataset()`, `.num_batches`, epoch hooks."""
+    """Keras's adapter for a generator, PyDataset or grain dataset: `.get_tf_dataset()`, `.num_batches`, epoch
+    hooks."""
     if _GeneratorAdapter is None:  # pragma: no cover
         raise RuntimeError("This Keras has no keras.src.trainers.data_adapters; pass a tf.data.Dataset instead.")
     if isinstance(x, keras.utils.PyDataset):
         return _PyDatasetAdapter(x, class_weight=class_weight, shuffle=shuffle)
+    if is_grain_dataset(x):
+        return _GrainAdapter(x)
     return _GeneratorAdapter(x)
 
 
@@ -684,6 +700,8 @@ def first_batch(adapter: Any) -> Any:
     """The first batch an adapter yields, read without consuming anything (it was peeked or is indexed)."""
     if isinstance(adapter, _PyDatasetAdapter):
         return adapter._standardize_batch(adapter.py_dataset[0])
+    if _GrainAdapter is not None and isinstance(adapter, _GrainAdapter):  # read again: grain's datasets replay
+        return next(iter(adapter._dataset))
     return adapter._first_batches[0]
 
 

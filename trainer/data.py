@@ -50,7 +50,7 @@ def as_input(x: Any, y: Any = None, sample_weight: Any = None, *, arg: str, with
             f"Received: {given} of type {type(y if y is not None else sample_weight).__name__}. "
             f"Make the {form} yield (x, y) or (x, y, sample_weight), and drop {given}=."
         )
-    if form in ("generator", "PyDataset"):
+    if form in ("generator", "PyDataset", "grain dataset"):
         return _adapted(x, form, arg, class_weight=class_weight, shuffle=shuffle)
     if form == "tf.data.Dataset":
         return _checked_dataset(x, arg, class_weight)
@@ -201,6 +201,8 @@ def _form(x: Any) -> str:
         return "tf.data.Dataset"
     if isinstance(x, keras.utils.PyDataset):
         return "PyDataset"
+    if _compat.is_grain_dataset(x):
+        return "grain dataset"
     if isinstance(x, types.GeneratorType) or (hasattr(x, "__next__") and hasattr(x, "__iter__")):
         return "generator"
     if callable(x) and not isinstance(x, (np.ndarray, dict, list, tuple)):
@@ -307,8 +309,8 @@ def _class_weight_fn(class_weight: dict, batched: bool) -> Callable:
 
 def _adapted(x: Any, form: str, arg: str, *, class_weight: Any, shuffle: bool) -> BatchedInput:
     """A generator or PyDataset through Keras's adapter, which peeks at its first batches (and keeps them)."""
-    if form == "generator":
-        _no_class_weight(class_weight, "a generator (Keras refuses it too)", "the weights in the batches it yields")
+    if form in ("generator", "grain dataset"):
+        _no_class_weight(class_weight, f"a {form} (Keras refuses it too)", "the weights in the batches it yields")
     try:
         adapter = _compat.keras_adapter(x, class_weight=class_weight, shuffle=shuffle)
         dataset = adapter.get_tf_dataset()
