@@ -70,6 +70,26 @@ def _check_workers(x, num_workers, parameter_server=False, shuffle=False):
     return call
 
 
+class BatchByBatch(keras.Sequential):
+    """A model whose own fit trains batch by batch with train_on_batch."""
+
+    def fit(self, x=None, y=None, batch_size=32, **kwargs):
+        for start in range(0, len(x), batch_size):
+            self.train_on_batch(x[start:start + batch_size], y[start:start + batch_size])
+
+
+def batch_by_batch_model():
+    model = BatchByBatch([keras.Input((8,)), keras.layers.Dense(3)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def _inside_another_scope(c):
+    """A call inside the scope of a strategy that is not the Trainer's."""
+    with mirrored(2).scope():
+        Trainer(strategy="one_device", verbose=0).fit(c.model, c.x, c.y)
+
+
 def uncompiled_model():
     return keras.Sequential([keras.Input((8,)), keras.layers.Dense(3)])
 
@@ -336,6 +356,11 @@ ROWS = [
      r"Call model.compile", lambda: uncompiled_model),
     ("not-a-model", lambda c: Trainer(strategy="default", verbose=0).fit(3, (c.x, c.y)), TypeError, "`model`",
      "model of type int", r"a zero-argument function returning one"),
+    ("fit-override-batch-by-batch", lambda c: c_fit_keras(c, c.x, c.y), ValueError, "`model`",
+     "BatchByBatch.fit calls train_on_batch", r"hand the data it prepares to super\(\)\.fit", batch_by_batch_model),
+    # a strategy's scope
+    ("strategy-inside-another-scope", _inside_another_scope, ValueError, "`strategy`", "strategy='one_device'",
+     r"Call the trainer after the `with strategy.scope\(\):` block"),
     # evaluate and predict
     ("evaluate-feature-shape", lambda c: Trainer(strategy="default").evaluate(c.model, (c.x[:, 1:], c.y)),
      ValueError, "`data` x", "(203, 7)", r"Reshape the data"),
@@ -485,6 +510,7 @@ KERAS_SIDE = {
     "stateful-partial-batch": _kfit(lambda c: _sequences(c)[:201], lambda c: c.y[:201], batch_size=8),
     "validation-split-empty-side": _kfit(X, Y, validation_split=0.999),
     "class-weight-multi-output": _kfit(X, lambda c: (c.y, c.y), class_weight={0: 2.0}),
+    "fit-override-batch-by-batch": _kfit(X, Y),
     "validation-shape": _kfit(X, Y, validation_data=None) if False else (
         lambda c: _k(c).fit(c.x, c.y, validation_data=(c.x[:, :4], c.y), verbose=0)),
     "validation-structure-dict": lambda c: _k(c).fit(c.x, c.y, validation_data=({"a": c.x}, c.y), verbose=0),
@@ -625,6 +651,7 @@ DELIBERATE = {
     "validation-split-negative": "a negative `validation_split`",
     "class-weight-string-keys": "`class_weight` keys",
     "dict-key-among-the-inputs": "sort among the inputs' keys",
+    "fit-override-batch-by-batch": "`train_on_batch`",
 }
 
 

@@ -100,9 +100,9 @@ def _dispatch(name: str, keras_method: Callable, model: keras.Model, args: tuple
         method = route.method or "fit"
         raise ValueError(
             f"`model` must reach Keras's own {method} for the trainer to run it. Received: a "
-            f"{type(model).__name__} whose {_owner(model, method)}.{method} calls {name}, which runs on one "
-            f"device, outside the strategy. Make it hand the data it prepares to super().{method}(...), or call "
-            f"trainer.{method} on that data."
+            f"{type(model).__name__} whose {_owner(model, method)}.{method} calls {name}, which model.fit runs on "
+            f"one device and the trainer can't run on its strategy. Make it hand the data it prepares to "
+            f"super().{method}(...), or call trainer.{method} on that data."
         )
     arguments = keras_method_arguments(keras_method, model, args, kwargs)
     route.reached += 1
