@@ -17,7 +17,8 @@ import tempfile
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, TESTS)
-mode, out = sys.argv[1], sys.argv[-1]
+mode, out = sys.argv[1], os.path.abspath(sys.argv[-1])
+os.chdir(out)  # what the tools write beside their stores (MLflow's artifacts under ./mlruns) stays in OUT
 EPOCHS = 3
 
 
