@@ -146,6 +146,8 @@ def test_distribute_runs_every_model_fit_inside_the_block_on_the_trainer():
     np.testing.assert_allclose(evaluation, reference.evaluate(x * 10, y, batch_size=16, verbose=0), rtol=1e-5)
     model.fit(x * 10, y, batch_size=16, verbose=0, callbacks=[Seen()])  # after the block: Keras's own
     assert contexts == [2]
+    with trainer.distribute(), pytest.raises(ValueError, match=r"Scaled\.train_on_batch inside `with trainer"):
+        model.train_on_batch(x[:8] * 10, y[:8])
 
 
 def test_keras_methods_are_put_back_after_each_call():

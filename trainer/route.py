@@ -96,8 +96,14 @@ def _dispatch(name: str, keras_method: Callable, model: keras.Model, args: tuple
     route = _current.get()
     if route is None or not route.takes(model) or kwargs.get("_use_cached_eval_dataset"):
         return keras_method(model, *args, **kwargs)
+    if name in _BATCH_METHODS and not route.method:
+        raise ValueError(
+            f"`{name}` runs one batch on one device, outside the strategy, which Trainer.distribute() can't "
+            f"distribute. Received: {type(model).__name__}.{name} inside `with trainer.distribute():`. Call it "
+            "outside the block, or train with model.fit inside it."
+        )
     if name in _BATCH_METHODS:
-        method = route.method or "fit"
+        method = route.method
         raise ValueError(
             f"`model` must reach Keras's own {method} for the trainer to run it. Received: a "
             f"{type(model).__name__} whose {_owner(model, method)}.{method} calls {name}, which model.fit runs on "
