@@ -96,6 +96,26 @@ def test_the_trainers_batch_is_handed_to_the_models_own_fit():
     assert seen == [32, 10]  # the Trainer's global batch (16 per replica x 2), else fit's own
 
 
+def test_a_fit_that_takes_no_batch_size_gets_none():
+    x, y, _ = tiny_data()
+
+    class Narrow(keras.Sequential):
+        def fit(self, x, y, epochs=1):  # as model.fit would be called on it: no batch_size
+            return super().fit(x, y, batch_size=16, epochs=epochs, shuffle=False, verbose=0)
+
+    def make():
+        keras.utils.set_random_seed(0)
+        model = Narrow([keras.Input((8,)), keras.layers.Dense(3)])
+        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    reference, model = make(), make()
+    reference.fit(x, y, epochs=2)
+    Trainer(strategy=mirrored(2), lr_scaling=None, verbose=0).fit(model, x, y, epochs=2)
+    for a, b in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_a_fit_that_trains_batch_by_batch_is_refused_before_any_step():
     x, y, _ = tiny_data()
 

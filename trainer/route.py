@@ -132,6 +132,15 @@ def keras_method_arguments(method: Callable, model: keras.Model, args: tuple, kw
     return arguments
 
 
+def accepts(method: Callable, name: str) -> bool:
+    """Whether `method` takes an argument `name` (by name, or in its **kwargs)."""
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: hand down only what was given
+        return False
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
 def _owner(model: keras.Model, method: str) -> str:
     """The class whose `method` a call of `model.<method>` runs (where an override lives)."""
     for cls in type(model).__mro__:

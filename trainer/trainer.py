@@ -445,7 +445,8 @@ class Trainer:
         if not isinstance(model, keras.Model):
             return run(model, strategy=strategy, **arguments)
         planned = None
-        if arguments.get("batch_size") is None and data_lib.is_arrays(arguments.get("x")):
+        if (arguments.get("batch_size") is None and data_lib.is_arrays(arguments.get("x"))
+                and route_lib.accepts(getattr(model, method), "batch_size")):
             planned = self._batch_plan(strategy)[0].global_batch_size
             arguments = {**arguments, "batch_size": planned}
 
