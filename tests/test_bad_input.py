@@ -683,7 +683,8 @@ def test_each_refusal_stands_where_model_fit_fails_too(row, tmp_path, monkeypatc
 
 
 README = (TESTS.parent / "README.md").read_text()
-CHECKS = ("trainer/checks.py", "trainer/model_checks.py", "trainer/data.py", "trainer/options.py")
+CHECKS = ("trainer/checks.py", "trainer/model_checks.py", "trainer/data.py", "trainer/data_checks.py",
+          "trainer/options.py")
 
 
 def _raised_where(row, tmp_path, monkeypatch) -> tuple[str, int] | None:
@@ -711,7 +712,7 @@ def _raised_where(row, tmp_path, monkeypatch) -> tuple[str, int] | None:
 
 @pytest.mark.slow
 def test_every_refusal_in_the_checks_has_a_row(tmp_path, monkeypatch, capsys):
-    """Each `raise ValueError/TypeError` of checks.py, model_checks.py, data.py and options.py is reached by a
+    """Each `raise ValueError/TypeError` of the modules that check a call (CHECKS) is reached by a
     row, so each is held against model.fit (or is the trainer's own)."""
     monkeypatch.delenv("TF_CONFIG", raising=False)
     sites = [(path, number) for path in CHECKS
@@ -855,9 +856,9 @@ def test_finite_arrays_do_not_warn():
     x, y, w = tiny_data()
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
-        from trainer import checks, data
+        from trainer import data, data_checks
 
-        checks.check_data(data.as_input((x, y, w), arg="data"), "data", steps_arg=None, steps=None)
+        data_checks.check_data(data.as_input((x, y, w), arg="data"), "data", steps_arg=None, steps=None)
 
 
 def test_zero_epochs_is_nothing_to_do_as_in_keras():

@@ -727,6 +727,27 @@ def declared_batch_size(dataset: tf.data.Dataset) -> tuple[bool, int | None]:
     return False, None
 
 
+@dataclasses.dataclass(frozen=True)
+class KerasView:
+    """What Keras's own data handling makes of a tf.data.Dataset, generator, PyDataset or grain dataset."""
+    dataset: tf.data.Dataset  # the data as tf.data: the dataset itself, or its adapter's
+    adapter: Any = None  # a Python-fed form's adapter: `.num_batches`, its epoch hooks
+    first: Any = None  # that adapter's first batch, read without consuming anything
+    batched: bool = False  # a tf.data.Dataset's: whether a `.batch()` made its elements
+    batch_size: int | None = None  # that `.batch()`'s size, where static
+    warnings: tuple = ()  # what model.fit's adapters warn about it, when asked for
+
+
+def keras_view(x: Any, *, class_weight: Any = None, shuffle: bool = False, warn: bool = False) -> KerasView:
+    """Reads `x` as model.fit's data adapters read it; raises their ValueError for data they refuse."""
+    caught = tuple(adapter_warnings(x, shuffle)) if warn else ()
+    if isinstance(x, tf.data.Dataset):
+        batched, batch_size = declared_batch_size(x)
+        return KerasView(x, batched=batched, batch_size=batch_size, warnings=caught)
+    adapter = keras_adapter(x, class_weight=class_weight, shuffle=shuffle)
+    return KerasView(adapter.get_tf_dataset(), adapter, first_batch(adapter), warnings=caught)
+
+
 # Keras's own fit, evaluate and predict ---------------------------------------------
 #
 # `Trainer.fit(model, ...)` calls `model.fit(...)`, so that what a model's class

@@ -5,9 +5,11 @@ the form (arrays given either way, a tf.data.Dataset batched or not, a
 generator, a PyDataset, or a dataset function), refuses what can't be read
 exactly with a message that names the argument and the fix, folds in
 `class_weight` as Keras does, and returns one of the kinds of
-`trainer/inputs.py`, which carry the rest of the contract. `check_workers`
-refuses the Python-fed forms where several processes can't read them alike.
-`checks.check_data` then checks the kind against the model.
+`trainer/inputs.py`, which carry the rest of the contract. `fit_inputs`,
+`evaluate_input` and `predict_input` then check what they made: for the
+workers (`check_workers` refuses the Python-fed forms where several processes
+can't read them alike), and on its own (`data_checks.check_data`). The checks
+against the model come later (`checks`), once it is known.
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ import numpy as np
 import tensorflow as tf
 
 from trainer import _compat
+from trainer.data_checks import check_data, subject
 from trainer.inputs import ArrayInput, BatchedInput, DatasetInput, FunctionInput, Input
 from trainer.route import user_stacklevel
 
 
 def as_input(x: Any, y: Any = None, sample_weight: Any = None, *, arg: str, with_targets: bool = True,
-             class_weight: Any = None, shuffle: bool = False) -> Input:
+             class_weight: Any = None, shuffle: bool = False, warn: bool = False) -> Input:
     """Validates the user's data and wraps it as one of the input kinds.
 
     Args:
@@ -41,6 +44,7 @@ def as_input(x: Any, y: Any = None, sample_weight: Any = None, *, arg: str, with
       with_targets: True for fit/evaluate, False for predict (`x` alone).
       class_weight: {class: weight}, folded into the sample weights as Keras does.
       shuffle: for a PyDataset, shuffle its batch order each epoch (as Keras does).
+      warn: give the warnings model.fit's data adapters give for `x`.
     """
     form = _form(x)
     if form != "arrays" and (y is not None or sample_weight is not None):
@@ -50,10 +54,9 @@ def as_input(x: Any, y: Any = None, sample_weight: Any = None, *, arg: str, with
             f"Received: {given} of type {type(y if y is not None else sample_weight).__name__}. "
             f"Make the {form} yield (x, y) or (x, y, sample_weight), and drop {given}=."
         )
-    if form in ("generator", "PyDataset", "grain dataset"):
-        return _adapted(x, form, arg, class_weight=class_weight, shuffle=shuffle)
-    if form == "tf.data.Dataset":
-        return _checked_dataset(x, arg, class_weight)
+    if form in ("generator", "PyDataset", "grain dataset", "tf.data.Dataset"):
+        view = _keras_view(x, form, arg, class_weight=class_weight, shuffle=shuffle, warn=warn)
+        return _checked_dataset(view, arg, class_weight) if form == "tf.data.Dataset" else _adapted(view, form)
     if form == "function":
         _no_class_weight(class_weight, "a dataset function", "weights in the dataset it returns")
         return FunctionInput(x)
@@ -117,35 +120,49 @@ def check_workers(inp: Input, num_workers: int, *, parameter_server: bool, arg: 
         )
 
 
-def warn_as_keras_adapters(x: Any, shuffle: bool) -> None:
-    """The warnings model.fit's data adapters give for `x` (that `shuffle` leaves a dataset as it is, in the
-    Keras versions that say so), given again here as warnings of the caller's call."""
-    for caught in _compat.adapter_warnings(x, shuffle):
-        warnings.warn(caught.message, caught.category, stacklevel=user_stacklevel())
-
-
 def fit_inputs(x: Any, y: Any, sample_weight: Any, *, arg: str, class_weight: Any, shuffle: bool,
-               validation_split: float, validation_data: Any, num_workers: int,
-               parameter_server: bool) -> tuple[Input, Input | None]:
+               validation_split: float, validation_data: Any, steps_per_epoch: int | None, num_workers: int,
+               parameter_server: bool, is_chief: bool) -> tuple[Input, Input | None]:
     """fit's training input, and what it validates on (None without): `validation_data`, or the `validation_split`.
 
     As in Keras, `validation_data` wins over `validation_split`, and the split
     comes first: the class weights weigh the training rows only. Both inputs
-    are checked for the workers they will be read on
-    (under parameter-server training only the training input goes to the
-    workers; validation runs on the coordinator).
+    are checked, and checked for the workers they will be read on (under
+    parameter-server training only the training input goes to the workers;
+    validation runs on the coordinator). The chief gives model.fit's warnings
+    about `x`.
     """
     if validation_split and validation_data is None:
         train, val = split_validation(as_input(x, y, sample_weight, arg=arg, shuffle=shuffle), validation_split, arg)
         if class_weight is not None:
             train = _class_weighted(train, class_weight, arg)
     else:
-        train = as_input(x, y, sample_weight, arg=arg, class_weight=class_weight, shuffle=shuffle)
+        train = as_input(x, y, sample_weight, arg=arg, class_weight=class_weight, shuffle=shuffle, warn=is_chief)
         val = None if validation_data is None else _validation_input(validation_data, train)
     check_workers(train, num_workers, parameter_server=parameter_server, arg=arg)
     if val is not None:
         check_workers(val, 1 if parameter_server else num_workers, parameter_server=False, arg="validation_data")
+    check_data(train, "data", steps_arg="steps_per_epoch", steps=steps_per_epoch)
+    if val is not None:
+        check_data(val, "validation_data", steps_arg=None, steps=None)
     return train, val
+
+
+def evaluate_input(x: Any, y: Any, sample_weight: Any, *, arg: str, steps: int | None, num_workers: int,
+                   parameter_server: bool) -> Input:
+    """evaluate's input, checked, and checked for its workers."""
+    inp = as_input(x, y, sample_weight, arg=arg)
+    check_workers(inp, num_workers, parameter_server=parameter_server, arg=arg)
+    check_data(inp, "data", steps_arg="steps", steps=steps)
+    return inp
+
+
+def predict_input(x: Any, model: Any, *, num_workers: int, parameter_server: bool) -> Input:
+    """predict's input: the features of `x` (`features`), checked, and checked for its workers."""
+    inp = features(as_input(x, arg="x", with_targets=False), model)
+    check_workers(inp, num_workers, parameter_server=parameter_server, arg="x")
+    check_data(inp, "x", steps_arg=None, steps=None, with_targets=False)
+    return inp
 
 
 def _validation_input(validation_data: Any, train: Input) -> Input:
@@ -307,33 +324,39 @@ def _class_weight_fn(class_weight: dict, batched: bool) -> Callable:
     return add_weights
 
 
-def _adapted(x: Any, form: str, arg: str, *, class_weight: Any, shuffle: bool) -> BatchedInput:
-    """A generator or PyDataset through Keras's adapter, which peeks at its first batches (and keeps them)."""
+def _keras_view(x: Any, form: str, arg: str, *, class_weight: Any, shuffle: bool, warn: bool) -> _compat.KerasView:
+    """`x` as Keras's data adapters read it (a generator's adapter peeks at its first batches, and keeps them);
+    their warnings given again as warnings of the user's call."""
     if form in ("generator", "grain dataset"):
         _no_class_weight(class_weight, f"a {form} (Keras refuses it too)", "the weights in the batches it yields")
+    if form == "tf.data.Dataset" and x.cardinality() == 0:
+        raise ValueError(f"`{arg}` must hold at least one example (model.fit would run epochs of no step and "
+                         f"return an empty history). Received: {arg}, an empty tf.data.Dataset (cardinality 0). Pass "
+                         "a dataset with examples (check any .take/.filter/.skip).")
     try:
-        adapter = _compat.keras_adapter(x, class_weight=class_weight, shuffle=shuffle)
-        dataset = adapter.get_tf_dataset()
+        view = _compat.keras_view(x, class_weight=None if form == "tf.data.Dataset" else class_weight,
+                                  shuffle=shuffle, warn=warn)
     except ValueError as err:
         raise ValueError(
             f"`{arg}`, a {form}, must yield batches as (x, y) or (x, y, sample_weight) tuples of arrays. "
             f"Keras could not read it: {err} Yield tuples of NumPy arrays with one row per example."
         ) from None
-    first = _compat.first_batch(adapter)
-    leading = [tf.TensorShape(np.shape(t))[:1] for t in tf.nest.flatten(first)]
+    for caught in view.warnings:
+        warnings.warn(caught.message, caught.category, stacklevel=user_stacklevel())
+    return view
+
+
+def _adapted(view: _compat.KerasView, form: str) -> BatchedInput:
+    """A generator, PyDataset or grain dataset, batched by its own code: Keras's adapter reads it."""
+    leading = [tf.TensorShape(np.shape(t))[:1] for t in tf.nest.flatten(view.first)]
     batch_size = int(leading[0][0]) if leading and leading[0].rank else None
-    return BatchedInput(dataset, form, batch_size, adapter.num_batches, _per_example(dataset.element_spec),
-                        adapter=adapter, first=first)
+    return BatchedInput(view.dataset, form, batch_size, view.adapter.num_batches,
+                        _per_example(view.dataset.element_spec), adapter=view.adapter, first=view.first)
 
 
 def _per_example(spec: Any) -> Any:
     return tf.nest.map_structure(
         lambda s: tf.TensorSpec(s.shape[1:], s.dtype) if s.shape.rank else s, spec)
-
-
-def subject(arg: str, name: str) -> str:
-    """How an error names part of an argument: "`data` x['a']", or "`x`['a']" for predict's x."""
-    return f"`{arg}`{name[len(arg):]}" if name.startswith(arg) else f"`{arg}` {name}"
 
 
 def _reject_nested_lists(part: Any, arg: str, name: str) -> None:
@@ -387,13 +410,9 @@ def _common_length(arrays: Any, arg: str) -> int:
     return lengths[0]
 
 
-def _checked_dataset(dataset: tf.data.Dataset, arg: str, class_weight: Any = None) -> DatasetInput | BatchedInput:
+def _checked_dataset(view: _compat.KerasView, arg: str, class_weight: Any = None) -> DatasetInput | BatchedInput:
     """An unbatched dataset, which the trainer batches, or a batched one, whose batches are the global batches."""
-    if dataset.cardinality() == 0:
-        raise ValueError(f"`{arg}` must hold at least one example (model.fit would run epochs of no step and "
-                         f"return an empty history). Received: {arg}, an empty tf.data.Dataset (cardinality 0). Pass "
-                         "a dataset with examples (check any .take/.filter/.skip).")
-    batched, batch_size = _compat.declared_batch_size(dataset)
+    dataset, batched, batch_size = view.dataset, view.batched, view.batch_size
     shapes = [s.shape for s in tf.nest.flatten(dataset.element_spec)]
     if not batched and shapes and all(s.rank and s[0] is None for s in shapes):
         batched = True  # every leading dimension unknown: batches from a source this walk can't see into

@@ -15,12 +15,12 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from trainer import _compat, checks, models, placement, scaling
+from trainer import _compat, models, placement, scaling
 from trainer import inputs as inputs_lib
 from trainer import strategy as strategy_lib
 from trainer.cluster import is_parameter_server
 from trainer.objective import Objective
-from trainer.steps import Steps, unpack
+from trainer.steps import Steps
 
 CACHE_SIZE = 4
 
@@ -121,7 +121,6 @@ def build(
     strategy: tf.distribute.Strategy,
     inp: inputs_lib.Input,
     *,
-    global_batch_size: int,
     seed: int | None,
     jit_compile: bool | str,
     cache: "list[Engine]",
@@ -142,8 +141,8 @@ def build(
       mixed_precision: a Keras dtype policy name for a builder's layers, or None.
     """
     model = models.from_builder(model, strategy, seed, mixed_precision)
-    batch = sample_batch(model, inp, strategy, global_batch_size)
-    models.check_loss(model, unpack(batch)[0], training=lr is not None)
+    batch = sample_batch(model, inp)
+    models.check_loss(model, keras.utils.unpack_x_y_sample_weight(batch)[0], training=lr is not None)
     move = placement.move_in(model, strategy, in_scope.table(model, strategy), batch, targets=True)
     try:
         lr_plan = None
@@ -172,11 +171,9 @@ def build(
     return model, engine, lr_plan, move
 
 
-def sample_batch(model: keras.Model, inp: inputs_lib.Input, strategy: tf.distribute.Strategy,
-                 global_batch_size: int) -> Any:
-    """A few examples to build `model` on: as many as its fixed batch size, if it has one (checked first)."""
-    checks.check_fixed_batch(model, inp, num_replicas=strategy.num_replicas_in_sync,
-                             global_batch_size=global_batch_size)
+def sample_batch(model: keras.Model, inp: inputs_lib.Input) -> Any:
+    """A few examples to build `model` on: as many as its fixed batch size, if it has one (`checks` checked
+    the batches against it)."""
     return inp.sample(models.fixed_batch_size(model) or 2)
 
 

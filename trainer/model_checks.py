@@ -14,14 +14,13 @@ import tensorflow as tf
 
 from trainer import _compat
 from trainer import inputs as inputs_lib
-from trainer.data import subject
+from trainer import models
+from trainer.data_checks import describe_spec, leaves, parts, sorted_keys, structure, subject
 from trainer.objective import ModelSteps
 
-PARTS = ("x", "y", "sample_weight")
-
-
-def check_model_inputs(model: keras.Model, inputs) -> None:
-    """Targets where the model needs them; feature structure, shapes and dtypes against its Inputs; label range."""
+def check_model_inputs(model: keras.Model, inputs, batch) -> None:
+    """Targets where the model needs them; feature structure, shapes and dtypes against its Inputs; label range;
+    and the first input's batches (`batch`, a `scaling.BatchPlan`) against the model's stateful layers."""
     for inp, arg, with_targets in inputs:
         if isinstance(inp, inputs_lib.FunctionInput):
             continue
@@ -31,6 +30,7 @@ def check_model_inputs(model: keras.Model, inputs) -> None:
         _check_features(model, split["x"], arg)
         if isinstance(inp, inputs_lib.ArrayInput) and "y" in split:  # datasets can't be scanned cheaply
             _check_sparse_labels(model, split["y"], arg)
+    check_fixed_batch(model, inputs[0][0], num_replicas=batch.num_replicas, global_batch_size=batch.global_batch_size)
 
 
 def _check_needs_no_targets(model: keras.Model, inp, arg: str) -> None:
@@ -57,11 +57,6 @@ def _check_needs_no_targets(model: keras.Model, inp, arg: str) -> None:
 def _elements(inp) -> str:
     """", elements {'image': float32[28, 28]}": what a dataset yields, for messages ("" for arrays)."""
     return "" if isinstance(inp, inputs_lib.ArrayInput) else f", elements {describe_spec(inp.example_spec)}"
-
-
-def describe_spec(spec: Any) -> str:
-    """An element's tf.TensorSpecs in words: "(float32[8], int64[])"."""
-    return str(tf.nest.map_structure(lambda s: f"{s.dtype.name}{list(s.shape)}", spec)).replace('"', "")
 
 
 def _check_features(model: keras.Model, x: Any, arg: str) -> None:
@@ -93,7 +88,7 @@ def _check_features(model: keras.Model, x: Any, arg: str) -> None:
 def _check_keys(feed: _compat.DictFeed, x: dict, arg: str) -> None:
     """A dict of data against the model's inputs, as Keras takes it (`_compat.dict_feed`)."""
     names = [name for _, name, _ in feed.pairs]
-    received = f"x with keys {_sorted(x)}"
+    received = f"x with keys {sorted_keys(x)}"
     if feed.missing:
         raise ValueError(
             f"{subject(arg, 'x')} must have a key for each model input: Keras takes each input's data by its "
@@ -199,28 +194,33 @@ def _count_inputs(tensors: list) -> str:
     return f"{len(tensors)}: {names}" if len(names) == len(tensors) else str(len(tensors))
 
 
-def structure(inp) -> Any:
-    return inp.arrays if isinstance(inp, inputs_lib.ArrayInput) else inp.example_spec
+def check_fixed_batch(model: keras.Model, inp, *, num_replicas: int, global_batch_size: int) -> None:
+    """Refuses what a model with stateful layers can't run: they take exactly their fixed batch every step.
 
-
-def parts(struct: Any, with_targets: bool) -> dict[str, Any]:
-    """{"x": ..., "y": ..., "sample_weight": ...} of an element, as Keras unpacks it (x alone: {"x": ...})."""
-    if not with_targets or not isinstance(struct, (tuple, list)):
-        return {"x": struct}
-    return dict(zip(PARTS, struct))
-
-
-def leaves(struct: Any, name: str) -> list[tuple[str, Any]]:
-    """(name, leaf) pairs, e.g. ("x['a']", array), in Keras's flattened order (a dict's sorted keys)."""
-    if isinstance(struct, dict):
-        return [pair for key in _sorted(struct) for pair in leaves(struct[key], f"{name}[{key!r}]")]
-    if isinstance(struct, (list, tuple)):
-        return [pair for i, item in enumerate(struct) for pair in leaves(item, f"{name}[{i}]")]
-    return [(name, struct)]
-
-
-def _sorted(keys) -> list:
-    try:
-        return sorted(keys)
-    except TypeError:  # keys of mixed types: Keras's tree sorts those its own way; keep the order given
-        return list(keys)
+    Keras's `fit` would crash on the first step of another size, often the
+    last one, after training the epoch. Other models with a fixed batch
+    (`keras.Input(batch_shape=...)`) take any batch size, as in Keras.
+    """
+    stateful = models.stateful_layers(model)
+    batch = models.fixed_batch_size(model)
+    if not stateful or batch is None:
+        return
+    layers = f"stateful layers ({', '.join(layer.name for layer in stateful)})"
+    if num_replicas > 1:
+        raise ValueError(
+            f"`model` has {layers}, which keep a state for each row of a fixed batch of {batch}; a strategy can't "
+            f"split that batch across replicas. Received: a strategy with {num_replicas} replicas. Train it on one "
+            "device (Trainer(strategy=\"default\")), or build the layers with stateful=False."
+        )
+    if global_batch_size != batch:
+        raise ValueError(
+            f"`batch_size` must be {batch}, the fixed batch size of `model`'s {layers}. Received: a global batch "
+            f"of {global_batch_size}. Pass Trainer(batch_size={batch})."
+        )
+    n = inp.num_examples
+    if n is not None and n % batch:
+        raise ValueError(
+            f"The data must hold a multiple of {batch} examples: `model`'s {layers} take exactly {batch} in every "
+            f"step. Received: {n} examples, which leave a last batch of {n % batch}. Drop the last {n % batch} "
+            f"examples (x[:{n - n % batch}]), or pad the data to a multiple of {batch}."
+        )

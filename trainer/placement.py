@@ -33,7 +33,6 @@ import tensorflow as tf
 from trainer import _compat
 from trainer.cluster import is_parameter_server, strategy_cluster_info
 from trainer.objective import overridden
-from trainer.steps import unpack
 
 ON_READ = tf.VariableSynchronization.ON_READ
 
@@ -191,13 +190,13 @@ def build(model: keras.Model, data_batch: Any, *, targets: bool) -> None:
     # Tensors for NumPy arrays: Keras reads the dtypes it knows, and NumPy's strings are not one.
     data_batch = keras.tree.map_structure(lambda t: tf.convert_to_tensor(t) if isinstance(t, np.ndarray) else t,
                                           data_batch)
-    x, _, _ = unpack(data_batch)
+    own_step = targets and overridden(model, "train_step")
+    unbuilt = not all(layer.built for layer in _compat.all_layers(model))
     if not targets:
-        if not all(layer.built for layer in _compat.all_layers(model)):
-            _compat.build_model_only(model, x)
+        if unbuilt:
+            _compat.build_model_only(model, keras.utils.unpack_x_y_sample_weight(data_batch)[0])
         return
-    own_step = overridden(model, "train_step")
-    if own_step and not all(layer.built for layer in _compat.all_layers(model)):
+    if own_step and unbuilt:
         # What only the model's own step creates (the layers of a model without call(), an optimizer built in
         # its first apply), created as the first trace of the step under `model.fit` creates it, at home and
         # without running anything.

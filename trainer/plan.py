@@ -79,7 +79,8 @@ class Plan:
     process: str = ""  # what the trainer changed for the whole process (malloc.tune_process), in words
     placement: str = ""  # how the model entered the strategy's scope (placement.Move.describe), when it moved
     cluster: str = ""  # where the tasks' cluster came from (cluster.cluster_source), on several tasks
-    resume: str = ""  # how exactly a backup resumes (resume_note), when a callback resumes training
+    resume: str | None = None  # None unless a callback resumes training; then the input's reason a backup can't
+    # resume it exactly (`Input.resume`), "" when it can
 
     def __post_init__(self):
         if self.native_bf16 is not None and self.native_bf16 not in BF16_UNITS:
@@ -167,8 +168,9 @@ class Plan:
             rows.append(("batch norm", batch_norm_note(self.batch_norm, self.num_replicas)))
         if self.onednn is False:
             rows.append(("cpu kernels", ONEDNN_HINT))
-        if self.resume:
-            rows.append(("resume", self.resume))
+        if self.resume is not None:
+            rows.append(("resume", resume_note(parameter_server=self.repeated_data, input_note=self.resume,
+                                               global_batch_size=self.global_batch_size)))
         if self.process:
             rows.append(("process", self.process))
         width = max(len(k) for k, _ in rows)

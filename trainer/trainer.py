@@ -23,7 +23,7 @@ from trainer.cluster import cluster_info, cluster_source, is_parameter_server, s
 from trainer.fusion import StepFusion
 from trainer.history import History
 from trainer.objective import ModelSteps, logs_in_order
-from trainer.plan import Plan, batch_norm_note, optimizer_note, resume_note, strategy_label
+from trainer.plan import Plan, batch_norm_note, optimizer_note, strategy_label
 from trainer.steps import Steps
 
 
@@ -269,12 +269,11 @@ class Trainer:
         epochs, steps_per_epoch = options.loop_args(epochs=epochs, initial_epoch=initial_epoch,
                                                     steps_per_epoch=steps_per_epoch)
         shuffle = self.shuffle if shuffle is None else shuffle
-        arg = _data_arg(y, sample_weight)
-        train, val = data_lib.fit_inputs(x, y, sample_weight, arg=arg, class_weight=class_weight, shuffle=shuffle,
+        train, val = data_lib.fit_inputs(x, y, sample_weight, arg=_data_arg(y, sample_weight),
+                                         class_weight=class_weight, shuffle=shuffle,
                                          validation_split=validation_split, validation_data=validation_data,
-                                         **_workers(strategy))
-        if strategy_cluster_info(strategy).is_chief:
-            data_lib.warn_as_keras_adapters(x, shuffle)
+                                         steps_per_epoch=steps_per_epoch, **_workers(strategy),
+                                         is_chief=strategy_cluster_info(strategy).is_chief)
         if val is not None and validation_freq == 0:
             raise ValueError("`validation_freq` must be a positive number of epochs (or a list of epochs) when fit "
                              "validates: model.fit divides the epoch by it. Received: validation_freq=0. Pass e.g. "
@@ -287,12 +286,11 @@ class Trainer:
         user_steps = steps_per_epoch = checks.steps_within_arrays(train, steps_per_epoch, batch.global_batch_size)
         steps_per_epoch = steps_per_epoch or train.num_steps(batch.global_batch_size)
         warmup_steps = self._warmup_steps(steps_per_epoch)
-        model = checks.check_fit(model, train, val, steps_per_epoch=user_steps, epoch_steps=steps_per_epoch,
-                                 epochs=epochs, initial_epoch=initial_epoch, warmup=(self.warmup_epochs, warmup_steps),
-                                 global_batch_size=batch.global_batch_size)
+        model = checks.check_fit(model, train, val, batch=batch, epoch_steps=steps_per_epoch, epochs=epochs,
+                                 initial_epoch=initial_epoch, warmup=(self.warmup_epochs, warmup_steps))
         lr = engine_lib.LRSettings(self.lr_scaling, self._base_batch_size(batch, batch_source), batch, warmup_steps)
         process = malloc.tune_process(self.tune_malloc)  # the checks are done: the process may change now
-        model, compiled, lr_plan, move = self._build(model, strategy, train, batch, lr=lr)
+        model, compiled, lr_plan, move = self._build(model, strategy, train, lr=lr)
         with move:  # on the way out the user's model goes home with its trained state, as after model.fit
             fusion, fusion_source = self._fusion(compiled, batch, steps_per_epoch, callbacks)
             plan = self._plan(strategy, train, batch, steps_per_epoch, lr_plan, fusion, model,
@@ -351,15 +349,15 @@ class Trainer:
         callbacks = checks.check_callbacks(callbacks)
         options.check_fit_args(batch_size=batch_size)
         steps = options.steps_arg("steps", steps, fix="Pass a positive number of steps, or None for all.")
-        inp = data_lib.as_input(x, y, sample_weight, arg=_data_arg(y, sample_weight))
-        data_lib.check_workers(inp, **_workers(strategy, training=False), arg=_data_arg(y, sample_weight))
+        inp = data_lib.evaluate_input(x, y, sample_weight, arg=_data_arg(y, sample_weight), steps=steps,
+                                      **_workers(strategy, training=False))
         if isinstance(model, keras.Model):
             models.check_compiled(model)
         models.check_precision(model, self.mixed_precision)
-        model = checks.check_evaluate(model, inp, steps=steps)
         batch, _ = self._batch_plan(strategy, inp, batch_size, planned_batch)
+        model = checks.check_evaluate(model, inp, batch=batch)
         malloc.tune_process(self.tune_malloc)
-        model, compiled, _, move = self._build(model, strategy, inp, batch)
+        model, compiled, _, move = self._build(model, strategy, inp)
         with move:
             callback_list = keras.callbacks.CallbackList(callbacks, model=model)
             logs = loop.run_eval(compiled.eval_steps, self._readers(compiled.eval_strategy, batch), inp,
@@ -393,14 +391,13 @@ class Trainer:
         checks.check_callbacks(callbacks)
         options.check_fit_args(batch_size=batch_size)
         steps = options.steps_arg("steps", steps, fix="Pass a positive number of steps, or None for all.")
-        inp = data_lib.features(data_lib.as_input(x, arg="x", with_targets=False), model)
-        data_lib.check_workers(inp, **_workers(strategy, training=False), arg="x")
-        model = checks.check_predict(model, inp)
+        inp = data_lib.predict_input(x, model, **_workers(strategy, training=False))
         models.check_precision(model, self.mixed_precision)
         batch, _ = self._batch_plan(strategy, inp, batch_size, planned_batch)
+        model = checks.check_predict(model, inp, batch=batch)
         malloc.tune_process(self.tune_malloc)
         model = models.from_builder(model, strategy, self.seed, self.mixed_precision)
-        sample_x = engine_lib.sample_batch(model, inp, strategy, batch.global_batch_size)
+        sample_x = engine_lib.sample_batch(model, inp)
         with placement.move_in(model, strategy, self._in_scope.table(model, strategy), sample_x, targets=False):
             if is_parameter_server(strategy):
                 strategy = tf.distribute.get_strategy()  # inline on the coordinator
@@ -536,9 +533,8 @@ class Trainer:
             )
         return int(round(self.warmup_epochs * steps_per_epoch))
 
-    def _build(self, model, strategy, inp, batch: scaling.BatchPlan, lr: engine_lib.LRSettings | None = None):
-        return engine_lib.build(model, strategy, inp, global_batch_size=batch.global_batch_size,
-                                seed=self.seed, jit_compile=self.jit_compile,
+    def _build(self, model, strategy, inp, lr: engine_lib.LRSettings | None = None):
+        return engine_lib.build(model, strategy, inp, seed=self.seed, jit_compile=self.jit_compile,
                                 cache=self._engines, in_scope=self._in_scope, lr=lr,
                                 mixed_precision=self.mixed_precision)
 
@@ -601,8 +597,7 @@ class Trainer:
             process=process,
             placement=moved,
             cluster=cluster_source() if num_workers > 1 or parameter_server else "",
-            resume=resume_note(parameter_server=parameter_server, input_note=inp.resume(user_steps),
-                               global_batch_size=batch.global_batch_size) if resumes else "",
+            resume=inp.resume(user_steps) if resumes else None,
         )
 
     def _jit_source(self, model) -> str:
@@ -625,6 +620,7 @@ class Trainer:
         """Runs the epochs: steps read on this process's replicas, or scheduled under parameter-server training."""
         if validation is not None:
             validation.make_reader = self._readers(compiled.eval_strategy, validation.batch)
+        readers = self._readers(compiled.strategy, batch, shuffle)
         if is_parameter_server(compiled.strategy):
             coordinator = self._coordinator(compiled.strategy)
             iterator = ps.per_worker_iterator(compiled.strategy, coordinator, train, batch.global_batch_size,
@@ -632,8 +628,8 @@ class Trainer:
             source = ps.ScheduledSteps(coordinator, compiled.steps, compiled.eval_steps, iterator,
                                        context.plan.steps_per_epoch)
         else:
-            source = loop.ReaderSteps(compiled.steps, self._readers(compiled.strategy, batch, shuffle), train,
-                                      restart_each_epoch=restart_each_epoch, epochs=context.epochs)
+            source = loop.ReaderSteps(compiled.steps, readers, train, restart_each_epoch=restart_each_epoch,
+                                      epochs=context.epochs)
         loop.run_epochs(source, context, callback_list, validation, compiled.eval_steps)
 
     def _default_callbacks(self, callbacks: list, verbose: int) -> list:
