@@ -136,3 +136,20 @@ def test_fit_says_where_its_batch_and_execution_settings_came_from(capsys):
                                        "compile(); XLA from the model's compile(jit_compile=...))")
     trainer.fit(model, tf.data.Dataset.from_tensor_slices((x, y)).batch(10))
     assert _row(capsys.readouterr().out, "batch") == "global 10 = 10 per replica x 1 (the batched dataset's batches)"
+
+
+def test_plan_names_the_callbacks_every_worker_runs_unguarded_on_several_workers():
+    import keras
+
+    from trainer.callbacks import ChiefOnly, CSVLogger
+    from trainer.loop import unguarded
+
+    class Reporter(keras.callbacks.Callback):
+        pass
+
+    callbacks = [keras.callbacks.EarlyStopping(), CSVLogger("log.csv"), ChiefOnly(Reporter()), Reporter()]
+    assert unguarded(callbacks) == ("Reporter",)
+    text = Plan(**{**BASE, "num_workers": 2, "unguarded": ("Reporter",)}).describe()
+    assert re.search(r"\n  callbacks +Reporter run on each of the 2 workers.*ChiefOnly\(\.\.\.\) to run it on the "
+                     r"chief alone", text), text
+    assert "callbacks" not in Plan(**{**BASE, "unguarded": ("Reporter",)}).describe()  # one worker: no news

@@ -112,6 +112,13 @@ def has_batch_hooks(callback: keras.callbacks.Callback) -> bool:
     return overrides_batch_hooks(callback) and not getattr(callback, "handles_fused_steps", False)
 
 
+def unguarded(callbacks: list) -> tuple[str, ...]:
+    """The class names of the callbacks that run on every worker without knowing it: neither Keras's own nor
+    one that reads the trainer's context (the trainer's callbacks, `ChiefOnly`)."""
+    return tuple(type(c).__name__ for c in callbacks
+                 if not type(c).__module__.startswith("keras.") and not hasattr(c, "set_trainer_context"))
+
+
 class StepSource(Protocol):
     """What the epoch loop runs steps with: `ReaderSteps` (synchronous strategies) or `ps.ScheduledSteps`."""
 

@@ -21,29 +21,34 @@ from trainer.objective import ModelSteps
 def check_model_inputs(model: keras.Model, inputs, batch) -> None:
     """Targets where the model needs them; feature structure, shapes and dtypes against its Inputs; label range;
     and the first input's batches (`batch`, a `scaling.BatchPlan`) against the model's stateful layers."""
+    needing_targets = _compiled_needing_targets(model)
     for inp, arg, with_targets in inputs:
         if isinstance(inp, inputs_lib.FunctionInput):
             continue
         split = parts(structure(inp), with_targets)
-        if with_targets and "y" not in split:
-            _check_needs_no_targets(model, inp, arg)
-        _check_features(model, split["x"], arg)
+        feed = _compat.dict_feed(model, list(split["x"])) if isinstance(split["x"], dict) else None
+        if with_targets and "y" not in split and needing_targets:
+            _refuse_missing_targets(needing_targets, inp, arg)
+        _check_features(model, split["x"], feed, arg)
         if isinstance(inp, inputs_lib.ArrayInput) and "y" in split:  # datasets can't be scanned cheaply
             _check_sparse_labels(model, split["y"], arg)
     check_fixed_batch(model, inputs[0][0], num_replicas=batch.num_replicas, global_batch_size=batch.global_batch_size)
 
 
-def _check_needs_no_targets(model: keras.Model, inp, arg: str) -> None:
-    """Features alone (no y) train only a model whose loss needs no targets: its own steps, or add_loss only.
-
-    `model.fit(x)` runs Keras's compiled loss on y=None and fails inside it.
-    """
+def _compiled_needing_targets(model: keras.Model) -> list[str]:
+    """What of the model's compile needs targets y ("loss", "metrics"): none when its own train step or
+    compute_loss runs, or when it trains on add_loss alone. `model.fit(x)` runs Keras's compiled loss on y=None
+    and fails inside it."""
     steps = ModelSteps.of(model)
     specs = _compat.compiled_specs(model)
-    compiled = [what for what, value in (("loss", specs["loss"]),
-                                         ("metrics", specs["metrics"] or specs["weighted_metrics"])) if value]
-    if steps.train or steps.loss or not compiled:
-        return
+    if steps.train or steps.loss:
+        return []
+    return [what for what, value in (("loss", specs["loss"]),
+                                     ("metrics", specs["metrics"] or specs["weighted_metrics"])) if value]
+
+
+def _refuse_missing_targets(compiled: list[str], inp, arg: str) -> None:
+    """Features alone (no y) train only a model whose loss needs no targets: its own steps, or add_loss only."""
     form = "arrays" if isinstance(inp, inputs_lib.ArrayInput) else inp.form
     fix = (f"Pass the targets: fit(model, x, y), or {arg}=(x, y)" if isinstance(inp, inputs_lib.ArrayInput) else
            f"Make the {form} yield (x, y) elements, e.g. {arg}.map(lambda e: (e['image'], e['label']))")
@@ -59,16 +64,15 @@ def _elements(inp) -> str:
     return "" if isinstance(inp, inputs_lib.ArrayInput) else f", elements {describe_spec(inp.example_spec)}"
 
 
-def _check_features(model: keras.Model, x: Any, arg: str) -> None:
-    """Each array (or element part) of `x` against the model input Keras gives it: by name for a dict, as
-    Keras takes one (`_compat.keyed_inputs`; keys beyond the inputs are ignored), else by position."""
+def _check_features(model: keras.Model, x: Any, feed: _compat.DictFeed | None, arg: str) -> None:
+    """Each array (or element part) of `x` against the model input Keras gives it: by name for a dict that
+    Keras takes so (`feed`, from `_compat.dict_feed`; keys beyond the inputs are ignored), else by position."""
     try:
         tensors = list(model.inputs or [])
     except AttributeError:  # subclassed: its inputs are checked when it first runs
         return
     if not tensors:
         return
-    feed = _compat.dict_feed(model, list(x)) if isinstance(x, dict) else None
     if feed is not None:
         _check_keys(feed, x, arg)
         pairs = [(f"x[{key!r}]", x[key], tensor) for key, _, tensor in feed.pairs]

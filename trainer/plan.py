@@ -79,6 +79,7 @@ class Plan:
     process: str = ""  # what the trainer changed for the whole process (malloc.tune_process), in words
     placement: str = ""  # how the model entered the strategy's scope (placement.Move.describe), when it moved
     cluster: str = ""  # where the tasks' cluster came from (cluster.cluster_source), on several tasks
+    unguarded: tuple[str, ...] = ()  # callbacks that run on every worker without knowing it (loop.unguarded)
     resume: str | None = None  # None unless a callback resumes training; then the input's reason a backup can't
     # resume it exactly (`Input.resume`), "" when it can
 
@@ -168,6 +169,8 @@ class Plan:
             rows.append(("batch norm", batch_norm_note(self.batch_norm, self.num_replicas)))
         if self.onednn is False:
             rows.append(("cpu kernels", ONEDNN_HINT))
+        if self.unguarded and self.num_workers > 1:
+            rows.append(("callbacks", unguarded_note(self.unguarded, self.num_workers)))
         if self.resume is not None:
             rows.append(("resume", resume_note(parameter_server=self.repeated_data, input_note=self.resume,
                                                global_batch_size=self.global_batch_size)))
@@ -186,6 +189,13 @@ def resume_note(*, parameter_server: bool, input_note: str, global_batch_size: i
         return f"not exact: {input_note}; it trains on from the backup's weights, optimizer state and position"
     return (f"exact: a backup resumes at its step to the uninterrupted run's numbers, on any layout with global "
             f"batch {global_batch_size}")
+
+
+def unguarded_note(names: tuple[str, ...] | list[str], num_workers: int) -> str:
+    """What the plan says of callbacks that run on every worker without knowing it, and how to log once."""
+    return (f"{', '.join(names)} run on each of the {num_workers} workers, as every callback does, so that all "
+            "decide alike; wrap one that only reports somewhere shared in trainer.callbacks.ChiefOnly(...) to run "
+            "it on the chief alone")
 
 
 def batch_norm_note(layers: tuple[str, ...] | list[str], num_replicas: int) -> str:

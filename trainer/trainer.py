@@ -296,6 +296,7 @@ class Trainer:
             plan = self._plan(strategy, train, batch, steps_per_epoch, lr_plan, fusion, model,
                               batch_source=batch_source, fusion_source=fusion_source, process=process,
                               moved=move.describe(), resumes=any(getattr(c, "resumes", False) for c in callbacks),
+                              unguarded=loop.unguarded(callbacks),
                               user_steps=user_steps)
             context = loop.TrainContext(strategy, strategy_cluster_info(strategy), plan, epochs=epochs,
                                         initial_epoch=initial_epoch, fusion=fusion, lr_plan=lr_plan)
@@ -558,7 +559,8 @@ class Trainer:
 
     def _plan(self, strategy, inp, batch, steps_per_epoch, lr_plan: scaling.LRPlan, fusion: StepFusion,
               model, *, batch_source: str = "", fusion_source: str = "", process: str = "",
-              moved: str = "", resumes: bool = False, user_steps: int | None = None) -> Plan:
+              moved: str = "", resumes: bool = False, user_steps: int | None = None,
+              unguarded: tuple[str, ...] = ()) -> Plan:
         num_workers = strategy_cluster_info(strategy).num_workers
         parameter_server = is_parameter_server(strategy)
         policy, why = inp.sharding(num_workers, parameter_server=parameter_server)
@@ -597,6 +599,7 @@ class Trainer:
             process=process,
             placement=moved,
             cluster=cluster_source() if num_workers > 1 or parameter_server else "",
+            unguarded=unguarded,
             resume=inp.resume(user_steps) if resumes else None,
         )
 
