@@ -64,6 +64,11 @@ def _binary():
     return x, (x.sum(axis=1, keepdims=True) > 2.5).astype("float32"), None
 
 
+def _images():
+    x = _rng(0).rand(N, 8, 8, 3).astype("float32")
+    return x, (x[:, :4].mean(axis=(1, 2, 3)) * 3).astype("int32").clip(0, 2), None
+
+
 def _classes():
     x = _rng(0).rand(N, 5).astype("float32")
     return x, (x[:, :3].argmax(axis=1)).astype("int32"), None
@@ -175,12 +180,15 @@ class TwoOptimizerGAN(keras.Model):
     def call(self, x):
         return self.discriminator(x)
 
+    def latent(self, real):
+        return ops.sin(3.0 * real[:, :3])
+
     def train_step(self, data):
         import tensorflow as tf
 
         real = data[0] if isinstance(data, tuple) else data
         count = ops.shape(real)[0]
-        latent = ops.sin(3.0 * real[:, :3])
+        latent = self.latent(real)
         labels = ops.concatenate([ops.ones((count, 1)), ops.zeros((count, 1))], axis=0)
         with tf.GradientTape() as tape:
             d_loss = self.loss_fn(labels, self.discriminator(ops.concatenate([self.generator(latent), real], 0)))
@@ -193,6 +201,18 @@ class TwoOptimizerGAN(keras.Model):
         self.d_loss_tracker.update_state(_unscaled(d_loss), sample_weight=count)
         self.g_loss_tracker.update_state(_unscaled(g_loss), sample_weight=count)
         return {"d_loss": self.d_loss_tracker.result(), "g_loss": self.g_loss_tracker.result()}
+
+
+class NoisyGAN(TwoOptimizerGAN):
+    """The Keras guide's GAN with its noise: the generator's input drawn with keras.random from a SeedGenerator
+    in its own train_step (one row per example)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.seed_generator = keras.random.SeedGenerator(5)
+
+    def latent(self, real):
+        return keras.random.normal((ops.shape(real)[0], 3), seed=self.seed_generator)
 
 
 class RawLossesModel(keras.Model):
@@ -221,8 +241,8 @@ def _features_only():
     return _regression()[0], None, None
 
 
-def _gan():
-    model = TwoOptimizerGAN()
+def _gan(noise=False):
+    model = NoisyGAN() if noise else TwoOptimizerGAN()
     model.compile(d_optimizer=keras.optimizers.Adam(0.01), g_optimizer=keras.optimizers.Adam(0.01, global_clipnorm=0.1),
                   loss_fn=keras.losses.BinaryCrossentropy(from_logits=True))
     return model
@@ -316,6 +336,31 @@ class MeanPenalty(keras.layers.Layer):
     def call(self, x):
         self.add_loss(0.3 * ops.mean(ops.square(x)))
         return x
+
+
+class LogisticEndpoint(keras.layers.Layer):
+    """keras.io's endpoint layer: a Keras Loss called on targets fed as inputs, its value handed to add_loss."""
+
+    def __init__(self, name=None):
+        super().__init__(name=name)
+        self.loss_fn = keras.losses.BinaryCrossentropy(from_logits=True)
+
+    def call(self, targets, logits):
+        self.add_loss(self.loss_fn(targets, logits))
+        return ops.sigmoid(logits)
+
+
+def _endpoint():
+    inputs, targets = keras.Input((5,), name="inputs"), keras.Input((1,), name="targets")
+    outputs = LogisticEndpoint(name="predictions")(targets, keras.layers.Dense(1)(inputs))
+    model = keras.Model([inputs, targets], outputs)
+    model.compile(optimizer=_sgd())  # no loss: the endpoint's add_loss is the loss
+    return model
+
+
+def _inputs_and_targets():
+    x, y, _ = _binary()
+    return {"inputs": x, "targets": y}, None, None
 
 
 class RequiredArgumentMSE(keras.losses.Loss):
@@ -682,6 +727,35 @@ CASES: dict[str, Case] = {
                          _regression, fits=2),
     "saved_and_reloaded": Case(lambda: _compiled(_dense(), metrics=["mae"], optimizer=keras.optimizers.Adam(0.01)),
                                _regression, reload=True),
+    # Random layers: each replica draws its rows of the draw one device makes for the global batch.
+    "dropout_noise_layers": Case(lambda: _compiled(keras.Sequential([
+        keras.Input((5,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dropout(0.3),
+        keras.layers.GaussianNoise(0.2), keras.layers.AlphaDropout(0.2), keras.layers.Dense(1)]), metrics=["mae"]),
+        _regression, validation=True),
+    "image_augmentation_spatial_dropout": Case(lambda: _compiled(keras.Sequential([
+        keras.Input((8, 8, 3)), keras.layers.RandomFlip(), keras.layers.RandomRotation(0.2),
+        keras.layers.RandomTranslation(0.1, 0.1), keras.layers.RandomZoom(0.1), keras.layers.RandomContrast(0.2),
+        keras.layers.Conv2D(4, 3, activation="relu"), keras.layers.SpatialDropout2D(0.25),
+        keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(3)]),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"]), _images),
+    "gan_random_noise": Case(lambda: _gan(noise=True), lambda: (_regression()[0], _regression()[0][:, :1], None),
+                             evaluate=False),
+    "mixed_random_and_batch_norm": Case(lambda: _compiled(keras.Sequential([
+        keras.Input((8, 8, 3)), keras.layers.RandomFlip("horizontal"),
+        # No bias before BatchNormalization: its gradient is zero but for rounding, so it holds only rounding.
+        keras.layers.Conv2D(4, 3, use_bias=False), keras.layers.BatchNormalization(), keras.layers.ReLU(),
+        keras.layers.Dropout(0.2),
+        keras.layers.GlobalAveragePooling2D(), keras.layers.GaussianNoise(0.1), keras.layers.Dense(3)]),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"]), _images,
+        validation=True),
+    # BatchNormalization: the global batch's statistics on every layout (Trainer(batch_norm="global")).
+    "batch_norm_momentum": Case(lambda: _compiled(_batch_norm_dense(), metrics=["mae"],
+                                                  optimizer=_sgd(momentum=0.9)), _regression, validation=True),
+    "batch_norm_own_train_step": Case(
+        lambda: _compiled(_guide_model(batch_norm=True), metrics=["mae"]), _regression,
+        per_replica={"loss": "its loss tracker averages each replica's mean loss unweighted (see the row above)"}),
+    # keras.io's endpoint layer: a Loss object's value computed in the forward pass, handed to add_loss.
+    "endpoint_layer_loss": Case(_endpoint, _inputs_and_targets),
     "features_only_add_loss": Case(lambda: _compiled(keras.Sequential([
         keras.Input((5,)), keras.layers.Dense(4), MeanPenalty(), keras.layers.Dense(1)]), loss=None), _features_only),
 }
@@ -691,10 +765,17 @@ def _sgd(**options):
     return keras.optimizers.SGD(0.1, **options)
 
 
-def _guide_model():
+def _guide_model(batch_norm=False):
     inputs = keras.Input((5,))
-    outputs = keras.layers.Dense(1)(keras.layers.Dense(4, activation="relu")(inputs))
-    return GuideCustomModel(inputs, outputs)
+    hidden = keras.layers.Dense(4, activation="relu")(inputs)
+    if batch_norm:
+        hidden = keras.layers.BatchNormalization()(hidden)
+    return GuideCustomModel(inputs, keras.layers.Dense(1)(hidden))
+
+
+def _batch_norm_dense():
+    return keras.Sequential([keras.Input((5,)), keras.layers.Dense(4, use_bias=False),
+                             keras.layers.BatchNormalization(), keras.layers.Dense(1)])
 
 
 

@@ -3,7 +3,9 @@
 Usage: parity_run.py REPLICAS CASE[,CASE...] [OUT]. With OUT, pickles each
 case's runs there (model.fit's only on 1 replica: it is the same on every
 layout) for test_keras_parity to compare; without, prints one JSON line: for
-each case, what differs from model.fit ("problems"), or the error.
+each case, what differs from model.fit ("problems"), or the error. Under
+trainer-launch (TF_CONFIG set) each worker runs the trainer's side only, with
+REPLICAS replicas of its own, and writes OUT.worker<i>.
 """
 
 import functools
@@ -25,8 +27,12 @@ import keras  # noqa: E402
 import parity_cases  # noqa: E402
 from trainer import Trainer  # noqa: E402
 
-# One strategy for every case: new MirroredStrategies in one process reuse collective keys.
-STRATEGY = "auto" if REPLICAS == 1 else tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(REPLICAS)])
+# One strategy for every case: new MirroredStrategies in one process reuse collective keys. A worker's
+# MultiWorkerMirroredStrategy must exist before TensorFlow runs anything: one Trainer makes it, for every case.
+WORKER = "TF_CONFIG" in os.environ
+TRAINER = Trainer(strategy="multi_worker", seed=0) if WORKER else None
+STRATEGY = "auto" if REPLICAS == 1 or WORKER else tf.distribute.MirroredStrategy(
+    [f"/cpu:{i}" for i in range(REPLICAS)])
 
 
 def _first(tree, n):
@@ -142,7 +148,7 @@ def _trainer_run(case, folder):
 
     The model is the user's own instance, built outside any strategy's scope, as for `model.fit`."""
     x, y, w = case.data()
-    trainer = Trainer(strategy=STRATEGY, seed=0)
+    trainer = TRAINER or Trainer(strategy=STRATEGY, seed=0)
     keras.utils.set_random_seed(0)
     model = case.build()
     history = _fits(functools.partial(trainer.fit, model), case, x, y, w, folder)
@@ -183,7 +189,7 @@ def main():
         case = parity_cases.CASES[name]
         with tempfile.TemporaryDirectory() as folder:
             try:
-                reference = _keras_run(case, folder) if out is None or REPLICAS == 1 else None
+                reference = _keras_run(case, folder) if out is None or (REPLICAS == 1 and not WORKER) else None
                 run = {"keras": reference, "trainer": _trainer_run(case, folder), "keras_under_strategy": None}
                 if case.keras_differs_on_replicas and REPLICAS == 2:  # on 3, Keras crashes on the 2+2+1 split
                     run["keras_under_strategy"] = _keras_under_strategy(case)
@@ -191,6 +197,8 @@ def main():
             except Exception:  # reported per case, so one crash does not hide the others
                 results[name] = {"error": traceback.format_exc()[-3000:]}
     if out is not None:
+        if WORKER:
+            out = f"{out}.worker{json.loads(os.environ['TF_CONFIG'])['task']['index']}"
         with open(out, "wb") as f:
             pickle.dump(results, f)
         return

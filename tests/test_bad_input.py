@@ -181,6 +181,8 @@ ROWS = [
      r"Pass nan_guard=True or nan_guard=False"),
     ("warmup-text", lambda c: Trainer(warmup_epochs="2"), TypeError, "`warmup_epochs`", "warmup_epochs='2'",
      r"Pass e.g. warmup_epochs=2"),
+    ("batch-norm-typo", lambda c: Trainer(batch_norm="sync"), ValueError, "`batch_norm`", "batch_norm='sync'",
+     r"Pass 'global' \(the one-device statistics"),
     ("mixed-precision-typo", lambda c: Trainer(mixed_precision="fp16"), ValueError, "`mixed_precision`",
      "mixed_precision='fp16'", r"Use 'mixed_float16' on GPUs"),
     ("seed-negative", lambda c: Trainer(seed=-1), ValueError, "`seed`", "seed=-1", r"Pass a non-negative integer"),
@@ -639,8 +641,8 @@ TRAINER_ONLY = ("per-replica-", "batch-negative", "batch-float", "batch-string",
                 "warmup-", "steps-per-execution", "jit-compile", "seed-", "strategy-", "tpu-", "tf-config-",
                 "batch-below-replicas", "generator-warmup-", "not-a-model", "checkpoint-", "backup-", "csv-", "json-",
                 "tensorboard-", "plot-", "progress-", "launch-", "example-", "nan-guard-", "mixed-precision-",
-                "callback-keras-backup-and-restore-on-workers", "stateful-on-replicas", "generator-on-workers",
-                "shuffled-pydataset-on-workers", "pydataset-under-parameter-server")
+                "batch-norm-", "callback-keras-backup-and-restore-on-workers", "stateful-on-replicas",
+                "generator-on-workers", "shuffled-pydataset-on-workers", "pydataset-under-parameter-server")
 
 # Refusals of calls that model.fit runs: deliberate limits. Each message gives the reason (it names
 # model.fit), and the README's Limits names each with the words here.

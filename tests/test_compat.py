@@ -4,31 +4,45 @@ import keras
 import numpy as np
 from keras.src.backend.tensorflow.optimizer import TFOptimizer
 from keras.src.losses import loss as loss_module
+from keras.src.backend.tensorflow import nn as tf_nn
+from keras.src.backend.tensorflow import random as tf_random
 from keras.src.optimizers.base_optimizer import BaseOptimizer
 import tensorflow as tf
 from tensorflow.python.distribute.parameter_server_strategy import ParameterServerStrategyExtended
 from tensorflow.python.distribute.sharded_variable import ShardedVariable
 
-from trainer import Trainer, _compat
+from trainer import Trainer, _compat, draws
 from trainer.route import keras_method_arguments
 
 
 def _keras_functions():
     return (loss_module.scale_loss_for_distribution, loss_module.unscale_loss_for_distribution,
             TFOptimizer._all_reduce_sum_gradients, BaseOptimizer._clip_gradients, BaseOptimizer.apply,
-            tf.__internal__.distribute.interim.maybe_merge_call, ParameterServerStrategyExtended._update)
+            tf.__internal__.distribute.interim.maybe_merge_call, ParameterServerStrategyExtended._update,
+            tf_nn._compute_moments_sync, *(getattr(tf_random, name) for name in _compat.RANDOM_FUNCTIONS))
 
 
 def test_the_hooks_are_installed_only_while_tracing_and_nest():
     before = _keras_functions()
-    with _compat.replica_hooks():
+    with _compat.replica_hooks(), draws.hooks():
         inside = _keras_functions()
-        with _compat.replica_hooks():
+        with _compat.replica_hooks(), draws.hooks():
             pass
         assert _keras_functions() == inside  # the inner exit leaves the outer's hooks
     assert _keras_functions() == before
-    # Six are replaced while tracing; `maybe_merge_call` only inside the one cross-replica apply.
-    assert sum(a is not b for a, b in zip(before, inside)) == 6
+    # Twelve are replaced while tracing: the synchronized statistics, Keras's five random functions, and six
+    # of the replica shares; `maybe_merge_call` only inside the one cross-replica apply.
+    assert sum(a is not b for a, b in zip(before, inside)) == 12
+
+
+def test_kerass_random_functions_and_seeds_are_the_ones_the_draws_replace():
+    assert _compat.keras_random_module() is tf_random
+    generator = keras.random.SeedGenerator(3)
+    seed = _compat.keras_seed(generator)
+    assert seed.dtype == tf.int32 and seed.shape == (2,)
+    assert not np.array_equal(seed, _compat.keras_seed(generator))  # a SeedGenerator advances, as Keras's draw
+    noise = _compat.noise_shape(tf.zeros((4, 3, 2)), (None, 1, None))
+    assert [int(d) for d in noise] == [4, 1, 2]
 
 
 def test_fit_leaves_keras_as_it_found_it():

@@ -35,18 +35,18 @@ def test_replica_slices_resume_mid_epoch():
     assert starts[0, 0] == 80 and sizes.sum() == 20
 
 
-@pytest.mark.parametrize("replicas", [2, 4])
-def test_each_replica_gets_its_slice_of_the_global_batch(replicas):
-    x = np.arange(37, dtype=np.float32)[:, None]
+@pytest.mark.parametrize("replicas,examples", [(2, 37), (4, 37), (4, 35)])  # 35: a last batch of 3 for 4
+def test_each_replica_gets_its_slice_of_the_global_batch(replicas, examples):
+    x = np.arange(examples, dtype=np.float32)[:, None]
     inp = data_lib.as_input((x, x), arg="data")
-    order = arrays.epoch_order(37, shuffle=True, seed=0, epoch=0)
+    order = arrays.epoch_order(examples, shuffle=True, seed=0, epoch=0)
     strategy = mirrored(replicas)
     fn = arrays.array_dataset_fn(inp.host(), inp.num_examples, lambda epoch: order, 8, range(1))
     dataset = strategy.distribute_datasets_from_function(fn)
     seen = []
-    for batch in dataset:
-        parts = strategy.experimental_local_results(batch[0])
-        seen.extend(np.concatenate([p.numpy()[:, 0] for p in parts]).astype(int).tolist())
+    for rows, _, tracked, _ in dataset:  # each replica's Share: its rows, and the ones it counts
+        parts, counted = strategy.experimental_local_results(rows[0]), strategy.experimental_local_results(tracked)
+        seen.extend(np.concatenate([p.numpy()[b:e, 0] for p, (b, e) in zip(parts, counted)]).astype(int).tolist())
     assert seen == order.tolist()  # every example once, in the global order
 
 
@@ -169,8 +169,8 @@ def test_on_accelerators_a_dataset_is_distributed_once_and_each_epoch_reads_a_wh
     expected = [[int(i) for _, i in plain] for _ in range(3)]
     strategy = mirrored(2)
     distribute_calls = []
-    original = strategy.experimental_distribute_dataset
-    monkeypatch.setattr(strategy, "experimental_distribute_dataset",
+    original = strategy.distribute_datasets_from_function
+    monkeypatch.setattr(strategy, "distribute_datasets_from_function",
                         lambda *args, **kwargs: distribute_calls.append(1) or original(*args, **kwargs))
     inp = data_lib.as_input(_shuffled_labels(), arg="data")
     readers = inputs_lib.Readers(strategy, 8, shuffle=True, seed=0)
@@ -178,8 +178,9 @@ def test_on_accelerators_a_dataset_is_distributed_once_and_each_epoch_reads_a_wh
         seen = []
         reader = readers(inp, epoch=epoch)
         assert isinstance(reader, feed_lib.DistributedBatches)
-        for _, labels in reader.iterator:
-            seen.extend(np.concatenate([p.numpy() for p in strategy.experimental_local_results(labels)]).tolist())
+        for cut in reader.iterator:  # each replica's share, cut by the trainer, and the rows it counts
+            labels, tracked = (strategy.experimental_local_results(part) for part in (cut.batch[1], cut.tracked))
+            seen.extend(np.concatenate([p.numpy()[b:e] for p, (b, e) in zip(labels, tracked)]).tolist())
         assert seen == order, epoch
     assert expected[0] != expected[1] and sorted(expected[0]) == list(range(37))
     assert len(distribute_calls) == 1

@@ -78,13 +78,6 @@ def test_tasks_give_one_devices_numbers_on_several_replicas(one_device, tmp_path
     _run(tmp_path, hub_models.CASES, str(replicas))
     for case in hub_models.EXACT_ON_REPLICAS:
         _assert_same(_load(tmp_path, case, "trainer"), _load(one_device, case, "keras"), 1e-4)
-    # ResNet's BatchNormalization normalises each replica's share: close to one device, not equal. Training on
-    # unscaled uint8 pixels would be far off (validation losses of 9-34 against 1.3-2.8 were seen).
-    resnet, reference = _load(tmp_path, "resnet_classifier", "trainer"), _load(one_device, "resnet_classifier", "keras")
-    assert list(resnet["history"]) == list(reference["history"])
-    for key, values in reference["history"].items():
-        np.testing.assert_allclose(resnet["history"][key], values, rtol=0.1, err_msg=key)
-    np.testing.assert_allclose(resnet["evaluate"], reference["evaluate"], rtol=0.1)
 
 
 def test_tasks_give_one_devices_numbers_on_two_workers(one_device, tmp_path):

@@ -8,8 +8,9 @@ registered; add_loss and activity regularizers; models that no config can
 re-create (a VAE without call(), a distiller, a Lambda layer). Each row is
 fitted by model.fit on one device and by Trainer.fit, given the user's own
 instance built outside any scope, with the same seed, global batch and data,
-on 1, 2 and 3 replicas (one process per layout,
-tests/parity_run.py), with a last batch split unevenly; history, final
+on 1, 2 and 3 replicas, 8 for random layers and BatchNormalization, the
+same through the reader that GPUs use, and on 2 workers (one process per
+layout, tests/parity_run.py), with a last batch split unevenly; history, final
 weights, the stepped optimizers' state, evaluate and predict must agree to 1e-5,
 and history must have model.fit's keys, no more. Both runs make the same
 calls, `model.fit(x, y, batch_size=8, ...)` and `trainer.fit(model, x, y,
@@ -25,23 +26,45 @@ import subprocess
 import sys
 
 import keras
+import numpy as np
 import pytest
 
 from conftest import TESTS
-from trainer import _compat
+from trainer import _compat, feed
 
 sys.path.insert(0, str(TESTS))
 import parity_cases  # noqa: E402
 
 ALL = list(parity_cases.CASES)
+# Random layers and BatchNormalization: one device's draws and statistics on every layout (issue 39).
+RANDOM = ["dropout_noise_layers", "image_augmentation_spatial_dropout", "gan_random_noise",
+          "mixed_random_and_batch_norm", "batch_norm_momentum", "batch_norm_own_train_step"]
 # Three replicas split 8 as 3+3+2 and the last 5 as 2+2+1: the rows where that matters.
 UNEVEN = ["class_weighted_loss", "activity_regularizer", "add_loss_mean", "masking_timedistributed",
           "embedding_mask_zero_tagger", "per_timestep_sample_weight", "two_outputs_dict",
           "own_steps_no_compiled_loss", "compute_loss_penalty", "global_clipnorm", "gradient_accumulation",
           "train_step_global_clipnorm", "gan_two_optimizers", "padded_seq2seq", "vae_no_call",
           "distiller_teacher_in_compute_loss", "fitted_twice", "custom_objects_with_required_arguments",
-          "lambda_layer", "saved_and_reloaded", "train_step_returns_loss_tensors"]
-LAYOUTS = {1: ALL, 2: ALL, 3: UNEVEN}
+          "lambda_layer", "saved_and_reloaded", "train_step_returns_loss_tensors", "endpoint_layer_loss", *RANDOM]
+# (replicas in each process, how the processes run): "" one process; "accelerator" one process whose CPU
+# replicas read as GPUs and TPUs do (TensorFlow's distributed iterator: TRAINER_ACCELERATOR_READER=1);
+# "workers" two processes under trainer-launch, each with its replicas ("workers-accelerator": reading as
+# GPUs do). Eight replicas take a batch of 8 as 1 each; the last batch of 5 is computed whole by every
+# replica, and each counts its own row of it (three count none).
+# Through the accelerator reader: every input form, masks, an Embedding, the model's own steps, and the rest.
+ACCELERATOR = ["dense_l2_mae", "batched_dataset", "batched_dataset_drop_remainder", "generator", "pydataset_workers",
+               "string_dataset", "dict_inputs_by_key", "class_weight", "validation_split",
+               "evaluate_predict_steps_dataset", "embedding_mask_zero_tagger", "masking_timedistributed",
+               "two_outputs_dict", "train_step_guide_custom_model", "gan_two_optimizers", "vae_no_call",
+               "endpoint_layer_loss", *RANDOM]
+# On 8 replicas through the accelerator reader, the last batch of 5 is handed whole to each replica.
+SMALL_LAST_BATCH = ["dropout_noise_layers", "mixed_random_and_batch_norm", "batch_norm_own_train_step"]
+LAYOUTS = {(1, ""): ALL, (2, ""): ALL, (3, ""): UNEVEN, (8, ""): RANDOM, (2, "accelerator"): ACCELERATOR,
+           (3, "accelerator"): [c for c in ACCELERATOR if c in UNEVEN], (8, "accelerator"): SMALL_LAST_BATCH,
+           (1, "workers"): RANDOM, (1, "workers-accelerator"): [*RANDOM, "embedding_mask_zero_tagger",
+                                                                 "batched_dataset"]}
+if os.environ.get("PARITY_LAYOUTS") == "core":  # the oldest versions' tier (.ci/oldest): one process, 1-3 replicas
+    LAYOUTS = {layout: cases for layout, cases in LAYOUTS.items() if layout[0] <= 3 and not layout[1]}
 # Rows whose model.fit reference is wrong on an older Keras: (the first Keras that gets it right, what goes wrong).
 KERAS_BUGS = {
     "masking_timedistributed": ((3, 9), "Keras's TimeDistributed fails on a mask in a graph (before Keras 3.9)"),
@@ -51,14 +74,31 @@ KERAS_BUGS = {
 KERAS = _compat.KERAS_VERSION
 
 
-def _run(replicas: int, cases: list[str], folder) -> dict:
+def _run(layout: tuple[int, str], cases: list[str], folder) -> dict:
+    replicas, how = layout
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    out = folder / f"{replicas}.pkl"
-    command = [sys.executable, str(TESTS / "parity_run.py"), str(replicas), ",".join(cases), str(out)]
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, cwd=TESTS)
-    assert proc.returncode == 0, f"{replicas} replicas failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    if "accelerator" in how:
+        env[feed.ACCELERATOR_READER] = "1"
+    out = folder / f"{replicas}{how}.pkl"
+    workers = "workers" in how
+    launch = [sys.executable, "-m", "trainer.launch", "--workers", "2"] if workers else [sys.executable]
+    command = [*launch, str(TESTS / "parity_run.py"), str(replicas), ",".join(cases), str(out)]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900, cwd=TESTS)
+    assert proc.returncode == 0, f"{layout} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    if workers:
+        runs = []
+        for task in (0, 1):
+            with open(f"{out}.worker{task}", "rb") as f:
+                runs.append(pickle.load(f))
+        for case in cases:  # the workers agree exactly
+            assert "error" in runs[0][case] or _flat(runs[0][case]["trainer"]) == _flat(runs[1][case]["trainer"]), case
+        return runs[0]
     with open(out, "rb") as f:
         return pickle.load(f)
+
+
+def _flat(run) -> list:
+    return [np.asarray(leaf).tobytes() for leaf in keras.tree.flatten(run)]
 
 
 @pytest.fixture(scope="module")
@@ -66,22 +106,30 @@ def results(tmp_path_factory):
     # model.fit's runs come from the 1-replica process only: they are the same on every layout.
     folder = tmp_path_factory.mktemp("parity")
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:  # mostly single-threaded tracing
-        futures = {replicas: pool.submit(_run, replicas, cases, folder) for replicas, cases in LAYOUTS.items()}
-        return {replicas: future.result() for replicas, future in futures.items()}
+        futures = {layout: pool.submit(_run, layout, cases, folder) for layout, cases in LAYOUTS.items()}
+        return {layout: future.result() for layout, future in futures.items()}
+
+
+def _layout_id(layout: tuple[int, str]) -> str:
+    replicas, how = layout
+    if "workers" in how:
+        return "2workers" + how[len("workers"):]
+    return f"{replicas}replicas" + (f"-{how}" if how else "")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("replicas,case", [(r, c) for r, cases in LAYOUTS.items() for c in cases],
-                         ids=lambda v: f"{v}replicas" if isinstance(v, int) else v)
-def test_trainer_fit_gives_model_fit_numbers(results, replicas, case):
+@pytest.mark.parametrize("layout,case", [(layout, c) for layout, cases in LAYOUTS.items() for c in cases],
+                         ids=lambda v: _layout_id(v) if isinstance(v, tuple) else v)
+def test_trainer_fit_gives_model_fit_numbers(results, layout, case):
     if case in KERAS_BUGS and KERAS < KERAS_BUGS[case][0]:
         pytest.skip(f"Keras {keras.version()}: {KERAS_BUGS[case][1]}")
-    reference, result = results[1][case], results[replicas][case]
+    replicas = 2 if "workers" in layout[1] else layout[0]
+    reference, result = results[(1, "")][case], results[layout][case]
     assert "error" not in reference, reference.get("error")
     assert "error" not in result, result.get("error")
     row = parity_cases.CASES[case]
     assert parity_cases.compare(reference["keras"], result["trainer"], row, replicas) == []
-    if row.keras_differs_on_replicas and replicas == 2:
+    if row.keras_differs_on_replicas and layout == (2, ""):
         # The row can fail: Keras's own fit under this strategy gives other weights than one device.
         keras_weights, one_device = result["keras_under_strategy"], reference["keras"][1]
         assert not all(parity_cases.close(a, b) for a, b in zip(one_device, keras_weights))
@@ -109,7 +157,9 @@ def test_the_table_covers_each_item_of_the_issue():
                  "lambda_layer", "fitted_twice", "saved_and_reloaded",
                  # issue 34: a dict of columns taken by name, as Keras takes it
                  "dict_inputs_by_key", "dict_inputs_more_columns", "list_inputs_columns_by_name",
-                 "train_step_returns_loss_tensors"]:
+                 "train_step_returns_loss_tensors",
+                 # issue 39: random layers, BatchNormalization, a loss computed in the forward pass
+                 *RANDOM, "endpoint_layer_loss"]:
         assert name in parity_cases.CASES
     forms = {case.form for case in parity_cases.CASES.values()}
     assert forms == {"arrays", *parity_cases.FORMS}, forms

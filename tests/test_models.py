@@ -1,6 +1,7 @@
 """Models in and out of the strategy's scope, builders, subclassed and multi-output models."""
 
 import re
+import warnings
 
 import keras
 import numpy as np
@@ -330,17 +331,33 @@ def test_a_model_with_a_fixed_batch_shape_trains_as_model_fit_does(replicas):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
+def _batch_norm_model():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4), keras.layers.BatchNormalization(name="bn"),
+                              keras.layers.Dense(3)])
+    model.compile(keras.optimizers.SGD(0.1, momentum=0.9), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def test_batch_norm_takes_the_global_batchs_statistics_on_replicas_by_default(data):
+    x, y, _ = data
+    x, y = x[:203], y[:203]  # a last batch of 11: 6 + 5 on two replicas
+    ours, reference = _batch_norm_model(), _batch_norm_model()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # nothing to warn of: the statistics are one device's
+        history = Trainer(strategy=mirrored(2), batch_size=32, shuffle=False, verbose=0).fit(ours, (x, y), epochs=2)
+    keras_history = reference.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+    np.testing.assert_allclose(history.history["loss"], keras_history.history["loss"], rtol=1e-5)
+    for a, b in zip(ours.get_weights(), reference.get_weights()):  # moving mean and variance included
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    assert ours.get_layer("bn").synchronized is False  # the user's layer as it was
+
+
 def test_per_replica_batch_norm_is_named_in_a_warning(data):
     x, y, w = data
-
-    def build():
-        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4), keras.layers.BatchNormalization(name="bn"),
-                                  keras.layers.Dense(3)])
-        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        return model
-
     with pytest.warns(UserWarning, match="bn normalize each replica's share"):
-        Trainer(strategy=mirrored(2), batch_size=32, verbose=0).fit(build, (x, y), epochs=1)
+        Trainer(strategy=mirrored(2), batch_size=32, verbose=0, batch_norm="per_replica").fit(
+            _batch_norm_model, (x, y), epochs=1)
 
 
 @pytest.mark.slow

@@ -93,8 +93,16 @@ def test_plan_says_whose_step_runs_and_names_per_replica_batch_norm():
     text = Plan(**BASE, step="the model's own train_step, per replica", batch_norm=("bn_1",)).describe()
     assert "train step" in text and "the model's own train_step, per replica" in text
     assert "bn_1 normalize each replica's share by its own mean and variance" in text
-    assert "synchronized=True" in text
+    assert "Trainer(batch_norm='global'), the default," in text
     assert "batch norm" not in Plan(**{**BASE, "num_replicas": 1}, batch_norm=("bn_1",)).describe()
+
+
+def test_plan_says_batch_norm_takes_the_global_statistics_and_how_to_opt_out():
+    text = Plan(**BASE, global_batch_norm=3).describe()
+    assert re.search(r"\n  batch norm +3 BatchNormalization layer\(s\) normalize with the global batch's mean and "
+                     r"variance, as on one device", text), text
+    assert "Trainer(batch_norm='per_replica')" in text
+    assert "batch norm" not in Plan(**{**BASE, "num_replicas": 1}, global_batch_norm=3).describe()
 
 
 def test_plan_names_the_optimizer_options_that_act_on_the_global_gradient():

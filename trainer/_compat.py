@@ -33,6 +33,11 @@ try:  # keras/src/backend/tensorflow/optimizer.py (3.0-3.15): sums the replicas'
 except ImportError:  # pragma: no cover
     _TFOptimizer = None
 
+try:  # keras/src/backend/tensorflow/nn.py (3.8-3.15): BatchNormalization(synchronized=True)'s statistics
+    from keras.src.backend.tensorflow import nn as _tf_nn
+except ImportError:  # pragma: no cover
+    _tf_nn = None
+
 try:  # keras/src/optimizers/base_optimizer.py (3.0-3.15): `apply` and `_clip_gradients`
     from keras.src.optimizers.base_optimizer import BaseOptimizer as _BaseOptimizer
 except ImportError:  # pragma: no cover
@@ -135,6 +140,54 @@ def _all_reduce_sum_gradients(self, grads_and_vars):
     if factor is not None:
         grads_and_vars = [(None if g is None else _times(g, factor), v) for g, v in grads_and_vars]
     return _originals["gradients"](self, grads_and_vars)
+
+
+def _compute_moments_sync(x, axes, keepdims):
+    """The mean and variance of the global batch, over every replica's rows, as one device computes them.
+
+    Keras's synchronized BatchNormalization all-reduces each replica's sum,
+    sum of squares and count, and takes the variance as E[x^2] - E[x]^2, which
+    rounds otherwise than one device's E[(x - E[x])^2] (`tf.nn.moments`), and
+    far otherwise for features whose mean is large against their spread. Here
+    the sum and count are all-reduced first, then the squared deviations from
+    the global mean: two rounds of all-reduces instead of one, and one device's
+    formula.
+
+    In a model's own train_step the replicas' gradients are weighed after the
+    tape (`_all_reduce_sum_gradients`), by each replica's share of the global
+    batch, but the all-reduces carry every replica's gradient to every other
+    unweighed: `_weighed_sum` weighs each replica's part there, and divides by
+    the receiver's weight, which the optimizer then applies.
+    """
+    context = _replicas()
+    if context is None:
+        return _originals["moments_sync"](x, axes, keepdims)
+    factor = _factor("gradients")
+    local_count = tf.reduce_sum(tf.ones_like(x, name="count"), axis=axes, keepdims=True)
+    count = context.all_reduce(tf.distribute.ReduceOp.SUM, local_count)
+    mean = _weighed_sum(context, tf.reduce_sum(x, axis=axes, keepdims=True), factor) / count
+    deviations = tf.reduce_sum(tf.math.squared_difference(x, tf.stop_gradient(mean)), axis=axes, keepdims=True)
+    variance = _weighed_sum(context, deviations, factor) / count
+    if not keepdims:
+        mean, variance = tf.squeeze(mean, axes), tf.squeeze(variance, axes)
+    return mean, variance
+
+
+def _weighed_sum(context, value, factor):
+    """The replicas' sum of `value`; with a gradient `factor` (see `_compute_moments_sync`), a gradient that
+    weighs each replica's part by it."""
+    if factor is None:
+        return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
+
+    @tf.custom_gradient
+    def summed(v):
+        def grad(upstream):
+            weight = tf.cast(factor, upstream.dtype)
+            return tf.math.divide_no_nan(context.all_reduce(tf.distribute.ReduceOp.SUM, upstream * weight), weight)
+
+        return context.all_reduce(tf.distribute.ReduceOp.SUM, v), grad
+
+    return summed(value)
 
 
 def _replicas():
@@ -279,6 +332,7 @@ _HOOKS = (  # (key, owner, attribute, replacement)
     ("clip", _BaseOptimizer, "_clip_gradients", _clip_gradients),
     ("apply", _BaseOptimizer, "apply", _apply),
     ("merge_call", _interim, "maybe_merge_call", None),  # replaced only inside `_apply`'s cross-replica call
+    ("moments_sync", _tf_nn, "_compute_moments_sync", _compute_moments_sync),
 ) + ((("ps_update", _PSExtended, "_update", _ps_update),) if _PSExtended is not None else ())
 
 
@@ -393,6 +447,43 @@ def seeded(seed: int | None):
             _global_state.set_global_attribute("global_random_seed", seed)
             _global_state.set_global_attribute("global_seed_generator", None)  # made again from the seeds above
         yield
+
+
+# Keras's random draws ----------------------------------------------------------
+#
+# Every random number of a Keras layer or train step comes from the TensorFlow
+# backend's functions `normal`, `uniform`, `randint`, `truncated_normal` and
+# `dropout` (keras/src/backend/tensorflow/random.py, 3.8-3.15), looked up on
+# that module at each call (`keras.random.*`, and preprocessing layers through
+# `self.backend.random`). Each turns its seed (a SeedGenerator, an int or None)
+# into a stateless seed with `_cast_seed(draw_seed(seed))`, then calls
+# TensorFlow's stateless op. `trainer.draws` replaces the five while a step is
+# traced, and turns seeds the same way (`keras_seed`).
+
+try:
+    from keras.src.backend.tensorflow import random as _tf_random
+    from keras.src.random.seed_generator import draw_seed as _draw_seed
+except ImportError:  # pragma: no cover
+    _tf_random = _draw_seed = None
+RANDOM_FUNCTIONS = ("normal", "uniform", "randint", "truncated_normal", "dropout")
+
+
+def keras_random_module() -> Any:
+    """The module whose functions draw Keras's random numbers on TensorFlow, or None if it is not there."""
+    if _tf_random is None or not all(hasattr(_tf_random, name) for name in (*RANDOM_FUNCTIONS, "_cast_seed")):
+        return None
+    return _tf_random
+
+
+def keras_seed(seed: Any) -> tf.Tensor:
+    """The stateless seed (int32[2]) Keras's TensorFlow backend draws with for `seed`, advancing a SeedGenerator
+    as its draw would."""
+    return _tf_random._cast_seed(_draw_seed(seed))
+
+
+def noise_shape(inputs: Any, shape: Any) -> Any:
+    """Keras's concrete shape of a dropout mask for `inputs` (its `noise_shape`, or the inputs' own)."""
+    return _tf_random._get_concrete_noise_shape(inputs, shape)
 
 
 # Activity regularizers ------------------------------------------------------------

@@ -38,15 +38,34 @@ def replica_slices(
     return starts.reshape(-1, num_replicas), sizes.reshape(-1, num_replicas)
 
 
+def computed_slices(num_examples: int, global_batch_size: int, num_replicas: int) -> tuple[np.ndarray, ...]:
+    """What each replica computes on and counts in every step: four [steps, replicas] arrays.
+
+    Returns (start, size) of the rows each replica computes on, into the epoch
+    order; and (begin, end) of the rows it counts, within those. They are
+    `arrays.replica_slices`, except that a step with fewer examples than
+    replicas is computed whole by every replica (see trainer/feed.py).
+    """
+    starts, sizes = replica_slices(num_examples, global_batch_size, num_replicas)
+    whole = sizes.sum(axis=1, keepdims=True) < num_replicas
+    computed_starts = np.where(whole, starts[:, :1], starts)
+    computed_sizes = np.where(whole, sizes.sum(axis=1, keepdims=True), sizes)
+    tracked_begins = starts - computed_starts
+    return computed_starts, computed_sizes, tracked_begins, tracked_begins + sizes
+
+
 OrderFn = Callable[[int], np.ndarray]  # epoch -> the global order of examples in that epoch
 
 
 def array_dataset_fn(
     host: Any, num_examples: int, order: OrderFn, global_batch_size: int, epochs: range, start_step: int = 0
 ) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
-    """A per-worker dataset function that yields this worker's replica slices for `epochs`.
+    """A per-worker dataset function that yields this worker's replicas' shares for `epochs`.
 
-    `host` is the arrays' `host_copy`, `num_examples` their rows.
+    `host` is the arrays' `host_copy`, `num_examples` their rows. Each element
+    is (rows, global count, tracked [begin, end), placed (first row, examples)):
+    the fields of the `feed.Share` that the replica computes on, cut as
+    `computed_slices` cuts (all of a batch smaller than the replica count).
 
     Elements come step-major, one per local replica, which is the order in which
     tf.distribute hands successive elements of a per-worker dataset to its
@@ -59,19 +78,22 @@ def array_dataset_fn(
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         local = ctx.num_replicas_in_sync // ctx.num_input_pipelines
-        first = ctx.input_pipeline_id * local
-        starts, sizes = replica_slices(num_examples, global_batch_size, ctx.num_replicas_in_sync)
-        slices = tf.data.Dataset.from_tensor_slices(
-            (starts[:, first : first + local].reshape(-1), sizes[:, first : first + local].reshape(-1))
-        )
+        mine = slice(ctx.input_pipeline_id * local, (ctx.input_pipeline_id + 1) * local)
+        starts, sizes, begins, ends = computed_slices(num_examples, global_batch_size, ctx.num_replicas_in_sync)
+        global_counts = np.broadcast_to(sizes.sum(axis=1, keepdims=True), sizes.shape).astype(np.float32)
+        placed = np.stack([starts - starts[:, :1],
+                           np.broadcast_to((ends - begins).sum(axis=1, keepdims=True), sizes.shape)], axis=-1)
+        slices = tf.data.Dataset.from_tensor_slices(tuple(
+            a[:, mine].reshape(-1, *a.shape[2:]) for a in (starts, sizes, global_counts, np.stack([begins, ends], -1),
+                                                           placed)))
 
         def one_epoch(epoch):
             rows_in_order = tf.numpy_function(epoch_order, [epoch], tf.int64, stateful=False)
             rows_in_order.set_shape([num_examples])
 
-            def gather(start, size):
+            def gather(start, size, global_count, tracked, where):
                 rows = rows_in_order[start : start + size]
-                return tf.nest.map_structure(lambda v: tf.gather(v, rows), host)
+                return tf.nest.map_structure(lambda v: tf.gather(v, rows), host), global_count, tracked, where
 
             skip = tf.where(epoch == epochs.start, tf.constant(start_step * local, tf.int64), 0)
             # A serial map measured faster than a parallel one here (bench/throughput.py):

@@ -127,6 +127,7 @@ def build(
     in_scope: models.InScope,
     lr: LRSettings | None = None,
     mixed_precision: str | None = None,
+    batch_norm: str = "global",
 ) -> tuple[keras.Model, Engine, scaling.LRPlan | None, placement.Move]:
     """Puts the model (and, when training, its scaled optimizer) in scope; returns it with its engine.
 
@@ -139,6 +140,8 @@ def build(
         optimizer, compiled losses and metrics, backing variables and settings match.
       in_scope: the Trainer's record of the backings it made (`models.InScope`).
       mixed_precision: a Keras dtype policy name for a builder's layers, or None.
+      batch_norm: "global": BatchNormalization layers normalize with the global batch's statistics when
+        several replicas train in sync (`models.synchronize_batch_norm`); "per_replica": with each replica's.
     """
     model = models.from_builder(model, strategy, seed, mixed_precision)
     batch = sample_batch(model, inp)
@@ -149,12 +152,15 @@ def build(
         if lr is not None and model.optimizer is not None:  # a GAN keeps its optimizers elsewhere
             lr_plan = lr.plan_for(model.optimizer)
             move.undo.append(models.scale_learning_rate(model, strategy, lr_plan))
+        if batch_norm == "global" and strategy.num_replicas_in_sync > 1 and not is_parameter_server(strategy):
+            move.undo.append(models.synchronize_batch_norm(model))
         jit = jit_for(strategy, jit_compile, model)
         warmup = lr_plan.float_warmup() if lr_plan else None
         scaled = (lr_plan.factor, lr_plan.warmup_steps) if lr_plan else None
         objects = (model, strategy, model.optimizer, _compat.compile_loss(model), _compat.compile_metrics(model))
         variables, _ = _compat.model_state(model)
-        key = (objects, (jit, warmup, scaled, tuple(id(_compat.backing(v)) for v in variables)))
+        key = (objects, (jit, warmup, scaled, tuple(models.per_replica_batch_norm(model)),
+                         tuple(id(_compat.backing(v)) for v in variables)))
         engine = next((e for e in cache if _same(e.key, key)), None)
         if engine is None:
             objective = Objective(model, strategy)

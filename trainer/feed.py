@@ -41,6 +41,7 @@ abort on the gradient of Conv2D+BiasAdd or MaxPool over zero examples.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
@@ -48,7 +49,10 @@ import tensorflow as tf
 
 from trainer import strategy as strategy_lib
 from trainer.cluster import is_parameter_server
-from trainer.arrays import OrderFn, replica_slices
+from trainer.arrays import OrderFn, computed_slices
+
+
+ACCELERATOR_READER = "TRAINER_ACCELERATOR_READER"  # "1": CPU replicas read as accelerators do (tests)
 
 
 def supports(strategy: tf.distribute.Strategy) -> bool:
@@ -57,7 +61,11 @@ def supports(strategy: tf.distribute.Strategy) -> bool:
     On GPUs and TPUs the tf.data pipeline stays: it prefetches batches to the
     devices while they compute (and TPU replicas cannot run Python). Under
     parameter-server training, steps run on remote workers that hold no arrays.
+    With TRAINER_ACCELERATOR_READER=1 in the environment, CPU replicas read as
+    accelerators do, so that what GPUs run is what CPU-only tests run.
     """
+    if os.environ.get(ACCELERATOR_READER) == "1":
+        return False
     return not (is_parameter_server(strategy) or strategy_lib.runs_on_accelerators(strategy))
 
 
@@ -75,27 +83,15 @@ class Share(NamedTuple):
         each of them.
       tracked: [begin, end) of `batch`, the rows this replica's metrics count;
         None for all of them.
+      placed: (where `batch`'s first row sits in the global batch, the examples
+        in the global batch), int64: what `draws` needs to give the replica its
+        rows of one device's random draws. None where unknown.
     """
 
     batch: Any
     global_count: tf.Tensor
     tracked: tuple[tf.Tensor, tf.Tensor] | None = None
-
-
-def computed_slices(num_examples: int, global_batch_size: int, num_replicas: int) -> tuple[np.ndarray, ...]:
-    """What each replica computes on and counts in every step: four [steps, replicas] arrays.
-
-    Returns (start, size) of the rows each replica computes on, into the epoch
-    order; and (begin, end) of the rows it counts, within those. They are
-    `arrays.replica_slices`, except that a step with fewer examples than
-    replicas is computed whole by every replica (see the module docstring).
-    """
-    starts, sizes = replica_slices(num_examples, global_batch_size, num_replicas)
-    whole = sizes.sum(axis=1, keepdims=True) < num_replicas
-    computed_starts = np.where(whole, starts[:, :1], starts)
-    computed_sizes = np.where(whole, sizes.sum(axis=1, keepdims=True), sizes)
-    tracked_begins = starts - computed_starts
-    return computed_starts, computed_sizes, tracked_begins, tracked_begins + sizes
+    placed: tuple[tf.Tensor, tf.Tensor] | None = None
 
 
 class ArrayFeed:
@@ -183,14 +179,17 @@ class ArrayFeed:
 
         Returns the rows of every array, concatenated step after step; then where
         each step's rows begin and end ([count + 1] bounds); then each step's
-        `Share.global_count` ([count]); then each step's tracked rows ([count, 2]).
+        `Share.global_count` ([count]); then each step's tracked rows and
+        `Share.placed` ([count, 4]: begin, end, first row, examples).
         """
         steps = slice(first, first + count)
         starts, sizes = self._starts[steps, replica], self._sizes[steps, replica]
         rows = np.concatenate([self._rows[s : s + n] for s, n in zip(starts, sizes)])
         bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         global_counts = self._sizes[steps].sum(axis=1).astype(np.float32)
-        tracked = np.stack([self._tracked_begins[steps, replica], self._tracked_ends[steps, replica]], axis=1)
+        tracked = np.stack([self._tracked_begins[steps, replica], self._tracked_ends[steps, replica],
+                            starts - self._starts[steps, 0],
+                            (self._tracked_ends[steps] - self._tracked_begins[steps]).sum(axis=1)], axis=1)
         return [np.take(a, rows, axis=0) for a in self.leaves] + [bounds, global_counts, tracked.astype(np.int64)]
 
 
@@ -218,7 +217,7 @@ def fetch(current: Callable[[], ArrayFeed], first: tf.Tensor, count: tf.Tensor, 
     # ensure_shape, not set_shape: set_shape tells only Python, and Grappler, which then sees outputs of unknown
     # shape, rewrites the step's arithmetic otherwise than for Keras's own input (a ResNet's first loss was
     # 1 ulp off model.fit's, and BatchNormalization with momentum grew that to 1e-3 in two epochs).
-    shapes = [(None, *shape) for _, shape in leaves] + [(None,), (None,), (None, 2)]
+    shapes = [(None, *shape) for _, shape in leaves] + [(None,), (None,), (None, 4)]
     return [tf.ensure_shape(tensor, shape) for tensor, shape in zip(tensors, shapes)]
 
 
@@ -228,7 +227,7 @@ def step_batch(fetched: Fetched, i: tf.Tensor, signature: tuple) -> Share:
     *rows, bounds, global_counts, tracked = fetched
     begin, end = bounds[i], bounds[i + 1]
     batch = tf.nest.pack_sequence_as(structure, [r[begin:end] for r in rows])
-    return Share(batch, global_counts[i], (tracked[i, 0], tracked[i, 1]))
+    return Share(batch, global_counts[i], (tracked[i, 0], tracked[i, 1]), (tracked[i, 2], tracked[i, 3]))
 
 
 def replica_share(batch: Any) -> Share:
@@ -242,18 +241,62 @@ def replica_share(batch: Any) -> Share:
     """
     context = tf.distribute.get_replica_context()
     replicas = context.num_replicas_in_sync
-    size = tf.shape(tf.nest.flatten(batch)[0])[0]
+    size = tf.shape(tf.nest.flatten(batch)[0], tf.int64)[0]
     if replicas == 1:  # nothing to cut
-        return Share(batch, tf.cast(size, tf.float32))
-    replica = tf.cast(context.replica_id_in_sync_group, tf.int32)
+        return Share(batch, tf.cast(size, tf.float32), placed=(tf.constant(0, tf.int64), size))
+    return _cut(batch, size, tf.cast(context.replica_id_in_sync_group, tf.int64), replicas)
+
+
+def _cut(batch: Any, size: tf.Tensor, replica: tf.Tensor, replicas: int) -> Share:
+    """`replica`'s `Share` of a global batch of `size` examples (int64), cut as `computed_slices` cuts."""
     base, extra = size // replicas, size % replicas
     begin = replica * base + tf.minimum(replica, extra)
-    end = begin + base + tf.cast(replica < extra, tf.int32)
+    end = begin + base + tf.cast(replica < extra, tf.int64)
     whole = size < replicas
-    first = tf.where(whole, 0, begin)
+    first = tf.where(whole, tf.constant(0, tf.int64), begin)
     last = tf.where(whole, size, end)
-    global_count = tf.cast(size * tf.where(whole, replicas, 1), tf.float32)
-    return Share(tf.nest.map_structure(lambda t: t[first:last], batch), global_count, (begin - first, end - first))
+    global_count = tf.cast(size * tf.where(whole, tf.constant(replicas, tf.int64), 1), tf.float32)
+    return Share(tf.nest.map_structure(lambda t: t[first:last], batch), global_count, (begin - first, end - first),
+                 (first, size))
+
+
+class Cut(NamedTuple):
+    """A replica's `Share` cut in the input pipeline, as a dataset element (`cut_shares`)."""
+
+    batch: Any
+    global_count: tf.Tensor  # float32
+    tracked: tf.Tensor  # int64[2]: Share.tracked
+    placed: tf.Tensor  # int64[2]: Share.placed
+
+    @classmethod
+    def of(cls, share: Share) -> Cut:
+        return cls(share.batch, share.global_count, tf.stack(share.tracked), tf.stack(share.placed))
+
+    def share(self) -> Share:
+        return Share(self.batch, self.global_count, (self.tracked[0], self.tracked[1]),
+                     (self.placed[0], self.placed[1]))
+
+
+def cut_shares(global_batches: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
+    """This worker's replicas' `Cut`s of each global batch, step after step, one per local replica: the order
+    in which tf.distribute hands a per-worker dataset's elements to the replicas.
+
+    The shares are `replica_share`'s, cut before the devices: each replica is
+    handed its own rows (all of a batch smaller than the replica count), and
+    the pipeline prefetches them to its device. Every worker reads every batch
+    and keeps its replicas' shares, as with the DATA shard policy.
+    """
+    replicas = context.num_replicas_in_sync
+    local = replicas // context.num_input_pipelines
+    first_replica = context.input_pipeline_id * local
+
+    def cuts(*parts):
+        batch = parts[0] if len(parts) == 1 else parts
+        size = tf.shape(tf.nest.flatten(batch)[0], tf.int64)[0]
+        return tf.data.Dataset.range(local).map(
+            lambda i: Cut.of(_cut(batch, size, first_replica + i, replicas)))
+
+    return global_batches.flat_map(cuts)
 
 
 class GlobalBatches:
@@ -319,11 +362,27 @@ def shape_key_length(element_spec: Any) -> int:
     return len(ranks) if None in ranks else sum(ranks)
 
 
+def handed_share(element: Any) -> Share:
+    """The `Share` a distributed iterator handed the replica: a `Cut`, or a batch the iterator cut."""
+    return element.share() if isinstance(element, Cut) else whole_share(element)
+
+
 def whole_share(batch: Any) -> Share:
-    """A `Share` of a batch that the replica was handed by a distributed iterator (replica context)."""
-    count = tf.shape(tf.nest.flatten(batch)[0])[0]
-    global_count = tf.distribute.get_replica_context().all_reduce("SUM", tf.cast(count, tf.float32))
-    return Share(batch, global_count)
+    """A `Share` of a batch that the replica was handed by a distributed iterator (replica context).
+
+    The iterator hands the replicas consecutive parts of each global batch, in
+    replica order; one all-reduce of every replica's count tells each where
+    its part starts.
+    """
+    context = tf.distribute.get_replica_context()
+    count = tf.cast(tf.shape(tf.nest.flatten(batch)[0])[0], tf.int64)
+    if context.num_replicas_in_sync == 1:
+        return Share(batch, tf.cast(count, tf.float32), placed=(tf.constant(0, tf.int64), count))
+    replica = context.replica_id_in_sync_group
+    one_hot = tf.one_hot(replica, context.num_replicas_in_sync) * tf.cast(count, tf.float32)
+    counts = tf.cast(context.all_reduce("SUM", one_hot), tf.int64)  # exact: whole numbers below 2**24
+    examples = tf.reduce_sum(counts)
+    return Share(batch, tf.cast(examples, tf.float32), placed=(tf.reduce_sum(counts[:replica]), examples))
 
 
 def tracked(share: Share, values: Any) -> Any:

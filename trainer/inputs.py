@@ -123,7 +123,8 @@ class ArrayInput(_Input):
                                   start_step=start_step)
         fn = arrays_lib.array_dataset_fn(self.host(), self.num_examples, order, readers.global_batch_size, epochs,
                                          start_step)
-        return feed.DistributedBatches(iter(readers.strategy.distribute_datasets_from_function(fn)))
+        return feed.DistributedBatches(iter(readers.strategy.distribute_datasets_from_function(
+            lambda context: fn(context).map(feed.Cut))))
 
     def host(self) -> Any:
         """The arrays as host variables, made once per input (`arrays.host_copy`)."""
@@ -174,10 +175,11 @@ class _DatasetKind(_Input):
         """Global batches from `start_step` on (the epochs are the loop's: each reads the dataset again)."""
         del epoch, until
         chosen = self.dataset.options().experimental_distribute.auto_shard_policy
-        if readers.in_step and (readers.num_workers == 1 or chosen == tf.data.experimental.AutoShardPolicy.AUTO):
+        trainer_cut = readers.num_workers == 1 or chosen == tf.data.experimental.AutoShardPolicy.AUTO
+        if readers.in_step and trainer_cut:
             # Every worker reads all of it and keeps its share, as the DATA policy would; the steps split it.
             return feed.GlobalBatches(self.global_batches(readers.global_batch_size, start_step))
-        return readers.distributed(self, start_step)
+        return readers.distributed(self, start_step, cut=trainer_cut)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -379,17 +381,22 @@ class Readers:
             return lambda epoch: np.arange(num_examples)
         return lambda epoch: arrays_lib.epoch_order(num_examples, shuffle=self.shuffle, seed=self.seed, epoch=epoch)
 
-    def distributed(self, inp: _DatasetKind, start_step: int) -> feed.DistributedBatches:
-        """TensorFlow's distributed iterator over `inp`'s global batches, split by its shard policy."""
+    def distributed(self, inp: _DatasetKind, start_step: int, *, cut: bool) -> feed.DistributedBatches:
+        """TensorFlow's distributed iterator over `inp`'s global batches: each replica handed the share the
+        trainer cuts (`feed.cut_shares`) with `cut`, else split by the dataset's own shard policy."""
         if start_step == 0:
             for known, dataset in self._distributed:
                 if known is inp:
                     return feed.DistributedBatches(iter(dataset))
-        policy, _ = shard_policy(inp.dataset, self.num_workers)
-        options = tf.data.Options()
-        options.experimental_distribute.auto_shard_policy = policy
-        dataset = self.strategy.experimental_distribute_dataset(
-            inp.global_batches(self.global_batch_size, start_step).with_options(options))
+        if cut:
+            batches = inp.global_batches(self.global_batch_size, start_step)
+            dataset = self.strategy.distribute_datasets_from_function(lambda context: feed.cut_shares(batches, context))
+        else:
+            policy, _ = shard_policy(inp.dataset, self.num_workers)
+            options = tf.data.Options()
+            options.experimental_distribute.auto_shard_policy = policy
+            dataset = self.strategy.experimental_distribute_dataset(
+                inp.global_batches(self.global_batch_size, start_step).with_options(options))
         if start_step == 0:
             self._distributed.append((inp, dataset))
         return feed.DistributedBatches(iter(dataset))

@@ -147,13 +147,36 @@ def stateful_layers(model: keras.Model) -> list[keras.layers.Layer]:
 
 def per_replica_batch_norm(model: keras.Model) -> list[str]:
     """The BatchNormalization layers that normalize each replica's share by its own statistics."""
-    names = []
-    for layer in model.layers:
-        if isinstance(layer, keras.Model):
-            names += per_replica_batch_norm(layer)
-        elif isinstance(layer, keras.layers.BatchNormalization) and not getattr(layer, "synchronized", False):
-            names.append(layer.name)
-    return names
+    return [layer.name for layer in _batch_norms(model) if not layer.synchronized]
+
+
+def global_batch_norm(model: keras.Model) -> int:
+    """How many BatchNormalization layers normalize with the global batch's statistics on several replicas."""
+    return sum(1 for layer in _batch_norms(model) if layer.synchronized)
+
+
+def synchronize_batch_norm(model: keras.Model) -> Callable[[], None]:
+    """Gives every BatchNormalization layer of `model` the global batch's statistics for one call; returns
+    what puts the layers back as they were.
+
+    Keras's `synchronized=True` all-reduces each replica's sum, sum of squares
+    and count, so the mean and variance are those of the global batch, whatever
+    each replica's share of it: the one-device statistics. The layers read it
+    when the step is traced.
+    """
+    layers = [layer for layer in _batch_norms(model) if not layer.synchronized]
+    for layer in layers:
+        layer.synchronized = True
+
+    def restore():
+        for layer in layers:
+            layer.synchronized = False
+
+    return restore
+
+
+def _batch_norms(model: keras.Model) -> list:
+    return [layer for layer in _compat.all_layers(model) if isinstance(layer, keras.layers.BatchNormalization)]
 
 
 def layer_policies(model: keras.Model) -> frozenset[str]:

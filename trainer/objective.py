@@ -9,8 +9,9 @@ names, and the callbacks that look them up by name, are Keras's.
 
 What changes across replicas is only how a replica's loss is weighed. Keras
 scales each replica's loss by 1/replicas, which is the replica's share of the
-batch only when the shares are equal. Here `compute_loss` runs as on one
-device (`_compat.replica_share()` leaves its losses unscaled), so it gives the
+batch only when the shares are equal. Here the forward pass and
+`compute_loss` run as on one device (`_compat.replica_share()` leaves Keras's
+losses unscaled, also those a layer computes for `add_loss`), so they give the
 mean over the replica's own examples, and the step weighs it by the replica's
 share of the global batch, n_r / N. The replicas' sum is then the one-device loss of the whole batch for any
 term that is a mean over the batch (compiled losses, activity regularizers, a

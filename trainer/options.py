@@ -13,6 +13,7 @@ import numpy as np
 from trainer.scaling import LR_SCALING_RULES
 
 MIXED_PRECISION_POLICIES = (None, "mixed_float16", "mixed_bfloat16")
+BATCH_NORM_MODES = ("global", "per_replica")
 
 
 def _is_int(value) -> bool:
@@ -44,6 +45,7 @@ def check_trainer_options(
     seed=0,
     nan_guard=True,
     tune_malloc=True,
+    batch_norm="global",
 ) -> None:
     """Raises ValueError or TypeError, naming the argument, the value and the fix, for a bad Trainer option."""
     check_int("seed", seed, minimum=0, allow_none=True, fix="Pass a non-negative integer, e.g. seed=0; it fixes "
@@ -52,6 +54,11 @@ def check_trainer_options(
         if not isinstance(value, bool):
             raise TypeError(f"`{name}` must be True or False. Received: {name}={value!r} of type "
                             f"{type(value).__name__}. Pass {name}=True or {name}=False.")
+    if batch_norm not in BATCH_NORM_MODES:
+        raise ValueError(
+            f"`batch_norm` must be one of {BATCH_NORM_MODES}. Received: batch_norm={batch_norm!r}. Pass 'global' "
+            "(the one-device statistics on any number of replicas) or 'per_replica' (each replica's own, faster)."
+        )
     if per_replica_batch_size is not None and batch_size is not None:
         raise ValueError(
             "Pass `per_replica_batch_size` or `batch_size`, not both. Received: "

@@ -73,6 +73,7 @@ class Plan:
     native_bf16: str | None = None  # the bfloat16 units ("AMX", "AVX512_BF16") of CPU replicas under oneDNN
     step: str = "the trainer's"  # whose train step runs (objective.ModelSteps.describe)
     batch_norm: tuple[str, ...] = ()  # BatchNormalization layers with per-replica statistics
+    global_batch_norm: int = 0  # BatchNormalization layers with the global batch's statistics
     optimizer: str | None = None  # its clipping, accumulation and EMA, in words (optimizer_note)
     batch_source: str = ""  # where the global batch came from, when not the Trainer's settings
     execution_source: str = ""  # which settings chose steps per call and XLA, when not the Trainer's
@@ -165,6 +166,11 @@ class Plan:
             rows.insert(1, ("model", self.placement))
         if self.optimizer:
             rows.append(("optimizer", self.optimizer))
+        if self.global_batch_norm and self.num_replicas > 1:
+            rows.append(("batch norm", f"{self.global_batch_norm} BatchNormalization layer(s) normalize with the "
+                                       "global batch's mean and variance, as on one device (3 all-reduces of "
+                                       "their channels per layer per step); Trainer(batch_norm='per_replica') "
+                                       "uses each replica's own, for speed"))
         if self.batch_norm and self.num_replicas > 1:
             rows.append(("batch norm", batch_norm_note(self.batch_norm, self.num_replicas)))
         if self.onednn is False:
@@ -203,7 +209,7 @@ def batch_norm_note(layers: tuple[str, ...] | list[str], num_replicas: int) -> s
     named = ", ".join(layers[:4]) + (f" and {len(layers) - 4} more" if len(layers) > 4 else "")
     return (f"{named} normalize each replica's share by its own mean and variance, so training differs from "
             f"one device (and from another replica count than {num_replicas}); "
-            "BatchNormalization(synchronized=True) gives the one-device statistics")
+            "Trainer(batch_norm='global'), the default, gives the one-device statistics")
 
 
 def optimizer_note(optimizer, num_replicas: int) -> str | None:

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import keras
 import tensorflow as tf
 
-from trainer import _compat
+from trainer import _compat, draws
 from trainer import feed as feed_lib
 from trainer import objective as objective_lib
 from trainer.cluster import is_parameter_server
@@ -49,10 +49,10 @@ def unpack(batch: Any) -> tuple[Any, Any, tf.Tensor | None]:
 
 def step_function(fn, **kwargs):
     """`graph_function(fn)`, traced with `_compat.replica_hooks` installed (replica shares, global clipping,
-    one apply)."""
+    one apply) and `draws.hooks` (each replica's rows of one device's random draws)."""
     @functools.wraps(fn)
     def traced(*args):
-        with _compat.replica_hooks():  # the body runs only while TensorFlow traces it
+        with _compat.replica_hooks(), draws.hooks():  # the body runs only while TensorFlow traces it
             return fn(*args)
 
     return graph_function(traced, **kwargs)
@@ -76,7 +76,7 @@ def _on_global_batch(replica_fn):
 def _on_replica_batch(replica_fn):
     """`replica_fn(share)` -> a replica function of the batch a distributed iterator handed the replica."""
     def on_replica_batch(batch):
-        return replica_fn(feed_lib.whole_share(batch))
+        return replica_fn(feed_lib.handed_share(batch))
 
     return on_replica_batch
 
@@ -195,7 +195,9 @@ class Steps:
     def _loss_and_grads(self, x, y, sample_weight, global_count, examples=None):
         model, optimizer = self.model, self.model.optimizer
         with tf.GradientTape() as tape:
-            with _compat.activity_share(model, examples):
+            # A Loss the model calls in its forward pass (an endpoint layer's add_loss) gives the replica's own
+            # mean, as on one device, for `replica_loss` to weigh once: Keras's would come scaled by 1/replicas.
+            with _compat.activity_share(model, examples), _compat.replica_share():
                 y_pred = model(x, training=True)
             loss, local = self.objective.replica_loss(x, y, y_pred, sample_weight, global_count, training=True)
             scaled = optimizer.scale_loss(loss)
@@ -208,7 +210,8 @@ class Steps:
         if self.model_steps.train:
             return self._model_step(self.model.train_step, share)
         x, y, sample_weight = unpack(share.batch)
-        y_pred, masks, local, grads = self._grads(x, y, sample_weight, share.global_count, self._examples(share))
+        with draws.replica_rows(share.batch, share.placed):
+            y_pred, masks, local, grads = self._grads(x, y, sample_weight, share.global_count, self._examples(share))
         self.model.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
         return self._track(share, x, y, _with_masks(y_pred, masks), sample_weight, local)
 
@@ -217,7 +220,8 @@ class Steps:
         if self.model_steps.test:
             return self._model_step(self.model.test_step, share)
         x, y, sample_weight = unpack(share.batch)
-        with _compat.activity_share(self.model, self._examples(share)):
+        with _compat.activity_share(self.model, self._examples(share)), _compat.replica_share(), \
+                draws.replica_rows(share.batch, share.placed):
             y_pred = self.model(x, training=False)
         _, local = self.objective.replica_loss(x, y, y_pred, sample_weight, share.global_count, training=False)
         return self._track(share, x, y, y_pred, sample_weight, local)
@@ -234,15 +238,16 @@ class Steps:
         from `model.metrics` across replicas after the call, under the keys
         the step returns them (`Objective.name_logs`).
         """
-        batch = share.batch
+        batch, placed = share.batch, share.placed
         if share.tracked is not None:
             batch = objective_lib.slice_rows(batch, *share.tracked)
+            placed = None if placed is None else (placed[0] + tf.cast(share.tracked[0], tf.int64), placed[1])
         count = objective_lib.rows(batch)
         context = tf.distribute.get_replica_context()
         total = context.all_reduce("SUM", count) if context.num_replicas_in_sync > 1 else count
         examples = total if context.num_replicas_in_sync > 1 else None
         with _compat.replica_share(gradients=tf.math.divide_no_nan(count, total)), \
-                _compat.activity_share(self.model, examples):
+                _compat.activity_share(self.model, examples), draws.replica_rows(batch, placed):
             logs = method(batch)
         returned = self.objective.name_logs(method.__name__, logs, self._results_made_by)
         self._traced_step = method.__name__  # for `_run`, which holds what the step returned
@@ -420,7 +425,9 @@ class Steps:
 
     def _predict_step(self, batch, global_batches: bool):
         def predict(x):
-            return self._predict_replica(feed_lib.replica_share(x) if global_batches else feed_lib.Share(x, None))
+            if global_batches:
+                return self._predict_replica(feed_lib.replica_share(x))
+            return self._predict_replica(x.share() if isinstance(x, feed_lib.Cut) else feed_lib.Share(x, None))
 
         return self._gathered(self.strategy.run(predict, args=(batch,)))
 

@@ -129,6 +129,12 @@ class Trainer:
         dynamic loss scaling) or "mixed_bfloat16" (TPUs, recent GPUs, CPUs with
         AMX or AVX512_BF16): layers compute in 16 bits, variables and losses
         stay float32. Opt-in; the plan suggests it on such CPUs.
+      batch_norm: "global": on several replicas in sync, BatchNormalization
+        layers normalize with the global batch's mean and variance, as on one
+        device (Keras's `synchronized=True`, set for the call: three small
+        all-reduces per layer per step). "per_replica": each replica's own
+        share's, as Keras's fit does, for speed; the numbers then depend on the
+        replica count.
       verbose: 0 silent, 1 plan and progress bar, 2 plan and one line per epoch
         (chief only).
       nan_guard: stop training at the first non-finite loss (see `trainer.callbacks.NanGuard`).
@@ -154,6 +160,7 @@ class Trainer:
         steps_per_execution: int | str = "auto",
         jit_compile: bool | str = "auto",
         mixed_precision: str | None = None,
+        batch_norm: str = "global",
         verbose: int = 1,
         nan_guard: bool = True,
         tune_malloc: bool = True,
@@ -163,7 +170,7 @@ class Trainer:
             per_replica_batch_size=per_replica_batch_size, batch_size=batch_size, base_batch_size=base_batch_size,
             lr_scaling=lr_scaling, warmup_epochs=warmup_epochs, warmup_steps=warmup_steps,
             steps_per_execution=steps_per_execution, jit_compile=jit_compile, mixed_precision=mixed_precision,
-            seed=seed, nan_guard=nan_guard, tune_malloc=tune_malloc,
+            seed=seed, nan_guard=nan_guard, tune_malloc=tune_malloc, batch_norm=batch_norm,
         )
         self._batch_given = batch_size is not None or per_replica_batch_size is not None
         if batch_size is None and per_replica_batch_size is None:
@@ -183,6 +190,7 @@ class Trainer:
         self.steps_per_execution = steps_per_execution
         self.jit_compile = jit_compile
         self.mixed_precision = mixed_precision
+        self.batch_norm = batch_norm
         self.verbose = verbose
         self.nan_guard = nan_guard
         self.tune_malloc = tune_malloc
@@ -537,7 +545,7 @@ class Trainer:
     def _build(self, model, strategy, inp, lr: engine_lib.LRSettings | None = None):
         return engine_lib.build(model, strategy, inp, seed=self.seed, jit_compile=self.jit_compile,
                                 cache=self._engines, in_scope=self._in_scope, lr=lr,
-                                mixed_precision=self.mixed_precision)
+                                mixed_precision=self.mixed_precision, batch_norm=self.batch_norm)
 
     def _fusion(self, compiled: engine_lib.Engine, batch: scaling.BatchPlan, steps_per_epoch: int | None,
                 callbacks: list) -> tuple[StepFusion, str]:
@@ -593,6 +601,7 @@ class Trainer:
             native_bf16=engine_lib.cpu_native_bf16(strategy),
             step=ModelSteps.of(model).describe(),
             batch_norm=tuple(models.per_replica_batch_norm(model)),
+            global_batch_norm=models.global_batch_norm(model),
             optimizer=optimizer_note(model.optimizer, strategy.num_replicas_in_sync),
             batch_source=batch_source,
             execution_source="; ".join(filter(None, [fusion_source, self._jit_source(model)])),

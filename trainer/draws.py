@@ -1,0 +1,222 @@
+"""Random draws inside a replica, as one device draws them for the whole global batch.
+
+Keras draws every random number of a layer or a train step with TensorFlow's
+stateless ops, from seeds that its SeedGenerators hand out alike on every
+replica (`_compat.keras_random_module`). Each replica runs the model on its own
+rows, so a draw shaped like those rows would give every replica the first rows
+of the draw one device makes: replica 1 would drop out the units replica 0
+drops. While a step is traced (`hooks`), a draw whose leading dimension is the
+replica's rows is replaced by *that replica's rows of the one-device draw for
+the global batch* (`Share.placed`: where the rows start, and the examples):
+
+- Philox, the stateless generator on CPUs and GPUs, is counter-based: number
+  k of a draw comes from counter k // 4 (k // 2 for 64-bit values). Starting
+  the counter at the replica's first number gives exactly its rows, for the
+  cost of its own rows (`_own_rows`).
+- A truncated normal samples by rejection, and another generator (a TPU's)
+  may count otherwise: the replica draws the whole global batch's numbers and
+  keeps its rows (`_global_rows`), R times the numbers.
+
+A draw whose leading dimension is not the replica's rows (a weight's noise, a
+draw of one number per step) is not per example: it stays as Keras makes it,
+the same on every replica, as on one device. A dimension is taken as the rows
+when it is dynamic and equals the rows when the step runs, or when both are
+static and equal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import numbers
+import threading
+from typing import Any, Callable
+
+import keras
+import tensorflow as tf
+
+from trainer import _compat
+
+_PHILOX = 1  # tf.random.Algorithm.PHILOX
+_local = threading.local()  # .placed: (first row, rows, examples) of the replica being traced
+_installed = [0]
+_originals: dict[str, Callable] = {}
+
+
+@contextlib.contextmanager
+def replica_rows(batch: Any, placed: tuple[tf.Tensor, tf.Tensor] | None):
+    """While a replica's step is traced: its rows `batch` sit at `placed` = (first row, examples) of the global
+    batch (None: unknown, and draws stay Keras's)."""
+    previous = getattr(_local, "placed", None)
+    if placed is None:
+        _local.placed = None
+    else:
+        leaf = tf.nest.flatten(batch)[0]
+        rows = leaf.shape[0] if leaf.shape.rank and leaf.shape[0] is not None else tf.shape(leaf, tf.int64)[0]
+        _local.placed = (placed[0], rows, placed[1])
+    try:
+        yield
+    finally:
+        _local.placed = previous
+
+
+@contextlib.contextmanager
+def hooks():
+    """While step functions are traced: Keras's random functions draw the replica's rows of one device's draw."""
+    module = _compat.keras_random_module()
+    if module is None:  # pragma: no cover - checked on Keras 3.8 and 3.15
+        yield
+        return
+    if _installed[0] == 0:
+        for name in _compat.RANDOM_FUNCTIONS:
+            _originals[name] = getattr(module, name)
+            setattr(module, name, _REPLACEMENTS[name])
+    _installed[0] += 1
+    try:
+        yield
+    finally:
+        _installed[0] -= 1
+        if _installed[0] == 0:
+            for name in _compat.RANDOM_FUNCTIONS:
+                setattr(module, name, _originals.pop(name))
+
+
+def _rows_of(shape: Any) -> tuple[Any, tuple] | None:
+    """(whether the draw is per example, as a bool or a bool tensor; the replica's placement), or None when it
+    is not, or when no replica is being traced."""
+    placed = getattr(_local, "placed", None)
+    if placed is None:
+        return None
+    leading = _leading(shape)
+    rows = placed[1]
+    if leading is None:
+        return None
+    if isinstance(leading, int):  # a static size follows the rows only where they are static too
+        return (True, placed) if isinstance(rows, int) and leading == rows else None
+    return tf.equal(tf.cast(leading, tf.int64), rows), placed
+
+
+def _leading(shape: Any) -> Any:
+    """The leading dimension of a draw's shape: an int when static, else a scalar tensor (None: no dimension)."""
+    if isinstance(shape, (tf.TensorShape, list, tuple)):
+        if len(shape) == 0:
+            return None
+        first = shape[0]
+        value = tf.get_static_value(first) if tf.is_tensor(first) else first
+        return int(value) if value is not None else first
+    static = tf.get_static_value(shape)
+    if static is not None:
+        return int(static[0]) if len(static) else None
+    return tf.convert_to_tensor(shape)[0]
+
+
+def _draw(raw: Callable, shape: Any, seed: tf.Tensor, rows_of: tuple, per_counter: int) -> tf.Tensor:
+    """`raw(shape, key, counter, alg)`'s numbers for `shape`, each replica taking its rows of the global draw."""
+    per_example, (first, rows, examples) = rows_of
+    shape = tf.cast(tf.convert_to_tensor(shape), tf.int64)
+    key, counter, alg = tf.raw_ops.StatelessRandomGetKeyCounterAlg(seed=seed)
+    own = lambda: _own_rows(raw, shape, key, counter, alg, first, per_counter)  # noqa: E731
+    whole = lambda: _global_rows(raw, shape, key, counter, alg, first, rows, examples)  # noqa: E731
+    keras_own = lambda: raw(shape, key, counter, alg)  # noqa: E731
+    philox = tf.equal(alg, _PHILOX)
+    if per_example is True:
+        return tf.cond(philox, own, whole)
+    return tf.cond(per_example, lambda: tf.cond(philox, own, whole), keras_own)
+
+
+def _own_rows(raw, shape, key, counter, alg, first, per_counter: int) -> tf.Tensor:
+    per_row = tf.reduce_prod(shape[1:])
+    start = tf.cast(first, tf.int64) * per_row
+    skip, lead = start // per_counter, start % per_counter
+    moved = tf.cast(counter[0], tf.int64) + skip  # Philox's 128-bit counter: the low word, then a carry
+    low = tf.bitcast(moved, tf.uint64)
+    carry = tf.cast(tf.less(low, counter[0]), tf.uint64)
+    counter = tf.stack([low, counter[1] + carry])
+    flat = raw(tf.reshape(lead + tf.reduce_prod(shape), [1]), key, counter, alg)[lead:]
+    return tf.reshape(flat, shape)
+
+
+def _global_rows(raw, shape, key, counter, alg, first, rows, examples) -> tf.Tensor:
+    whole = raw(tf.concat([tf.reshape(examples, [1]), shape[1:]], axis=0), key, counter, alg)
+    return whole[first:first + tf.cast(rows, tf.int64)]
+
+
+def _per_counter(dtype: tf.DType) -> int:
+    return 2 if dtype.size == 8 else 4
+
+
+def _uniform_op(dtype):
+    return lambda shape, key, counter, alg: tf.raw_ops.StatelessRandomUniformV2(
+        shape=shape, key=key, counter=counter, alg=alg, dtype=dtype)
+
+
+# Keras's functions, drawing the replica's rows (same arguments; each as tf.random's stateless ops compute).
+
+
+def _normal(shape, mean=0.0, stddev=1.0, dtype=None, seed=None):
+    rows_of = _rows_of(shape)
+    if rows_of is None:
+        return _originals["normal"](shape, mean=mean, stddev=stddev, dtype=dtype, seed=seed)
+    dtype = tf.as_dtype(dtype or keras.config.floatx())
+    unit = _draw(lambda s, k, c, a: tf.raw_ops.StatelessRandomNormalV2(shape=s, key=k, counter=c, alg=a, dtype=dtype),
+                 shape, _compat.keras_seed(seed), rows_of, _per_counter(dtype))
+    return tf.add(unit * tf.convert_to_tensor(stddev, dtype), tf.convert_to_tensor(mean, dtype))
+
+
+def _uniform(shape, minval=0.0, maxval=1.0, dtype=None, seed=None):
+    rows_of = _rows_of(shape)
+    if rows_of is None:
+        return _originals["uniform"](shape, minval=minval, maxval=maxval, dtype=dtype, seed=seed)
+    dtype = tf.as_dtype(dtype or keras.config.floatx())
+    minval, maxval = tf.cast(minval, dtype), tf.cast(maxval, dtype)
+    unit = _draw(_uniform_op(dtype), shape, _compat.keras_seed(seed), rows_of, _per_counter(dtype))
+    return tf.add(unit * (maxval - minval), minval)
+
+
+def _randint(shape, minval, maxval, dtype="int32", seed=None):
+    rows_of = _rows_of(shape)
+    if rows_of is None:
+        return _originals["randint"](shape, minval, maxval, dtype=dtype, seed=seed)
+    dtype = tf.as_dtype(dtype)
+    drawn = dtype if dtype in (tf.int32, tf.int64) else tf.int64
+    minval, maxval = tf.convert_to_tensor(minval, drawn), tf.convert_to_tensor(maxval, drawn)
+    draws = _draw(lambda s, k, c, a: tf.raw_ops.StatelessRandomUniformIntV2(
+        shape=s, key=k, counter=c, alg=a, minval=minval, maxval=maxval), shape, _compat.keras_seed(seed), rows_of,
+        _per_counter(drawn))
+    return tf.cast(draws, dtype)
+
+
+def _truncated_normal(shape, mean=0.0, stddev=1.0, dtype=None, seed=None):
+    rows_of = _rows_of(shape)
+    if rows_of is None:
+        return _originals["truncated_normal"](shape, mean=mean, stddev=stddev, dtype=dtype, seed=seed)
+    dtype = tf.as_dtype(dtype or keras.config.floatx())
+    per_example, (first, rows, examples) = rows_of
+    seed = _compat.keras_seed(seed)
+
+    def global_rows():
+        whole_shape = tf.concat([tf.reshape(examples, [1]), tf.cast(tf.convert_to_tensor(shape), tf.int64)[1:]], 0)
+        whole = tf.random.stateless_truncated_normal(whole_shape, seed, mean=mean, stddev=stddev, dtype=dtype)
+        return whole[first:first + tf.cast(rows, tf.int64)]
+
+    if per_example is True:
+        return global_rows()
+    return tf.cond(per_example, global_rows,
+                   lambda: tf.random.stateless_truncated_normal(shape, seed, mean=mean, stddev=stddev, dtype=dtype))
+
+
+def _dropout(inputs, rate, noise_shape=None, seed=None):
+    if not isinstance(rate, numbers.Real) or not 0.0 < rate < 1.0:
+        return _originals["dropout"](inputs, rate, noise_shape=noise_shape, seed=seed)
+    shape = _compat.noise_shape(inputs, noise_shape)
+    rows_of = _rows_of(shape)
+    if rows_of is None:
+        return _originals["dropout"](inputs, rate, noise_shape=noise_shape, seed=seed)
+    x = tf.convert_to_tensor(inputs)
+    # tf.nn.experimental.stateless_dropout's arithmetic: x * (1 / keep), zero where the uniform draw is < rate.
+    kept = x * tf.convert_to_tensor(1 / (1 - rate), x.dtype)
+    unit = _draw(_uniform_op(x.dtype), shape, _compat.keras_seed(seed), rows_of, _per_counter(x.dtype))
+    return tf.where(unit >= tf.convert_to_tensor(rate, x.dtype), kept, tf.zeros([], x.dtype))
+
+
+_REPLACEMENTS = {"normal": _normal, "uniform": _uniform, "randint": _randint, "truncated_normal": _truncated_normal,
+                 "dropout": _dropout}
