@@ -100,7 +100,7 @@ def test_replicas_gather_the_global_batch_in_the_epoch_order(replicas):
     rows_a, rows_b, labels, counts = [], [], [], []
     for step_count in (2, 3):  # two calls: steps 0-1, then 2-4
         first, count = feed.claim(step_count)
-        for (xs, ys), global_count, _ in one_call(tf.constant(first, tf.int64), count):
+        for (xs, ys), global_count, _, _ in one_call(tf.constant(first, tf.int64), count):
             local = strategy.experimental_local_results
             rows_a.extend(np.concatenate([t.numpy() for t in local(xs["a"])]).tolist())
             rows_b.extend(np.concatenate([t.numpy() for t in local(xs["b"])]).tolist())

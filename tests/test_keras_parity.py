@@ -37,7 +37,7 @@ import parity_cases  # noqa: E402
 
 ALL = list(parity_cases.CASES)
 # Random layers and BatchNormalization: one device's draws and statistics on every layout (issue 39).
-RANDOM = ["dropout_noise_layers", "image_augmentation_spatial_dropout", "gan_random_noise",
+RANDOM = ["dropout_noise_layers", "random_layers_xla", "image_augmentation_spatial_dropout", "gan_random_noise",
           "mixed_random_and_batch_norm", "batch_norm_momentum", "batch_norm_own_train_step"]
 # Three replicas split 8 as 3+3+2 and the last 5 as 2+2+1: the rows where that matters.
 UNEVEN = ["class_weighted_loss", "activity_regularizer", "add_loss_mean", "masking_timedistributed",
@@ -45,7 +45,8 @@ UNEVEN = ["class_weighted_loss", "activity_regularizer", "add_loss_mean", "maski
           "own_steps_no_compiled_loss", "compute_loss_penalty", "global_clipnorm", "gradient_accumulation",
           "train_step_global_clipnorm", "gan_two_optimizers", "padded_seq2seq", "vae_no_call",
           "distiller_teacher_in_compute_loss", "fitted_twice", "custom_objects_with_required_arguments",
-          "lambda_layer", "saved_and_reloaded", "train_step_returns_loss_tensors", "endpoint_layer_loss", *RANDOM]
+          "lambda_layer", "saved_and_reloaded", "train_step_returns_loss_tensors", "endpoint_layer_loss",
+          "embedding_mask_zero_xla", *RANDOM]
 # (replicas in each process, how the processes run): "" one process; "accelerator" one process whose CPU
 # replicas read as GPUs and TPUs do (TensorFlow's distributed iterator: TRAINER_ACCELERATOR_READER=1);
 # "workers" two processes under trainer-launch, each with its replicas ("workers-accelerator": reading as
@@ -159,7 +160,7 @@ def test_the_table_covers_each_item_of_the_issue():
                  "dict_inputs_by_key", "dict_inputs_more_columns", "list_inputs_columns_by_name",
                  "train_step_returns_loss_tensors",
                  # issue 39: random layers, BatchNormalization, a loss computed in the forward pass
-                 *RANDOM, "endpoint_layer_loss"]:
+                 *RANDOM, "endpoint_layer_loss", "embedding_mask_zero_xla"]:
         assert name in parity_cases.CASES
     forms = {case.form for case in parity_cases.CASES.values()}
     assert forms == {"arrays", *parity_cases.FORMS}, forms

@@ -9,7 +9,8 @@ last batch smaller than the replica count; from arrays and from datasets
 CPU kernels on and off (their gradients of Conv2D and MaxPool abort on an
 empty batch): every family on 2 and 3 replicas with them on, and on 3 with
 them off; the CNN families, whose kernels they change, on 1 replica with them on
-and off, and on 2 with them off too. Each run is compared with the same run on one device.
+and off, and on 2 with them off too; every family on 3 replicas reading as GPUs
+do. Each run is compared with the same run on one device.
 """
 
 import concurrent.futures
@@ -22,6 +23,7 @@ import numpy as np
 import pytest
 
 from conftest import TESTS
+from trainer import feed
 
 pytestmark = pytest.mark.slow  # subprocesses, layouts or whole trainings: not in the everyday tier
 
@@ -29,14 +31,17 @@ FAMILIES = ["embedding", "gru", "lstm", "siamese", "cnn", "cnn_syncbn"]
 CNNS = ["cnn", "cnn_syncbn"]  # oneDNN's kernels differ from TensorFlow's own in convolutions and pooling
 # (layout, TF_ENABLE_ONEDNN_OPTS, families)
 # One mirrored replica runs only the CNNs: the other families' mirrored path is the one 2 and 3 replicas run.
+# "accelerator": mirrored, with the replicas reading as GPUs and TPUs do (TRAINER_ACCELERATOR_READER=1).
 RUNS = [(("none", 1), "1", FAMILIES), (("mirrored", 1), "1", CNNS), (("mirrored", 2), "1", FAMILIES),
         (("mirrored", 3), "1", FAMILIES), (("none", 1), "0", FAMILIES), (("mirrored", 3), "0", FAMILIES),
-        (("mirrored", 1), "0", CNNS), (("mirrored", 2), "0", CNNS)]
+        (("mirrored", 1), "0", CNNS), (("mirrored", 2), "0", CNNS), (("accelerator", 3), "1", FAMILIES)]
 
 
 def _run(layout, onednn, families, path):
     name, devices = layout
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": onednn}
+    if name == "accelerator":
+        name, env[feed.ACCELERATOR_READER] = "mirrored", "1"
     command = [sys.executable, str(TESTS / "last_batch_run.py"), name, str(devices), str(path), ",".join(families)]
     proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, f"{layout} oneDNN={onednn} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
@@ -53,7 +58,8 @@ def runs(tmp_path_factory):
 
 
 @pytest.mark.parametrize("run", [run for run in RUNS if run[0][0] != "none"],
-                         ids=lambda run: f"{run[0][1]}replicas-onednn{run[1]}-{len(run[2])}families")
+                         ids=lambda run: f"{run[0][1]}replicas-onednn{run[1]}-{len(run[2])}families"
+                         + ("-accelerator" if run[0][0] == "accelerator" else ""))
 def test_uneven_last_batches_give_the_one_device_numbers(runs, run):
     layout, onednn, families = run
     result, arrays = runs[run[:2]]

@@ -13,9 +13,10 @@ the global batch* (`Share.placed`: where the rows start, and the examples):
   k of a draw comes from counter k // 4 (k // 2 for 64-bit values). Starting
   the counter at the replica's first number gives exactly its rows, for the
   cost of its own rows (`_own_rows`).
-- A truncated normal samples by rejection, and another generator (a TPU's)
-  may count otherwise: the replica draws the whole global batch's numbers and
-  keeps its rows (`_global_rows`), R times the numbers.
+- A truncated normal samples by rejection, XLA lays a normal draw's numbers
+  out by its shape (seen on TensorFlow 2.21), and another generator (a TPU's)
+  may count otherwise: there the replica draws the whole global batch's
+  numbers and keeps its rows (`_global_rows`), R times the numbers.
 
 A draw whose leading dimension is not the replica's rows (a weight's noise, a
 draw of one number per step) is not per example: it stays as Keras makes it,
@@ -43,20 +44,22 @@ _originals: dict[str, Callable] = {}
 
 
 @contextlib.contextmanager
-def replica_rows(batch: Any, placed: tuple[tf.Tensor, tf.Tensor] | None):
+def replica_rows(batch: Any, placed: tuple[tf.Tensor, tf.Tensor] | None, *, xla: bool = False):
     """While a replica's step is traced: its rows `batch` sit at `placed` = (first row, examples) of the global
-    batch (None: unknown, and draws stay Keras's)."""
-    previous = getattr(_local, "placed", None)
+    batch (None: unknown, and draws stay Keras's). `xla`: the draws are compiled by XLA, whose normal
+    distribution lays a draw's numbers out by its shape, so only its uniform draws follow the counter."""
+    previous = getattr(_local, "placed", None), getattr(_local, "xla", False)
     if placed is None:
         _local.placed = None
     else:
         leaf = tf.nest.flatten(batch)[0]
         rows = leaf.shape[0] if leaf.shape.rank and leaf.shape[0] is not None else tf.shape(leaf, tf.int64)[0]
         _local.placed = (placed[0], rows, placed[1])
+    _local.xla = xla
     try:
         yield
     finally:
-        _local.placed = previous
+        _local.placed, _local.xla = previous
 
 
 @contextlib.contextmanager
@@ -109,15 +112,17 @@ def _leading(shape: Any) -> Any:
     return tf.convert_to_tensor(shape)[0]
 
 
-def _draw(raw: Callable, shape: Any, seed: tf.Tensor, rows_of: tuple, per_counter: int) -> tf.Tensor:
-    """`raw(shape, key, counter, alg)`'s numbers for `shape`, each replica taking its rows of the global draw."""
+def _draw(raw: Callable, shape: Any, seed: tf.Tensor, rows_of: tuple, per_counter: int,
+          counted: bool = True) -> tf.Tensor:
+    """`raw(shape, key, counter, alg)`'s numbers for `shape`, each replica taking its rows of the global draw
+    (from Philox's counter where `counted`, else from the whole global draw)."""
     per_example, (first, rows, examples) = rows_of
     shape = tf.cast(tf.convert_to_tensor(shape), tf.int64)
     key, counter, alg = tf.raw_ops.StatelessRandomGetKeyCounterAlg(seed=seed)
     own = lambda: _own_rows(raw, shape, key, counter, alg, first, per_counter)  # noqa: E731
     whole = lambda: _global_rows(raw, shape, key, counter, alg, first, rows, examples)  # noqa: E731
     keras_own = lambda: raw(shape, key, counter, alg)  # noqa: E731
-    philox = tf.equal(alg, _PHILOX)
+    philox = tf.logical_and(tf.equal(alg, _PHILOX), counted)
     if per_example is True:
         return tf.cond(philox, own, whole)
     return tf.cond(per_example, lambda: tf.cond(philox, own, whole), keras_own)
@@ -158,7 +163,7 @@ def _normal(shape, mean=0.0, stddev=1.0, dtype=None, seed=None):
         return _originals["normal"](shape, mean=mean, stddev=stddev, dtype=dtype, seed=seed)
     dtype = tf.as_dtype(dtype or keras.config.floatx())
     unit = _draw(lambda s, k, c, a: tf.raw_ops.StatelessRandomNormalV2(shape=s, key=k, counter=c, alg=a, dtype=dtype),
-                 shape, _compat.keras_seed(seed), rows_of, _per_counter(dtype))
+                 shape, _compat.keras_seed(seed), rows_of, _per_counter(dtype), counted=not _local.xla)
     return tf.add(unit * tf.convert_to_tensor(stddev, dtype), tf.convert_to_tensor(mean, dtype))
 
 

@@ -57,18 +57,35 @@ class LRSettings:
         return scaling.LRPlan(rule, models.base_learning_rate(optimizer), factor, self.warmup_steps)
 
 
-def jit_for(strategy: tf.distribute.Strategy, setting: bool | str, model: Any = None) -> bool:
-    """XLA or not: the Trainer's setting; for "auto", the compiled model's `jit_compile`, else on for TPUs and GPUs.
+def jit_for(strategy: tf.distribute.Strategy, setting: bool | str, model: Any = None, data_batch: Any = None) -> bool:
+    """XLA or not: the Trainer's setting; for "auto", the compiled model's `jit_compile`, else on for TPUs and GPUs;
+    off where the forward pass synchronizes the replicas (`synchronizes_in_forward_pass`).
 
     Keras resolves `compile(jit_compile="auto")` to off on CPU-only machines
     (XLA slows CNNs down there) and on where the model's layers support it
     elsewhere; an explicit `compile(jit_compile=...)` is kept as given.
     """
+    return asked_jit(strategy, setting, model) and not synchronizes_in_forward_pass(strategy, model, data_batch)
+
+
+def asked_jit(strategy: tf.distribute.Strategy, setting: bool | str, model: Any = None) -> bool:
+    """XLA as the settings ask for it (`jit_for` without the forward pass's all-reduces)."""
     if setting != "auto":
         return bool(setting)
     if isinstance(model, keras.Model) and getattr(model, "compiled", False):
         return bool(model.jit_compile)
     return strategy_lib.runs_on_accelerators(strategy)
+
+
+def synchronizes_in_forward_pass(strategy: tf.distribute.Strategy, model: Any, data_batch: Any = None) -> bool:
+    """Whether the replica's forward pass and loss all-reduce across the replicas: global BatchNormalization
+    statistics, or masked outputs, whose unmasked entries are counted over the replicas (`data_batch`, a sample,
+    shows whether the outputs carry masks). Then the forward and backward pass cannot be one XLA function
+    nested in the replica's step, where MirroredStrategy cannot synchronize ("merge_call called while defining
+    a new graph")."""
+    if not isinstance(model, keras.Model) or strategy.num_replicas_in_sync == 1:
+        return False
+    return models.global_batch_norm(model) > 0 or (data_batch is not None and models.outputs_masked(model, data_batch))
 
 
 def cpu_onednn(strategy: tf.distribute.Strategy) -> bool | None:
@@ -154,7 +171,7 @@ def build(
             move.undo.append(models.scale_learning_rate(model, strategy, lr_plan))
         if batch_norm == "global" and strategy.num_replicas_in_sync > 1 and not is_parameter_server(strategy):
             move.undo.append(models.synchronize_batch_norm(model))
-        jit = jit_for(strategy, jit_compile, model)
+        jit = jit_for(strategy, jit_compile, model, batch)
         warmup = lr_plan.float_warmup() if lr_plan else None
         scaled = (lr_plan.factor, lr_plan.warmup_steps) if lr_plan else None
         objects = (model, strategy, model.optimizer, _compat.compile_loss(model), _compat.compile_metrics(model))

@@ -155,6 +155,18 @@ def global_batch_norm(model: keras.Model) -> int:
     return sum(1 for layer in _batch_norms(model) if layer.synchronized)
 
 
+def outputs_masked(model: keras.Model, data_batch: Any) -> bool:
+    """Whether the model's outputs carry Keras masks, seen on a forward pass over `data_batch`'s features (a few
+    examples, in inference mode; a model that keeps a state, or that this call fails on, counts as unmasked)."""
+    if stateful_layers(model):
+        return False
+    try:
+        outputs = model(keras.utils.unpack_x_y_sample_weight(data_batch)[0], training=False)
+    except Exception:  # noqa: BLE001 (a model without call(): its own steps run it)
+        return False
+    return any(_compat.get_keras_mask(t) is not None for t in tf.nest.flatten(outputs))
+
+
 def synchronize_batch_norm(model: keras.Model) -> Callable[[], None]:
     """Gives every BatchNormalization layer of `model` the global batch's statistics for one call; returns
     what puts the layers back as they were.

@@ -169,8 +169,8 @@ class Plan:
         if self.global_batch_norm and self.num_replicas > 1:
             rows.append(("batch norm", f"{self.global_batch_norm} BatchNormalization layer(s) normalize with the "
                                        "global batch's mean and variance, as on one device (3 all-reduces of "
-                                       "their channels per layer per step); Trainer(batch_norm='per_replica') "
-                                       "uses each replica's own, for speed"))
+                                       "their channels per layer per step, in 2 rounds); "
+                                       "Trainer(batch_norm='per_replica') uses each replica's own, for speed"))
         if self.batch_norm and self.num_replicas > 1:
             rows.append(("batch norm", batch_norm_note(self.batch_norm, self.num_replicas)))
         if self.onednn is False:

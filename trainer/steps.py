@@ -154,6 +154,7 @@ class Steps:
                 f"under {type(strategy).__name__} those updates are not kept exactly. Use MirroredStrategy or "
                 "MultiWorkerMirroredStrategy, or move the step's logic into compute_loss."
             )
+        self.xla = bool(jit_compile)  # the forward and backward pass, one XLA function
         self._grads = graph_function(self._loss_and_grads, jit_compile=True) if jit_compile else self._loss_and_grads
         self._activity_sums = bool(_compat.activity_layers(model))  # Keras < 3.14 sums them over the batch
         self._feed: feed_lib.ArrayFeed | None = None  # the feed that the traced feed loops read when they run
@@ -210,7 +211,7 @@ class Steps:
         if self.model_steps.train:
             return self._model_step(self.model.train_step, share)
         x, y, sample_weight = unpack(share.batch)
-        with draws.replica_rows(share.batch, share.placed):
+        with draws.replica_rows(share.batch, share.placed, xla=self.xla):
             y_pred, masks, local, grads = self._grads(x, y, sample_weight, share.global_count, self._examples(share))
         self.model.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
         return self._track(share, x, y, _with_masks(y_pred, masks), sample_weight, local)

@@ -301,7 +301,7 @@ class Trainer:
         model, compiled, lr_plan, move = self._build(model, strategy, train, lr=lr)
         with move:  # on the way out the user's model goes home with its trained state, as after model.fit
             fusion, fusion_source = self._fusion(compiled, batch, steps_per_epoch, callbacks)
-            plan = self._plan(strategy, train, batch, steps_per_epoch, lr_plan, fusion, model,
+            plan = self._plan(strategy, train, batch, steps_per_epoch, lr_plan, fusion, model, compiled.steps.xla,
                               batch_source=batch_source, fusion_source=fusion_source, process=process,
                               moved=move.describe(), resumes=any(getattr(c, "resumes", False) for c in callbacks),
                               unguarded=loop.unguarded(callbacks),
@@ -566,7 +566,7 @@ class Trainer:
         return fusion, source
 
     def _plan(self, strategy, inp, batch, steps_per_epoch, lr_plan: scaling.LRPlan, fusion: StepFusion,
-              model, *, batch_source: str = "", fusion_source: str = "", process: str = "",
+              model, jit: bool, *, batch_source: str = "", fusion_source: str = "", process: str = "",
               moved: str = "", resumes: bool = False, user_steps: int | None = None,
               unguarded: tuple[str, ...] = ()) -> Plan:
         num_workers = strategy_cluster_info(strategy).num_workers
@@ -595,7 +595,7 @@ class Trainer:
             warmup_steps=lr_plan.warmup_steps if lr_plan.factor != 1.0 else 0,  # nothing to ramp otherwise
             steps_per_execution=fusion.steps,
             auto_fusion=fusion.auto,
-            jit_compile=engine_lib.jit_for(strategy, self.jit_compile, model),
+            jit_compile=jit,
             onednn=engine_lib.cpu_onednn(strategy),
             precision=models.precision(model),
             native_bf16=engine_lib.cpu_native_bf16(strategy),
@@ -604,7 +604,7 @@ class Trainer:
             global_batch_norm=models.global_batch_norm(model),
             optimizer=optimizer_note(model.optimizer, strategy.num_replicas_in_sync),
             batch_source=batch_source,
-            execution_source="; ".join(filter(None, [fusion_source, self._jit_source(model)])),
+            execution_source="; ".join(filter(None, [fusion_source, self._jit_source(model, strategy, jit)])),
             process=process,
             placement=moved,
             cluster=cluster_source() if num_workers > 1 or parameter_server else "",
@@ -612,7 +612,10 @@ class Trainer:
             resume=inp.resume(user_steps) if resumes else None,
         )
 
-    def _jit_source(self, model) -> str:
+    def _jit_source(self, model, strategy, jit: bool) -> str:
+        if not jit and engine_lib.asked_jit(strategy, self.jit_compile, model):
+            return ("XLA off: the forward pass all-reduces across the replicas (BatchNormalization's global "
+                    "statistics, or the count of masked outputs), which a nested XLA function cannot")
         if self.jit_compile == "auto" and getattr(model, "compiled", False) and model.jit_compile:
             return "XLA from the model's compile(jit_compile=...)"
         return ""
