@@ -70,12 +70,11 @@ def traced_as(variant: str):
         finally:
             draws.hooks = saved
     elif variant == "global_draw":
-        saved = draws._PHILOX
-        draws._PHILOX = -1  # no generator is that one: every per-example draw takes the global batch's numbers
+        draws._COUNTER = False  # every per-example draw takes the global batch's numbers
         try:
             yield
         finally:
-            draws._PHILOX = saved
+            draws._COUNTER = True
     else:
         yield
 

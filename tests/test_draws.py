@@ -26,12 +26,11 @@ def _per_replica_draws(strategy, draw, global_rows: int, philox: bool = True):
                 return draw(tf.shape(batch)[0])
         return strategy.run(replica_fn)
 
-    saved = draws._PHILOX
-    draws._PHILOX = draws._PHILOX if philox else -1
+    draws._COUNTER = philox
     try:
         return [t.numpy() for t in strategy.experimental_local_results(step())]
     finally:
-        draws._PHILOX = saved
+        draws._COUNTER = True
 
 
 DRAWS = {

@@ -164,8 +164,13 @@ def _compute_moments_sync(x, axes, keepdims):
         return _originals["moments_sync"](x, axes, keepdims)
     factor = _factor("gradients")
     local_count = tf.reduce_sum(tf.ones_like(x, name="count"), axis=axes, keepdims=True)
-    count = context.all_reduce(tf.distribute.ReduceOp.SUM, local_count)
-    mean = _weighed_sum(context, tf.reduce_sum(x, axis=axes, keepdims=True), factor) / count
+    local_sum = tf.reduce_sum(x, axis=axes, keepdims=True)
+    if factor is None:  # the sum and the count in one all-reduce
+        total, count = context.all_reduce(tf.distribute.ReduceOp.SUM, [local_sum, local_count])
+    else:
+        total = _weighed_sum(context, local_sum, factor)
+        count = context.all_reduce(tf.distribute.ReduceOp.SUM, local_count)
+    mean = total / count
     deviations = tf.reduce_sum(tf.math.squared_difference(x, tf.stop_gradient(mean)), axis=axes, keepdims=True)
     variance = _weighed_sum(context, deviations, factor) / count
     if not keepdims:
