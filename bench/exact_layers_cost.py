@@ -17,7 +17,10 @@ Models and variants:
                 global_draw        each replica draws the global batch's numbers and keeps its rows
   batch_norm  a small CNN with three BatchNormalization layers:
                 per_replica        Trainer(batch_norm="per_replica"): each replica's statistics, as Keras's fit
-                global             the default: the global batch's statistics
+                global             the default: the global batch's statistics, summed in the process
+                collective         the same statistics through the strategy's all-reduce (GPUs' and workers' way)
+                barrier_only       per-replica statistics, made to wait for every replica at each layer, forward
+                                   and backward, as the global ones do: the floor of any exact statistics
 On one replica every variant runs the same step: the row shows the noise.
 """
 
@@ -33,7 +36,8 @@ import sys
 import time
 
 PER_REPLICA = 32
-VARIANTS = {"dropout": ("keras_per_replica", "own_rows", "global_draw"), "batch_norm": ("per_replica", "global")}
+VARIANTS = {"dropout": ("keras_per_replica", "own_rows", "global_draw"),
+            "batch_norm": ("per_replica", "global", "collective", "barrier_only")}
 
 
 def build(model: str):
@@ -69,6 +73,24 @@ def traced_as(variant: str):
             yield
         finally:
             draws.hooks = saved
+    elif variant == "barrier_only":
+        from trainer import _compat
+
+        hooks = _compat._HOOKS  # per-replica statistics, through one in-process sum each way per layer
+        _compat._HOOKS = tuple((key, owner, name, _barrier_only if key == "moments_sync" else replacement)
+                               for key, owner, name, replacement in hooks)
+        try:
+            yield
+        finally:
+            _compat._HOOKS = hooks
+    elif variant == "collective":
+        from trainer import _compat
+
+        _compat._IN_PROCESS_SUM = False  # the statistics through the strategy's all-reduce, as on GPUs
+        try:
+            yield
+        finally:
+            _compat._IN_PROCESS_SUM = True
     elif variant == "global_draw":
         draws._COUNTER = False  # every per-example draw takes the global batch's numbers
         try:
@@ -79,13 +101,27 @@ def traced_as(variant: str):
         yield
 
 
+def _barrier_only(x, axes, keepdims):
+    """Each replica's own statistics, made to wait for the other replicas' as the global ones do (one sum of
+    the means forward, and of their gradients backward): the barrier that any exact statistics pay, without
+    their arithmetic."""
+    import tensorflow as tf
+    from trainer import _compat
+
+    mean, variance = tf.nn.moments(x, axes, keepdims=keepdims)
+    context = _compat._replicas()
+    if context is None:
+        return mean, variance
+    return mean + 0.0 * _compat._weighed_sum(context, mean, None), variance
+
+
 def step_call(strategy, x, y, model: str, variant: str):
     """count -> (steps run, seconds): the train function of a Trainer for `variant`, traced as it says."""
     from trainer import Trainer
     from trainer import data as data_lib
     from trainer import inputs as inputs_lib
 
-    options = {"batch_norm": variant} if model == "batch_norm" else {}
+    options = {"batch_norm": "per_replica" if variant == "per_replica" else "global"} if model == "batch_norm" else {}
     trainer = Trainer(strategy=strategy, per_replica_batch_size=PER_REPLICA, verbose=0, **options)
     readers = inputs_lib.Readers(strategy, PER_REPLICA * strategy.num_replicas_in_sync, shuffle=True, seed=0)
     feed = readers(data_lib.as_input((x, y), arg="data"), epoch=0, until=2**31)

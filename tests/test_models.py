@@ -353,6 +353,30 @@ def test_batch_norm_takes_the_global_batchs_statistics_on_replicas_by_default(da
     assert ours.get_layer("bn").synchronized is False  # the user's layer as it was
 
 
+def test_global_batch_norm_statistics_hold_for_features_far_from_zero():
+    # Features whose mean (1000) is large against their spread (0.01): a variance taken as E[x^2] - E[x]^2
+    # loses every digit in float32, so the moving variance would come out 0 or far off on two replicas.
+    rng = np.random.default_rng(0)
+    x = (1000 + 0.01 * rng.standard_normal((70, 8))).astype("float32")
+    y = rng.integers(0, 3, 70)
+
+    def make():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((8,)), keras.layers.BatchNormalization(name="bn"),
+                                  keras.layers.Dense(3)])
+        model.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    ours, reference = make(), make()
+    Trainer(strategy=mirrored(2), batch_size=16, shuffle=False, verbose=0).fit(ours, (x, y), epochs=2)
+    reference.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    # The weights trained on the normalized features are not compared: one ulp of the mean (6e-5 at 1000)
+    # already moves them by 0.6%, on one device as on several.
+    for name in ("moving_mean", "moving_variance"):
+        ours_value, reference_value = (getattr(m.get_layer("bn"), name).numpy() for m in (ours, reference))
+        np.testing.assert_allclose(ours_value, reference_value, rtol=1e-5)
+
+
 def test_per_replica_batch_norm_is_named_in_a_warning(data):
     x, y, w = data
     with pytest.warns(UserWarning, match="bn normalize each replica's share"):

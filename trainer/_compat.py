@@ -149,50 +149,79 @@ def _compute_moments_sync(x, axes, keepdims):
     sum of squares and count, and takes the variance as E[x^2] - E[x]^2, which
     rounds otherwise than one device's E[(x - E[x])^2] (`tf.nn.moments`), and
     far otherwise for features whose mean is large against their spread. Here
-    the sum and count are all-reduced first, then the squared deviations from
-    the global mean: two rounds of all-reduces instead of one, and one device's
-    formula.
+    each replica sums its rows and their squared deviations from its own mean,
+    and one all-reduce hands every replica all the replicas' (count, sum,
+    deviations), each in a slot of its own; they combine as Chan et al.'s
+    parallel variance does, from differences of means, never of large squares.
 
     In a model's own train_step the replicas' gradients are weighed after the
     tape (`_all_reduce_sum_gradients`), by each replica's share of the global
-    batch, but the all-reduces carry every replica's gradient to every other
+    batch, but the all-reduce carries every replica's gradient to every other
     unweighed: `_weighed_sum` weighs each replica's part there, and divides by
     the receiver's weight, which the optimizer then applies.
     """
     context = _replicas()
     if context is None:
         return _originals["moments_sync"](x, axes, keepdims)
-    factor = _factor("gradients")
-    local_count = tf.reduce_sum(tf.ones_like(x, name="count"), axis=axes, keepdims=True)
-    local_sum = tf.reduce_sum(x, axis=axes, keepdims=True)
-    if factor is None:  # the sum and the count in one all-reduce
-        total, count = context.all_reduce(tf.distribute.ReduceOp.SUM, [local_sum, local_count])
-    else:
-        total = _weighed_sum(context, local_sum, factor)
-        count = context.all_reduce(tf.distribute.ReduceOp.SUM, local_count)
-    mean = total / count
-    deviations = tf.reduce_sum(tf.math.squared_difference(x, tf.stop_gradient(mean)), axis=axes, keepdims=True)
-    variance = _weighed_sum(context, deviations, factor) / count
+    total = tf.reduce_sum(x, axis=axes, keepdims=True)
+    count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), axes)), x.dtype) * tf.ones_like(total)
+    own_mean = tf.stop_gradient(tf.math.divide_no_nan(total, count))
+    deviations = tf.reduce_sum(tf.math.squared_difference(x, own_mean), axis=axes, keepdims=True)
+    replicas = context.num_replicas_in_sync
+    slot = tf.reshape(tf.one_hot(context.replica_id_in_sync_group, replicas, dtype=x.dtype),
+                      [replicas] + [1] * (x.shape.rank + 1))
+    parts = _weighed_sum(context, slot * tf.stack([count, total, deviations])[None], _factor("gradients"))
+    counts, totals, squares = parts[:, 0], parts[:, 1], parts[:, 2]
+    examples = tf.reduce_sum(counts, 0)
+    mean = tf.reduce_sum(totals, 0) / examples
+    spread = tf.reduce_sum(counts * tf.math.squared_difference(tf.math.divide_no_nan(totals, counts), mean), 0)
+    variance = (tf.reduce_sum(squares, 0) + spread) / examples
     if not keepdims:
         mean, variance = tf.squeeze(mean, axes), tf.squeeze(variance, axes)
     return mean, variance
 
 
+_IN_PROCESS_SUM = True  # `_replica_sum` between CPUs of one process; bench/exact_layers_cost.py turns it off
+
+
 def _weighed_sum(context, value, factor):
-    """The replicas' sum of `value`; with a gradient `factor` (see `_compute_moments_sync`), a gradient that
-    weighs each replica's part by it."""
-    if factor is None:
-        return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
+    """The replicas' sum of `value`. Its gradient is the replicas' sum of theirs, with a gradient `factor` (see
+    `_compute_moments_sync`) each replica's part weighed by it."""
 
     @tf.custom_gradient
     def summed(v):
         def grad(upstream):
+            if factor is None:
+                return _replica_sum(context, upstream)
             weight = tf.cast(factor, upstream.dtype)
-            return tf.math.divide_no_nan(context.all_reduce(tf.distribute.ReduceOp.SUM, upstream * weight), weight)
+            return tf.math.divide_no_nan(_replica_sum(context, upstream * weight), weight)
 
-        return context.all_reduce(tf.distribute.ReduceOp.SUM, v), grad
+        return _replica_sum(context, v), grad
 
     return summed(value)
+
+
+def _replica_sum(context, value):
+    """The replicas' sum of `value`. Where every replica is a CPU of this process, the parts are added on the
+    first and copied back, in the process: MirroredStrategy's collective all-reduce costs about 0.2 ms a call
+    there (bench/exact_layers_cost.py). Elsewhere (GPUs, workers) the strategy's own all-reduce."""
+    strategy = context.strategy
+    devices = strategy.extended.worker_devices
+    if not (_IN_PROCESS_SUM and isinstance(strategy, tf.distribute.MirroredStrategy)
+            and all(tf.DeviceSpec.from_string(d).device_type == "CPU" for d in devices)):
+        return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
+
+    def add_on_first(strategy, parts):
+        with tf.device(devices[0]):
+            total = tf.add_n(strategy.experimental_local_results(parts))
+        copies = []
+        for device in devices:
+            with tf.device(device):
+                copies.append(tf.identity(total))
+        return strategy.experimental_distribute_values_from_function(
+            lambda replica: copies[replica.replica_id_in_sync_group])
+
+    return context.merge_call(add_on_first, args=(value,))
 
 
 def _replicas():

@@ -38,7 +38,7 @@ import tensorflow as tf
 from trainer import _compat
 
 _COUNTER = True  # Philox's counter shortcut; bench/exact_layers_cost.py turns it off to time the global draw
-_local = threading.local()  # .placed: (first row, rows, examples) of the replica being traced
+_local = threading.local()  # .placed: (first row, rows, examples, first row's counter) of the replica traced
 _installed = [0]
 _originals: dict[str, Callable] = {}
 
@@ -54,8 +54,10 @@ def replica_rows(batch: Any, placed: tuple[tf.Tensor, tf.Tensor] | None, *, xla:
         _local.placed = None
     else:
         leaf = tf.nest.flatten(batch)[0]
-        rows = leaf.shape[0] if leaf.shape.rank and leaf.shape[0] is not None else tf.shape(leaf, tf.int64)[0]
-        _local.placed = (placed[0], rows, placed[1])
+        rows = leaf.shape[0] if leaf.shape.rank and leaf.shape[0] is not None else tf.shape(leaf)[0]
+        # Philox's counter for the replica's first row, per counter a row takes (low word; see `_skipped`)
+        first_row = tf.stack([tf.cast(placed[0], tf.int64), tf.constant(0, tf.int64)])
+        _local.placed = (placed[0], rows, placed[1], first_row)
     _local.xla = xla
     try:
         yield
@@ -96,7 +98,7 @@ def _rows_of(shape: Any) -> tuple[Any, tuple] | None:
         return None
     if isinstance(leading, int):  # a static size follows the rows only where they are static too
         return (True, placed) if isinstance(rows, int) and leading == rows else None
-    return tf.equal(tf.cast(leading, tf.int64), rows), placed
+    return tf.equal(tf.cast(leading, rows.dtype) if tf.is_tensor(rows) else leading, rows), placed
 
 
 def _leading(shape: Any) -> Any:
@@ -121,27 +123,56 @@ def _draw(raw: Callable, shape: Any, seed: tf.Tensor, rows_of: tuple, per_counte
     The counter's way has no branch: a draw that turns out not to be per example starts at the counter's own
     start, which is Keras's draw.
     """
-    per_example, (first, rows, examples) = rows_of
-    shape = tf.cast(tf.convert_to_tensor(shape), tf.int64)
+    per_example, (first, rows, examples, first_row) = rows_of
     key, counter, alg = tf.raw_ops.StatelessRandomGetKeyCounterAlg(seed=seed)
     if counted and _COUNTER and not tf.config.list_logical_devices("TPU"):  # Philox: CPUs and GPUs
-        start = tf.cast(first, tf.int64) * tf.reduce_prod(shape[1:])
-        if per_example is not True:
-            start = tf.where(per_example, start, tf.constant(0, tf.int64))
-        return _own_rows(raw, shape, key, counter, alg, start, per_counter)
+        inner = _inner_size(shape)
+        if inner is not None and inner % per_counter == 0:  # the replica's rows start at a counter of their own
+            return raw(shape, key, _skipped(counter, first_row * (inner // per_counter), per_example), alg)
+        shape = tf.cast(tf.convert_to_tensor(shape), tf.int64)
+        return _own_rows(raw, shape, key, counter, alg, first * tf.reduce_prod(shape[1:]), per_example,
+                         per_counter)
+    shape = tf.cast(tf.convert_to_tensor(shape), tf.int64)
     whole = lambda: _global_rows(raw, shape, key, counter, alg, first, rows, examples)  # noqa: E731
     if per_example is True:
         return whole()
     return tf.cond(per_example, whole, lambda: raw(shape, key, counter, alg))
 
 
-def _own_rows(raw, shape, key, counter, alg, start, per_counter: int) -> tf.Tensor:
-    """The draw's numbers from number `start` of the global draw on (Philox: counter `start // per_counter`)."""
-    skip, lead = start // per_counter, start % per_counter
-    # Philox's 128-bit counter: TensorFlow derives it from the seed with a low word of 0 (seen on 2,000 seeds,
-    # TensorFlow 2.18 and 2.21), so a skip below 2**64 never carries into the high word.
-    counter = tf.stack([counter[0] + tf.cast(skip, tf.uint64), counter[1]])
-    flat = raw(tf.reshape(lead + tf.reduce_prod(shape), [1]), key, counter, alg)[lead:]
+def _inner_size(shape: Any) -> int | None:
+    """The numbers per row of a draw whose other dimensions are static (None: some are not)."""
+    if not isinstance(shape, (tf.TensorShape, list, tuple)):
+        shape = tf.get_static_value(shape, partial=True)
+        if shape is None:
+            return None
+    size = 1
+    for dim in list(shape)[1:]:
+        dim = tf.get_static_value(dim) if tf.is_tensor(dim) else dim
+        if dim is None or dim < 0:
+            return None
+        size *= int(dim)
+    return size
+
+
+def _skipped(counter: tf.Tensor, skip: tf.Tensor, per_example: Any) -> tf.Tensor:
+    """Philox's 128-bit counter advanced by `skip`, int64[2] (low word, high word), or not advanced where the
+    draw is not per example.
+
+    TensorFlow derives the counter from the seed with a low word of 0 (seen on 2,000 seeds, TensorFlow 2.18
+    and 2.21), so a skip below 2**64 never carries into the high word."""
+    if per_example is not True:
+        skip = tf.where(per_example, skip, tf.zeros_like(skip))
+    return counter + tf.cast(skip, tf.uint64)
+
+
+def _own_rows(raw, shape, key, counter, alg, start, per_example, per_counter: int) -> tf.Tensor:
+    """The draw's numbers from number `start` of the global draw on, where a row's numbers do not fill whole
+    counters: the draw starts at the counter before `start` and drops the numbers ahead of it."""
+    if per_example is not True:
+        start = tf.where(per_example, start, tf.zeros_like(start))
+    lead = start % per_counter
+    skip = tf.stack([start // per_counter, tf.constant(0, tf.int64)])
+    flat = raw(tf.reshape(lead + tf.reduce_prod(shape), [1]), key, _skipped(counter, skip, True), alg)[lead:]
     return tf.reshape(flat, shape)
 
 
@@ -200,7 +231,7 @@ def _truncated_normal(shape, mean=0.0, stddev=1.0, dtype=None, seed=None):
     if rows_of is None:
         return _originals["truncated_normal"](shape, mean=mean, stddev=stddev, dtype=dtype, seed=seed)
     dtype = tf.as_dtype(dtype or keras.config.floatx())
-    per_example, (first, rows, examples) = rows_of
+    per_example, (first, rows, examples, _) = rows_of
     seed = _compat.keras_seed(seed)
 
     def global_rows():
@@ -217,11 +248,13 @@ def _truncated_normal(shape, mean=0.0, stddev=1.0, dtype=None, seed=None):
 def _dropout(inputs, rate, noise_shape=None, seed=None):
     if not isinstance(rate, numbers.Real) or not 0.0 < rate < 1.0:
         return _originals["dropout"](inputs, rate, noise_shape=noise_shape, seed=seed)
-    shape = _compat.noise_shape(inputs, noise_shape)
+    x = tf.convert_to_tensor(inputs)
+    shape = _compat.noise_shape(x, noise_shape)
+    if tf.is_tensor(shape) and x.shape.rank is not None:  # the inputs' own shape: its static sizes where known
+        shape = [shape[i] if size is None else size for i, size in enumerate(x.shape)]
     rows_of = _rows_of(shape)
     if rows_of is None:
         return _originals["dropout"](inputs, rate, noise_shape=noise_shape, seed=seed)
-    x = tf.convert_to_tensor(inputs)
     # tf.nn.experimental.stateless_dropout's arithmetic: x * (1 / keep), zero where the uniform draw is < rate.
     kept = x * tf.convert_to_tensor(1 / (1 - rate), x.dtype)
     unit = _draw(_uniform_op(x.dtype), shape, _compat.keras_seed(seed), rows_of, _per_counter(x.dtype))
