@@ -423,6 +423,12 @@ ROWS = [
     ("launch-script-missing", _cli(launch.main, "{tmp}/nope.py"), CLI, "script", "nope.py' (no such file",
      r"Check the path"),
     ("launch-script-is-a-directory", _cli(launch.main, "{tmp}"), CLI, "script", "(a directory", r"Check the path"),
+    ("launch-nodes-without-secret", lambda c: (c.monkeypatch.delenv("TRAINER_RDZV_SECRET", raising=False),
+                                               _cli(launch.main, "--nnodes", "2", "--master-addr", "h", "{file}")(c)),
+     CLI, "TRAINER_RDZV_SECRET", "no TRAINER_RDZV_SECRET in the environment", r"export TRAINER_RDZV_SECRET="),
+    ("launch-secret-file-missing", _cli(launch.main, "--nnodes", "2", "--master-addr", "h", "--rdzv-secret-file",
+                                        "{tmp}/nope", "{file}"),
+     CLI, "--rdzv-secret-file", "nope' (No such file", r"pass --rdzv-secret-file FILE"),
     # the example's flags
     ("example-epochs-0", _cli(fashion_mnist.parse_args, "--epochs", "0"), CLI, "--epochs", "--epochs 0",
      r"Pass e.g. --epochs 2"),

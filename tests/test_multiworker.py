@@ -85,7 +85,8 @@ def _nodes(out, *extra, env=None, timeout=240):
     procs = [subprocess.Popen([sys.executable, "-m", "trainer.launch", "--nnodes", "2", "--node-rank", str(rank),
                                "--master-addr", "localhost", "--master-port", str(port), SCRIPT, str(out),
                                "multi_worker", *extra],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**ENV, **(env or {})})
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env={**ENV, "TRAINER_RDZV_SECRET": "test-secret", **(env or {})})
              for rank in (0, 1)]
     try:
         outs = [proc.communicate(timeout=timeout)[0] for proc in procs]

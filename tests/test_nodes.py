@@ -15,7 +15,8 @@ import pytest
 
 from test_launch import _sigint_as_in_a_terminal
 from trainer import launch
-from trainer.rendezvous import Node, node_cluster
+from trainer import rendezvous
+from trainer.rendezvous import SECRET_ENV, Node, node_cluster
 
 
 def test_node_cluster_orders_tasks_by_node_and_puts_the_chief_on_node_0():
@@ -35,12 +36,18 @@ def _script(tmp_path, body, name="task.py"):
     return str(path)
 
 
-def _node(rank, nnodes, port, script, *args, workers=1, ps=0, timeout=30):
+SECRET = "a secret of this test"
+
+
+def _node(rank, nnodes, port, script, *args, workers=1, ps=0, timeout=30, secret=SECRET, options=()):
+    env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
+    if secret is not None:
+        env[SECRET_ENV] = secret
     return subprocess.Popen(
         [sys.executable, "-m", "trainer.launch", "--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr",
          "localhost", "--master-port", str(port), "--workers", str(workers), "--ps", str(ps), "--rdzv-timeout",
-         str(timeout), script, *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+         str(timeout), *options, script, *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 
 def _outputs(*procs, timeout=60):
@@ -222,12 +229,72 @@ def test_parameter_server_tasks_on_the_nodes_and_the_chief_on_node_0(tmp_path):
     assert "config" not in out1  # node 1 only serves
 
 
+def test_a_node_with_another_secret_is_refused_and_named_and_nothing_starts(tmp_path):
+    marker = tmp_path / "started"
+    script = _script(tmp_path, f"open({str(marker)!r}, 'w').close()\n")
+    port = launch.free_ports(1)[0]
+    node0, node1 = _node(0, 2, port, script), _node(1, 2, port, script, secret="another secret")
+    out0, out1 = _outputs(node0, node1)
+    assert (node0.returncode, node1.returncode) == (1, 1), out0 + out1
+    for out in (out0, out1):
+        assert "node 1 at 127.0.0.1 presented another secret than node 0's: it was refused" in out
+    assert "another secret" not in " ".join(out0.split("presented another secret")[::2])  # never the secret
+    assert not marker.exists()
+
+
+def test_node_addr_and_a_secret_file_are_what_the_cluster_uses(tmp_path):
+    script = _script(tmp_path, REPORT + "    print('secret', os.environ.get('TRAINER_RDZV_SECRET'), flush=True)\n")
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(SECRET + "\n")
+    port = launch.free_ports(1)[0]
+    node0 = _node(0, 2, port, script, options=("--node-addr", "127.0.0.1"))
+    node1 = _node(1, 2, port, script, secret=None, options=("--node-addr", "127.0.0.1", "--rdzv-secret-file",
+                                                            str(secret_file)))
+    out0, out1 = _outputs(node0, node1)
+    assert (node0.returncode, node1.returncode) == (0, 0), out0 + out1
+    config = json.loads(out1.split("[worker:1] config ")[1].split(" trainer-launch")[0])
+    assert [address.split(":")[0] for address in config["cluster"]["worker"]] == ["127.0.0.1", "127.0.0.1"]
+    assert "secret None" in out0 and "secret None" in out1  # the tasks do not see the secret
+
+
+def test_a_rendezvous_that_does_not_answer_with_the_secret_is_not_taken_for_node_0(tmp_path):
+    import socket
+    import threading
+
+    listener = socket.create_server(("localhost", 0))
+    port = listener.getsockname()[1]
+
+    def impostor():  # challenges as node 0 does, then hands out a cluster without the job's secret
+        connection = listener.accept()[0]
+        channel = rendezvous.Channel(connection)
+        channel.send({"challenge": "0" * 32})
+        channel.receive(10)
+        channel.send({"cluster": {"worker": ["localhost:1", "localhost:2"]}, "tasks": [["worker", 1]],
+                      "proof": "0" * 64})
+        time.sleep(1)
+        connection.close()
+
+    thread = threading.Thread(target=impostor, daemon=True)
+    thread.start()
+    with listener, pytest.raises(rendezvous.RendezvousError, match="not with this job's secret"):
+        rendezvous.join(nnodes=2, node_rank=1, master_addr="localhost", master_port=port, workers=1, ps=0,
+                        timeout=5, free_ports=launch.free_ports, secret=b"the job's")
+    thread.join(timeout=5)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--nnodes", "2", "--node-rank", "2", "--master-addr", "h"], "--node-rank must be 0 to 1 (--nnodes 2)"),
     (["--nnodes", "2", "--node-rank", "1"], "--nnodes 2 needs --master-addr"),
     (["--node-rank", "1"], "--nnodes is 1. Received: --node-rank 1"),
-], ids=["rank-out-of-range", "no-master-addr", "rank-without-nnodes"])
+    (["--nnodes", "2", "--master-addr", "h"], "needs a shared secret"),
+    (["--nnodes", "2", "--master-addr", "h", "--rdzv-secret-file", "/nonexistent/secret"],
+     "--rdzv-secret-file must be a readable file. Received: --rdzv-secret-file '/nonexistent/secret'"),
+    (["--nnodes", "2", "--master-addr", "h", "--node-addr", " "], "--node-addr must be this machine's address"),
+], ids=["rank-out-of-range", "no-master-addr", "rank-without-nnodes", "no-secret", "secret-file-missing",
+        "node-addr-empty"])
 def test_bad_node_options_are_usage_errors(tmp_path, args, message):
     script = _script(tmp_path, "pass\n")
-    proc = subprocess.run([sys.executable, "-m", "trainer.launch", *args, script], capture_output=True, text=True)
+    env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
+    proc = subprocess.run([sys.executable, "-m", "trainer.launch", *args, script], capture_output=True, text=True,
+                          env=env)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr

@@ -7,6 +7,7 @@
 On several machines, run it on each with its own --node-rank (--workers per
 machine, default 1: a worker computes on all of its machine's GPUs):
 
+    export TRAINER_RDZV_SECRET=...   # the same on every machine (or --rdzv-secret-file FILE)
     trainer-launch --nnodes 2 --node-rank R --master-addr HOST0 --master-port 29400 script.py [args]
 
 Each output line is prefixed with the task's role and index. If a task fails,
@@ -155,16 +156,19 @@ def run(
 
 
 def run_nodes(command: Sequence[str], *, nnodes: int, node_rank: int, master_addr: str, master_port: int,
-              workers: int, ps: int = 0, timeout: float = rendezvous.DEFAULT_TIMEOUT, env: dict[str, str] | None = None,
-              out=None) -> int:
-    """This machine's part of a job over `nnodes` machines: meets the others at node 0's rendezvous, runs its
-    own tasks, and stops with the others when any node fails or goes; returns the exit status."""
+              workers: int, secret: bytes, ps: int = 0, node_addr: str | None = None,
+              timeout: float = rendezvous.DEFAULT_TIMEOUT, env: dict[str, str] | None = None, out=None) -> int:
+    """This machine's part of a job over `nnodes` machines: meets the others at node 0's rendezvous (with the
+    job's `secret`), runs its own tasks, and stops with the others when any node fails or goes; returns the
+    exit status."""
     out = out or sys.stdout
+    env = {k: v for k, v in (os.environ if env is None else env).items() if k != rendezvous.SECRET_ENV}
     with _stop_requests() as requested:
         try:
             plan = rendezvous.join(nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
                                    master_port=master_port, workers=workers, ps=ps, timeout=timeout,
-                                   free_ports=free_ports, interrupted=lambda: bool(requested))
+                                   free_ports=free_ports, secret=secret, node_addr=node_addr,
+                                   interrupted=lambda: bool(requested))
         except rendezvous.RendezvousError as err:
             _say(out, f"node {node_rank}: {err}")
             return 128 + requested[0] if requested else 1
@@ -326,6 +330,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     nodes.add_argument("--master-addr", default=None, help="node 0's address, as the other machines reach it")
     nodes.add_argument("--master-port", type=_count("--master-port", 1), default=rendezvous.DEFAULT_MASTER_PORT,
                        help=f"node 0's rendezvous port (default {rendezvous.DEFAULT_MASTER_PORT})")
+    nodes.add_argument("--node-addr", default=None,
+                       help="the address the other machines reach this one's tasks by (default: --master-addr on "
+                            "node 0, elsewhere the address this machine reaches node 0 from)")
+    nodes.add_argument("--rdzv-secret-file", default=None, metavar="FILE",
+                       help=f"a file whose first line is the job's shared secret, which every node presents at the "
+                            f"rendezvous (default: ${rendezvous.SECRET_ENV}); never pass the secret itself")
     nodes.add_argument("--rdzv-timeout", type=_count("--rdzv-timeout", 1), default=int(rendezvous.DEFAULT_TIMEOUT),
                        help=f"seconds for every node to arrive (default {rendezvous.DEFAULT_TIMEOUT:.0f})")
     parser.add_argument("script", nargs="?", help="the Python script to run")
@@ -357,10 +367,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                              f"{value}. Drop {flag} (choose the tasks with srun -n and -N), keep --ps if you want it.")
         return run_slurm_task(step, command, args.ps)
     if args.nnodes == 1:
-        if args.node_rank != 0 or args.master_addr is not None:
-            parser.error(f"--node-rank and --master-addr place this machine in a job over several, but --nnodes is "
-                         f"1. Received: --node-rank {args.node_rank}, --master-addr {args.master_addr!r}. Pass "
-                         "--nnodes N on every machine, or drop them to train on this one.")
+        if args.node_rank != 0 or args.master_addr is not None or args.node_addr is not None:
+            parser.error(f"--node-rank, --master-addr and --node-addr place this machine in a job over several, but "
+                         f"--nnodes is 1. Received: --node-rank {args.node_rank}, --master-addr {args.master_addr!r}, "
+                         f"--node-addr {args.node_addr!r}. Pass --nnodes N on every machine, or drop them to train "
+                         "on this one.")
         return run(command, workers=args.workers or 2, ps=args.ps)
     if args.node_rank >= args.nnodes:
         parser.error(f"--node-rank must be 0 to {args.nnodes - 1} (--nnodes {args.nnodes}). Received: --node-rank "
@@ -368,9 +379,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.master_addr is None:
         parser.error(f"--nnodes {args.nnodes} needs --master-addr: node 0's address, the same on every machine. "
                      "Received: no --master-addr. Pass e.g. --master-addr node0.example.org (or its IP).")
+    if args.node_addr is not None and not args.node_addr.strip():
+        parser.error("--node-addr must be this machine's address as the others reach it. Received: --node-addr ''. "
+                     "Pass e.g. --node-addr 10.0.0.5, or drop it to use the address that reaches node 0.")
+    try:
+        secret = rendezvous.read_secret(args.rdzv_secret_file)
+    except ValueError as err:
+        parser.error(str(err))
     return run_nodes(command, nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
-                     master_port=args.master_port, workers=args.workers or 1, ps=args.ps,
-                     timeout=float(args.rdzv_timeout))
+                     master_port=args.master_port, workers=args.workers or 1, ps=args.ps, secret=secret,
+                     node_addr=args.node_addr, timeout=float(args.rdzv_timeout))
 
 
 def notebook_launcher(fn: Callable[[], Any], workers: int = 2, timeout: float | None = None) -> Any:

@@ -6,7 +6,11 @@
 Node 0 serves the rendezvous at `--master-addr:--master-port`. Every other node
 connects and says how many tasks it runs and on which free ports; once all
 have arrived, node 0 sends each node the same cluster and that node's tasks,
-so every task gets the same full TF_CONFIG. The connections then stay open for
+so every task gets the same full TF_CONFIG. Every node presents the job's
+shared secret (`TRAINER_RDZV_SECRET`, or a file): node 0 challenges each node
+that connects, and a node checks node 0's answer the same way, so the secret
+never crosses the network and a node with another secret is refused and named
+before anything starts. The connections then stay open for
 the whole job: a node whose task fails, or which is interrupted, says so and
 node 0 tells the others to stop with its status; a connection that drops is a
 node gone, and the others stop too. Pure Python: no TensorFlow here.
@@ -15,13 +19,18 @@ node gone, and the others stop too. Pure Python: no TensorFlow here.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import hmac
 import json
+import os
+import secrets
 import select
 import socket
 import time
 
 DEFAULT_MASTER_PORT = 29400
 DEFAULT_TIMEOUT = 300.0  # seconds for every node to arrive
+SECRET_ENV = "TRAINER_RDZV_SECRET"  # the job's shared secret, unless --rdzv-secret-file names a file
 
 
 class RendezvousError(RuntimeError):
@@ -33,6 +42,42 @@ class Interrupted(RendezvousError):
 
 
 _TICK = 0.5  # seconds between looks at the stop requests while waiting
+
+
+def read_secret(path: str | None, environ=os.environ) -> bytes:
+    """The job's shared secret: the file at `path` (its first line), else `TRAINER_RDZV_SECRET`.
+
+    Raises:
+      ValueError: there is none, or the file cannot be read or is empty; the message says how to set one.
+    """
+    how = (f"Set the same secret on every node, e.g. `export {SECRET_ENV}=$(python3 -c 'import secrets; "
+           f"print(secrets.token_hex(16))')` on one and the same value on the others, or write it to a file "
+           "that only you can read and pass --rdzv-secret-file FILE.")
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                secret = f.readline().strip()
+        except OSError as err:
+            raise ValueError(f"--rdzv-secret-file must be a readable file. Received: --rdzv-secret-file {path!r} "
+                             f"({err.strerror or err}). {how}") from None
+        if not secret:
+            raise ValueError(f"--rdzv-secret-file must hold the secret on its first line. Received: "
+                             f"--rdzv-secret-file {path!r}, whose first line is empty. {how}")
+        return secret
+    secret = environ.get(SECRET_ENV, "").strip().encode()
+    if not secret:
+        raise ValueError(f"a job over several machines needs a shared secret, which every node presents at the "
+                         f"rendezvous. Received: no {SECRET_ENV} in the environment and no --rdzv-secret-file. {how}")
+    return secret
+
+
+def _proof(secret: bytes, purpose: str, challenge: str) -> str:
+    """What a holder of `secret` answers to `challenge` (HMAC-SHA256): the secret itself never travels."""
+    return hmac.new(secret, f"{purpose}:{challenge}".encode(), hashlib.sha256).hexdigest()
+
+
+def _proven(secret: bytes, purpose: str, challenge: str, proof) -> bool:
+    return isinstance(proof, str) and hmac.compare_digest(_proof(secret, purpose, challenge), proof)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,39 +254,63 @@ class Hub:
 
 
 def join(*, nnodes: int, node_rank: int, master_addr: str, master_port: int, workers: int, ps: int,
-         timeout: float, free_ports, interrupted=lambda: False) -> Plan:
+         timeout: float, free_ports, secret: bytes, node_addr: str | None = None, interrupted=lambda: False) -> Plan:
     """Meets the other nodes at node 0's rendezvous; returns this node's `Plan`.
 
-    `free_ports(count)` gives free ports on this machine for its tasks; `interrupted()` says whether a
-    stop was requested (Ctrl-C, SIGTERM), looked at every half second while waiting.
+    `free_ports(count)` gives free ports on this machine for its tasks; `secret` is the job's shared secret
+    (`read_secret`); `node_addr` the address the other nodes reach this one's tasks by (default: node 0's
+    `master_addr` on node 0, elsewhere the address this machine reached node 0 from); `interrupted()` says
+    whether a stop was requested (Ctrl-C, SIGTERM), looked at every half second while waiting.
 
     Raises:
       RendezvousError: a node did not arrive within `timeout` seconds, node 0 could not be reached or
-        could not serve, or the nodes disagree (their --nnodes, a --node-rank used twice).
+        could not serve, the nodes disagree (their --nnodes, a --node-rank used twice), or a node or
+        node 0 presented another secret.
       Interrupted: a stop was requested meanwhile.
     """
     if node_rank == 0:
-        return _host(nnodes, master_addr, master_port, workers, ps, timeout, free_ports, interrupted)
+        return _host(nnodes, node_addr or master_addr, master_port, workers, ps, timeout, free_ports, secret,
+                     interrupted)
     channel = _connect(master_addr, master_port, timeout, node_rank, interrupted)
-    host = channel.sock.getsockname()[0]  # the address of this machine that reaches node 0
-    channel.send({"nnodes": nnodes, "rank": node_rank, "host": host, "workers": workers, "ps": ps,
-                  "ports": free_ports(workers + ps + 1)})
+    where = f"node 0's rendezvous at {master_addr}:{master_port}"
+    challenge = secrets.token_hex(16)
     deadline = time.monotonic() + timeout + 30  # node 0 answers once every node arrived, or when it gives up
     reply = None
     try:
+        hello, until = None, time.monotonic() + 10
+        while hello is None and time.monotonic() < until:
+            hello = _waited(channel, _TICK, interrupted, node_rank)
+        if hello is None or "challenge" not in hello:
+            raise RendezvousError(f"node {node_rank} reached {where}, but what answered is not node 0's launcher "
+                                  "(no challenge). Check --master-addr and --master-port on every node.")
+        channel.send({"nnodes": nnodes, "rank": node_rank, "host": node_addr or channel.sock.getsockname()[0],
+                      "workers": workers, "ps": ps, "ports": free_ports(workers + ps + 1),
+                      "proof": _proof(secret, "node", str(hello["challenge"])), "challenge": challenge})
         while reply is None and time.monotonic() < deadline:
-            if interrupted():
-                channel.close()
-                raise Interrupted(f"node {node_rank} was interrupted while waiting for the other nodes")
-            reply = channel.receive(_TICK)
+            reply = _waited(channel, _TICK, interrupted, node_rank)
     except ConnectionError:
         reply = {"error": f"node 0's launcher at {master_addr}:{master_port} closed the rendezvous without an "
                           "answer (it stopped or was killed)"}
+    except RendezvousError:
+        channel.close()
+        raise
     if reply is None or "error" in reply:
         channel.close()
         why = reply["error"] if reply else f"node 0 at {master_addr}:{master_port} sent no cluster in {timeout:.0f} s"
         raise RendezvousError(why)
+    if not _proven(secret, "cluster", challenge, reply.get("proof")):
+        channel.close()
+        raise RendezvousError(f"{where} answered with a cluster but not with this job's secret: node 0 holds another "
+                              f"{SECRET_ENV} (or --rdzv-secret-file), or it is not this job's node 0. Nothing was "
+                              "started here. Set the same secret on every node.")
     return Plan(cluster=reply["cluster"], tasks=[tuple(t) for t in reply["tasks"]], link=NodeLink(channel, node_rank))
+
+
+def _waited(channel: Channel, timeout: float, interrupted, node_rank: int) -> dict | None:
+    """The next message from node 0 within `timeout`, looking at the stop requests meanwhile."""
+    if interrupted():
+        raise Interrupted(f"node {node_rank} was interrupted while waiting for the other nodes")
+    return channel.receive(timeout)
 
 
 def _connect(master_addr: str, master_port: int, timeout: float, node_rank: int, interrupted) -> Channel:
@@ -263,7 +332,7 @@ def _connect(master_addr: str, master_port: int, timeout: float, node_rank: int,
 
 
 def _host(nnodes: int, master_addr: str, master_port: int, workers: int, ps: int, timeout: float,
-          free_ports, interrupted) -> Plan:
+          free_ports, secret: bytes, interrupted) -> Plan:
     """Node 0: serves the rendezvous until every node has arrived, then sends each its part."""
     try:
         listener = socket.create_server(("", master_port))
@@ -274,6 +343,7 @@ def _host(nnodes: int, master_addr: str, master_port: int, workers: int, ps: int
         ) from None
     nodes = {0: Node(0, master_addr, workers, ps, tuple(free_ports(workers + ps + 1)))}
     channels: dict[int, Channel] = {}
+    challenges: dict[int, str] = {}  # each node's challenge to node 0, answered with the cluster
     deadline = time.monotonic() + timeout
     try:
         with listener:
@@ -294,9 +364,10 @@ def _host(nnodes: int, master_addr: str, master_port: int, workers: int, ps: int
                         "or raise --rdzv-timeout."
                     )
                 channel = Channel(listener.accept()[0])
-                node = _arrival(channel, nnodes, nodes)
+                node, challenge = _arrival(channel, nnodes, nodes, secret)
                 if node is not None:
                     nodes[node.rank], channels[node.rank] = node, channel
+                    challenges[node.rank] = challenge
     except BaseException as err:
         for channel in channels.values():
             channel.send({"error": str(err) if isinstance(err, RendezvousError) else "node 0 stopped"})
@@ -304,25 +375,36 @@ def _host(nnodes: int, master_addr: str, master_port: int, workers: int, ps: int
         raise
     cluster, own = node_cluster(list(nodes.values()))
     for rank, channel in channels.items():
-        channel.send({"cluster": cluster, "tasks": own[rank]})
+        channel.send({"cluster": cluster, "tasks": own[rank], "proof": _proof(secret, "cluster", challenges[rank])})
     servers_only = "chief" in cluster
     return Plan(cluster=cluster, tasks=own[0], link=Hub(channels, servers_only))
 
 
-def _arrival(channel: Channel, nnodes: int, nodes: dict[int, Node]) -> Node | None:
-    """The node that just connected, once it said who it is; None for a stray connection.
+def _arrival(channel: Channel, nnodes: int, nodes: dict[int, Node], secret: bytes) -> tuple[Node | None, str]:
+    """The node that just connected, once it proved it holds the job's secret and said who it is, with its
+    challenge to node 0; (None, "") for a stray connection.
 
     Raises:
-      RendezvousError: the node disagrees with node 0 (another --nnodes, a rank already taken).
+      RendezvousError: the node presented another secret, or disagrees with node 0 (another --nnodes); a
+        rank already taken is refused, but the job goes on.
     """
+    challenge = secrets.token_hex(16)
+    channel.send({"challenge": challenge})
     try:
         hello = channel.receive(10)
     except ConnectionError:
         hello = None
     if hello is None or "rank" not in hello:
         channel.close()
-        return None
+        return None, ""
     rank = int(hello["rank"])
+    if not _proven(secret, "node", challenge, hello.get("proof")):
+        address = _peer(channel)
+        why = (f"node {rank} at {address} presented another secret than node 0's: it was refused, and nothing "
+               f"started. Set the same {SECRET_ENV} (or --rdzv-secret-file) on every node of the job.")
+        channel.send({"error": why})
+        channel.close()
+        raise RendezvousError(why)
     if int(hello["nnodes"]) != nnodes:
         why = (f"node {rank} was started with --nnodes {hello['nnodes']} and node 0 with --nnodes {nnodes}. "
                "Start every node with the same --nnodes.")
@@ -333,5 +415,13 @@ def _arrival(channel: Channel, nnodes: int, nodes: dict[int, Node]) -> Node | No
         channel.send({"error": f"--node-rank {rank} is taken (by {nodes[rank].host}). Give each machine its own "
                                f"--node-rank, 0 to {nnodes - 1}."})
         channel.close()
-        return None
-    return Node(rank, str(hello["host"]), int(hello["workers"]), int(hello["ps"]), tuple(hello["ports"]))
+        return None, ""
+    node = Node(rank, str(hello["host"]), int(hello["workers"]), int(hello["ps"]), tuple(hello["ports"]))
+    return node, str(hello.get("challenge", ""))
+
+
+def _peer(channel: Channel) -> str:
+    try:
+        return str(channel.sock.getpeername()[0])
+    except OSError:
+        return "an address that is gone"
