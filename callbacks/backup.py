@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
 import signal
 import threading
 
+import keras
 import numpy as np
 
+from trainer.cluster import BACKUP_DIR_ENV
 from trainer.scaling import rescale_learning_rate, unscaled_learning_rate
 
 from ._cluster import ContextAware, replace_or_explain, writable_dir
@@ -17,6 +20,25 @@ from ._paths import checked_frequency, checked_path
 from .checkpoint import weights_are_finite
 
 BACKUP = "backup.npz"
+
+
+_launcher_fits = itertools.count(1)  # the fits of this process, in order: each backs up in a folder of its own
+
+
+def launcher_backup(callbacks: list) -> list:
+    """`callbacks`, with a BackupAndRestore in the folder trainer-launch gives (`TRAINER_BACKUP_DIR`, set
+    with --max-restarts) when none of them backs up: so a restarted task resumes where the job stopped.
+
+    Each fit of the process backs up in a folder of its own (fit-1, fit-2, ...): a script that trains twice
+    and is restarted in its second fit runs the first again from the start, and resumes the second.
+    """
+    folder = os.environ.get(BACKUP_DIR_ENV)
+    if not folder:
+        return callbacks
+    index = next(_launcher_fits)
+    if any(getattr(c, "resumes", False) or isinstance(c, keras.callbacks.BackupAndRestore) for c in callbacks):
+        return callbacks  # the script's own backup resumes it
+    return [*callbacks, BackupAndRestore(os.path.join(folder, f"fit-{index}"))]
 
 
 def _finite_loss(logs) -> bool:

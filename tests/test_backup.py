@@ -227,3 +227,23 @@ def test_a_shuffle_without_any_seed_is_told_apart(tmp_path):
         "         ds.shuffle(8, seed=3, reshuffle_each_iteration=False)]\n"
         "print(json.dumps([_compat.dataset_shuffles(d) for d in cases]))\n")
     assert run_python(script) == [[[False, False]], [[False, True]]]
+
+
+def test_the_launchers_backup_folder_gives_each_fit_a_backup_of_its_own(tmp_path, monkeypatch):
+    """trainer-launch --max-restarts sets TRAINER_BACKUP_DIR: a fit without a backup of its own backs up in
+    fit-1, fit-2, ... (in the order the script runs them), and one with its own keeps only that."""
+    import itertools
+
+    import keras
+
+    from trainer.callbacks import backup
+
+    monkeypatch.setenv("TRAINER_BACKUP_DIR", str(tmp_path))
+    monkeypatch.setattr(backup, "_launcher_fits", itertools.count(1))
+    given = backup.launcher_backup([]) + backup.launcher_backup([])
+    assert [type(c) for c in given] == [BackupAndRestore, BackupAndRestore]
+    assert [c.backup_dir for c in given] == [str(tmp_path / "fit-1"), str(tmp_path / "fit-2")]
+    for own in (BackupAndRestore(str(tmp_path / "own")), keras.callbacks.BackupAndRestore(str(tmp_path / "k"))):
+        assert backup.launcher_backup([own]) == [own]
+    monkeypatch.delenv("TRAINER_BACKUP_DIR")
+    assert backup.launcher_backup([]) == []

@@ -33,8 +33,9 @@ def _script(tmp_path, body):
 
 def _launch(script, *args, workers=2, ps=0, **kwargs):
     # -X faulthandler: a launcher that hangs can be made to print every thread's stack (see _output)
+    options = kwargs.pop("options", ())
     return subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "trainer.launch", "--workers", str(workers),
-                             "--ps", str(ps), script, *args],
+                             "--ps", str(ps), *options, script, *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
 
 
@@ -171,6 +172,59 @@ def test_a_task_that_cannot_start_stops_those_that_did(tmp_path):
     with pytest.raises(FileNotFoundError, match="no-such-program"):
         launch.run([sys.executable, script], workers=1, ps=1, out=io.StringIO(), server_command=missing_server)
     assert _gone(int(marker.read_text()))
+
+
+RESTARTING = """
+    import json, os, sys
+    config = json.loads(os.environ["TF_CONFIG"])
+    with open(os.path.join(os.path.dirname(__file__), "starts"), "a") as f:
+        f.write(config["task"]["type"] + str(config["task"]["index"]) + " " + os.environ["TRAINER_LAUNCH"] + "\\n")
+    print("backup dir", os.environ.get("TRAINER_BACKUP_DIR"), flush=True)
+    launch = os.environ["TRAINER_LAUNCH"]
+    restart = int(launch.split("restart ")[1].split(" ")[0]) if "restart " in launch else 0
+    if config["task"]["index"] == 1 and restart < int(sys.argv[1]):  # worker 1 fails its first starts
+        sys.exit(3)
+"""
+
+
+def _starts(tmp_path):
+    return (tmp_path / "starts").read_text().splitlines()
+
+
+def test_max_restarts_starts_every_task_again_after_one_fails(tmp_path):
+    script = _script(tmp_path, RESTARTING)
+    proc = _launch(script, "1", options=("--max-restarts", "2"), cwd=tmp_path)
+    out = _output(proc)
+    assert proc.returncode == 0, out
+    assert out.count("[launcher] restart 1 of 2: task worker:1 failed with exit status 3; starting again") == 1
+    assert "restart 2 of 2" not in out
+    starts = sorted(_starts(tmp_path))
+    here = "trainer-launch on this machine"
+    assert starts == [f"worker0 {here}", f"worker0 {here}, restart 1 of 2", f"worker1 {here}",
+                      f"worker1 {here}, restart 1 of 2"]
+    backup = str(tmp_path / "trainer-backup")
+    assert f"[launcher] backups in {backup} (TRAINER_BACKUP_DIR)" in out and f"backup dir {backup}" in out
+
+
+def test_restarts_used_up_end_with_the_failures_status_and_reason(tmp_path):
+    script = _script(tmp_path, RESTARTING)
+    env = {**os.environ, "TRAINER_BACKUP_DIR": str(tmp_path / "mine")}
+    proc = _launch(script, "9", options=("--max-restarts", "2"), cwd=tmp_path, env=env)
+    out = _output(proc)
+    assert proc.returncode == 3, out
+    assert "[launcher] restart 2 of 2: task worker:1 failed with exit status 3; starting again" in out
+    assert ("[launcher] no restart left (2 of 2 used): task worker:1 failed with exit status 3; exiting with "
+            "status 3") in out
+    assert len([s for s in _starts(tmp_path) if s.startswith("worker1")]) == 3  # the first start and 2 restarts
+    assert "backups in" not in out and f"backup dir {tmp_path / 'mine'}" in out  # the folder it was given
+
+
+def test_without_restarts_a_failure_ends_the_job_and_no_backup_is_given(tmp_path):
+    script = _script(tmp_path, RESTARTING)
+    env = {k: v for k, v in os.environ.items() if k != "TRAINER_BACKUP_DIR"}
+    proc = _launch(script, "1", cwd=tmp_path, env=env)
+    out = _output(proc)
+    assert proc.returncode == 3 and "restart" not in out and "backup dir None" in out, out
 
 
 def test_missing_script_is_a_usage_error():

@@ -77,13 +77,13 @@ def test_a_dead_worker_stops_the_job_and_backup_resumes_it(tmp_path, reference):
     assert not (tmp_path / "files" / "backup" / "backup.npz").exists()
 
 
-def _nodes(out, *extra, env=None, timeout=240):
+def _nodes(out, *extra, env=None, timeout=240, nnodes="2", options=()):
     """Two launchers on this machine acting as two nodes of one worker each; their outputs and statuses."""
     from trainer.launch import free_ports
 
     port = free_ports(1)[0]
-    procs = [subprocess.Popen([sys.executable, "-m", "trainer.launch", "--nnodes", "2", "--node-rank", str(rank),
-                               "--master-addr", "localhost", "--master-port", str(port), SCRIPT, str(out),
+    procs = [subprocess.Popen([sys.executable, "-m", "trainer.launch", "--nnodes", nnodes, "--node-rank", str(rank),
+                               "--master-addr", "localhost", "--master-port", str(port), *options, SCRIPT, str(out),
                                "multi_worker", *extra],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               env={**ENV, "TRAINER_RDZV_SECRET": "test-secret", **(env or {})})
@@ -123,6 +123,26 @@ def test_a_node_gone_mid_epoch_stops_the_job_and_the_rerun_resumes(tmp_path, ref
     result, arrays = _load(tmp_path, "worker1")
     assert result["epochs"] == [1]
     np.testing.assert_allclose(arrays["weights"], reference[1]["weights"], rtol=1e-5, atol=1e-7)
+
+
+def test_an_elastic_job_resumes_exactly_on_the_node_that_is_left(tmp_path, reference):
+    """A job over 1 to 2 nodes with one restart; node 1 dies at epoch 1, step 8. Node 0 meets the rendezvous
+    alone, and its worker resumes from the backup that trainer-launch asked fit for (at the epoch's start) on
+    one replica: the uninterrupted run's weights."""
+    env = {"KILL_NODE": "worker1", "TRAINER_BACKUP_DIR": str(tmp_path / "elastic")}
+    (out0, _), statuses = _nodes(tmp_path, env=env, nnodes="1:2",
+                                 options=("--max-restarts", "1", "--rdzv-last-call", "1"))
+    assert statuses == [0, -9], out0[-3000:]
+    assert "[launcher] restart 1 of 1: 1 node, 1 worker now (before: 2 nodes, 2 workers)" in out0
+    assert ("[worker:0]   cluster        trainer-launch on 1 node (node 0 at localhost), restart 1 of 1 (before: 2 "
+            "nodes, 2 workers): 1 worker; chief: worker 0") in out0
+    assert ("[worker:0] BackupAndRestore: resuming from epoch 1, step 0 (" in out0
+            and "written on 2 replica(s) over 2 worker(s))" in out0), out0[-3000:]
+    result, arrays = _load(tmp_path, "worker0")
+    assert result["epochs"] == [1] and result["replicas"] == 1
+    np.testing.assert_allclose(arrays["weights"], reference[1]["weights"], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(arrays["predictions"], reference[1]["predictions"], rtol=1e-5, atol=1e-6)
+    assert not os.listdir(tmp_path / "elastic" / "fit-1")  # the backup goes once training completes
 
 
 def test_a_dead_peer_is_named_by_every_survivor_not_a_hang():

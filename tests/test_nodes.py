@@ -39,7 +39,7 @@ def _script(tmp_path, body, name="task.py"):
 SECRET = "a secret of this test"
 
 
-def _node(rank, nnodes, port, script, *args, workers=1, ps=0, timeout=30, secret=SECRET, options=()):
+def _node(rank, nnodes, port, script, *args, workers=1, ps=0, timeout=30, secret=SECRET, options=(), cwd=None):
     env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
     if secret is not None:
         env[SECRET_ENV] = secret
@@ -47,7 +47,7 @@ def _node(rank, nnodes, port, script, *args, workers=1, ps=0, timeout=30, secret
         [sys.executable, "-m", "trainer.launch", "--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr",
          "localhost", "--master-port", str(port), "--workers", str(workers), "--ps", str(ps), "--rdzv-timeout",
          str(timeout), *options, script, *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd)
 
 
 def _outputs(*procs, timeout=60):
@@ -277,9 +277,94 @@ def test_a_rendezvous_that_does_not_answer_with_the_secret_is_not_taken_for_node
     thread = threading.Thread(target=impostor, daemon=True)
     thread.start()
     with listener, pytest.raises(rendezvous.RendezvousError, match="not with this job's secret"):
-        rendezvous.join(nnodes=2, node_rank=1, master_addr="localhost", master_port=port, workers=1, ps=0,
+        rendezvous.join(nnodes=(2, 2), node_rank=1, master_addr="localhost", master_port=port, workers=1, ps=0,
                         timeout=5, free_ports=launch.free_ports, secret=b"the job's")
     thread.join(timeout=5)
+
+
+ELASTIC = """
+    import json, os, sys, time
+    config, launch = json.loads(os.environ["TF_CONFIG"]), os.environ["TRAINER_LAUNCH"]
+    restart = int(launch.split("restart ")[1].split(" ")[0]) if "restart " in launch else 0
+    task = config["task"]["type"] + str(config["task"]["index"])
+    folder = os.path.dirname(__file__)
+    print("round", restart, task, launch, flush=True)
+    open(os.path.join(folder, f"started-{restart}-{task}"), "w").close()
+    plan = sys.argv[1].split(",")[restart]  # what this round's tasks do: "wait" (for the test), "fail" or "done"
+    while plan != "done" and not os.path.exists(os.path.join(folder, f"go-{restart}")):
+        time.sleep(0.1)
+    sys.exit(5 if plan == "fail" else 0)
+"""
+def _elastic_node(rank, port, script, plan, restarts, **kwargs):
+    """A node of a job over 1 or 2 machines, with `restarts` restarts and a last call of 1 s."""
+    return _node(rank, "1:2", port, script, plan, options=("--rdzv-last-call", "1", "--max-restarts", str(restarts)),
+                 **kwargs)
+
+
+def _wait_for(path, timeout=30):
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path.name} never appeared"
+        time.sleep(0.1)
+
+
+def test_a_node_killed_mid_run_restarts_the_job_on_the_nodes_left(tmp_path):
+    script = _script(tmp_path, ELASTIC)
+    port = launch.free_ports(1)[0]
+    node0, node1 = (_elastic_node(rank, port, script, "wait,done", 1, cwd=tmp_path) for rank in (0, 1))
+    _wait_for(tmp_path / "started-0-worker1")
+    node1.kill()  # its machine gone: its task dies with it
+    out0, out1 = _outputs(node0, node1)
+    assert (node0.returncode, node1.returncode) == (0, -9), out0 + out1
+    assert ("[launcher] restart 1 of 1: node 1's launcher is gone (its machine stopped, or it was killed); starting "
+            "again: meeting at the rendezvous") in out0
+    assert "[launcher] restart 1 of 1: 1 node, 1 worker now (before: 2 nodes, 2 workers)" in out0
+    assert ("round 1 worker0 trainer-launch on 1 node (node 0 at localhost), restart 1 of 1 (before: 2 nodes, 2 "
+            "workers)") in out0
+    assert not (tmp_path / "started-1-worker1").exists()
+
+
+def test_a_node_that_comes_back_joins_at_the_next_restart(tmp_path):
+    script = _script(tmp_path, ELASTIC)
+    port = launch.free_ports(1)[0]
+    node0, node1 = (_elastic_node(rank, port, script, "wait,fail,done", 2, cwd=tmp_path) for rank in (0, 1))
+    _wait_for(tmp_path / "started-0-worker1")
+    node1.kill()
+    _wait_for(tmp_path / "started-1-worker0")  # the job goes on alone
+    back = _elastic_node(1, port, script, "wait,fail,done", 2, cwd=tmp_path)  # waits for the next restart
+    time.sleep(2)
+    (tmp_path / "go-1").touch()  # round 1 fails: the job restarts, with node 1 again
+    out0, out_back = _outputs(node0, back)
+    node1.communicate()
+    assert (node0.returncode, back.returncode) == (0, 0), out0 + out_back
+    assert "[launcher] restart 2 of 2: 2 nodes, 2 workers now (before: 1 node, 1 worker)" in out0
+    assert "round 2 worker1 trainer-launch on 2 nodes" in out_back
+    assert "[launcher] restart 2 of 2: 2 nodes, 2 workers now" in out_back
+
+
+def test_a_preempted_node_stops_its_tasks_and_leaves_and_the_others_go_on(tmp_path):
+    script = _script(tmp_path, ELASTIC)
+    port = launch.free_ports(1)[0]
+    node0, node1 = (_elastic_node(rank, port, script, "wait,done", 1, cwd=tmp_path) for rank in (0, 1))
+    _wait_for(tmp_path / "started-0-worker1")
+    node1.send_signal(signal.SIGTERM)  # a preemption notice
+    out0, out1 = _outputs(node0, node1)
+    assert (node0.returncode, node1.returncode) == (0, 143), out0 + out1
+    assert "[launcher] interrupted; stopping every task" in out1 and "restart 1 of" not in out1
+    assert "[launcher] restart 1 of 1: node 1: interrupted; starting again" in out0
+    assert "round 1 worker0 trainer-launch on 1 node" in out0
+
+
+def test_restarts_used_up_on_nodes_end_with_the_failures_status_and_reason(tmp_path):
+    script = _script(tmp_path, ELASTIC)
+    port = launch.free_ports(1)[0]
+    (tmp_path / "go-0").touch()
+    (tmp_path / "go-1").touch()
+    node0, node1 = (_elastic_node(rank, port, script, "fail,fail", 1, cwd=tmp_path) for rank in (0, 1))
+    out0, out1 = _outputs(node0, node1)
+    assert (node0.returncode, node1.returncode) == (5, 5), out0 + out1
+    assert "[launcher] no restart left (1 of 1 used): " in out0 and "failed with exit status 5" in out0
+    assert (tmp_path / "started-1-worker1").exists()  # the second round ran on both nodes
 
 
 @pytest.mark.parametrize("args, message", [
@@ -290,8 +375,12 @@ def test_a_rendezvous_that_does_not_answer_with_the_secret_is_not_taken_for_node
     (["--nnodes", "2", "--master-addr", "h", "--rdzv-secret-file", "/nonexistent/secret"],
      "--rdzv-secret-file must be a readable file. Received: --rdzv-secret-file '/nonexistent/secret'"),
     (["--nnodes", "2", "--master-addr", "h", "--node-addr", " "], "--node-addr must be this machine's address"),
+    (["--nnodes", "3:2", "--master-addr", "h"], "with 1 <= MIN <= MAX. Received: --nnodes '3:2'"),
+    (["--max-restarts", "-1"], "--max-restarts must be an integer >= 0. Received: --max-restarts '-1'"),
+    (["--nnodes", "1:2", "--master-addr", "h"], "--nnodes 1:2 lets the job go on with fewer nodes, which takes "
+                                                "restarts. Received: --max-restarts 0"),
 ], ids=["rank-out-of-range", "no-master-addr", "rank-without-nnodes", "no-secret", "secret-file-missing",
-        "node-addr-empty"])
+        "node-addr-empty", "nnodes-min-above-max", "negative-restarts", "elastic-without-restarts"])
 def test_bad_node_options_are_usage_errors(tmp_path, args, message):
     script = _script(tmp_path, "pass\n")
     env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}

@@ -116,6 +116,11 @@ def cluster_info() -> ClusterInfo:
     return parse_tf_config(raw)
 
 
+def restarted() -> bool:
+    """Whether trainer-launch started this task again (--max-restarts): the plan then says so, on one task too."""
+    return ", restart " in os.environ.get(LAUNCHER_MARK, "")
+
+
 def cluster_source() -> str:
     """Where this process's cluster came from, in words, for the plan ("" for one process)."""
     raw = os.environ.get("TF_CONFIG")
@@ -133,6 +138,7 @@ def cluster_source() -> str:
 
 
 LAUNCHER_MARK = "TRAINER_LAUNCH"  # set in each task's environment by what set its TF_CONFIG, for the plan
+BACKUP_DIR_ENV = "TRAINER_BACKUP_DIR"  # trainer-launch --max-restarts: where fit backs up (callbacks.backup)
 
 
 def is_parameter_server(strategy) -> bool:

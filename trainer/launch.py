@@ -13,6 +13,10 @@ machine, default 1: a worker computes on all of its machine's GPUs):
 Each output line is prefixed with the task's role and index. If a task fails,
 the others are stopped (on every machine) and the launcher exits with that
 task's status. Ctrl-C stops everything; so does a machine's launcher gone.
+With --max-restarts N the job starts again instead (on the machines left, with
+--nnodes MIN:MAX), and fit resumes from the backup the launcher asks it for:
+
+    trainer-launch --workers 2 --max-restarts 3 script.py [args]
 With --ps, the script runs on the chief (the coordinator); the worker and ps
 tasks run TensorFlow servers:
 
@@ -28,25 +32,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
-import json
+import dataclasses
 import os
-import signal
 import socket
-import subprocess
 import sys
-import threading
 import time
 from queue import Empty
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-from trainer import rendezvous
-from trainer.cluster import LAUNCHER_MARK
+from trainer import links, rendezvous
+from trainer.cluster import BACKUP_DIR_ENV, LAUNCHER_MARK
 from trainer.serve import check_serve_config, run_slurm_task, serve
 from trainer.slurm import slurm_step
-from trainer.quiet import NoticeFilter, startup_notices_hidden, user_chose_logs
-
-GRACE_SECONDS = 10.0  # between SIGTERM (time to save a backup) and SIGKILL
+from trainer.quiet import startup_notices_hidden
+from trainer.supervise import GRACE_SECONDS, run_tasks, say, stop_requests, tf_config
 
 
 def free_ports(count: int) -> list[int]:
@@ -73,69 +72,12 @@ def tasks(cluster: dict[str, list[str]]) -> list[tuple[str, int]]:
     return [(kind, i) for kind in order for i in range(len(cluster.get(kind, [])))]
 
 
-def tf_config(cluster: dict[str, list[str]], task_type: str, index: int) -> str:
-    return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})
-
-
-def _pump(stream, prefix: str, out, hide_notices: bool = False) -> None:
-    """Passes a task's lines on with its prefix; with `hide_notices`, without TensorFlow's start-up notices."""
-    notices = NoticeFilter()
-    for line in iter(stream.readline, ""):
-        if hide_notices and not notices.passes(line):
-            continue
-        out.write(f"{prefix}{line}" if line.endswith("\n") else f"{prefix}{line}\n")
-        out.flush()
-
-
-class _Task:
-    """One task's process; `process` stays None if it could not be started."""
-
-    def __init__(self, kind: str, index: int):
-        self.name = f"{kind}:{index}"
-        self.process: subprocess.Popen | None = None
-        self.pump: threading.Thread | None = None
-
-    def start(self, command: list[str], env: dict[str, str], out, hide_notices: bool = False) -> None:
-        self.process = subprocess.Popen(
-            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-            start_new_session=True,  # Ctrl-C reaches the launcher only, which stops the tasks in order
-            preexec_fn=_die_with_the_launcher if _prctl is not None else None,
-        )
-        self.pump = threading.Thread(target=_pump, args=(self.process.stdout, f"[{self.name}] ", out, hide_notices),
-                                     daemon=True)
-        self.pump.start()
-
-    def signal(self, signum: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signum)
-
-
-def _load_prctl():
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl  # Linux; loaded here, not in the forked child
-    except (OSError, AttributeError):
-        return None
-
-
-_prctl = _load_prctl()
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_the_launcher() -> None:
-    """Runs in a task's process before its program: the task is killed when the launcher dies, so a
-    launcher killed outright (SIGKILL, the out-of-memory killer, its machine gone) leaves no task behind."""
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _exit_status(returncode: int) -> int:
-    return 128 - returncode if returncode < 0 else returncode  # killed by signal N -> 128 + N
-
-
 def run(
     command: Sequence[str],
     *,
     workers: int,
     ps: int = 0,
+    max_restarts: int = 0,
     env: dict[str, str] | None = None,
     out=None,
     server_command: Callable[[str, int], list[str]] | None = None,
@@ -147,154 +89,90 @@ def run(
       workers: worker tasks.
       ps: parameter-server tasks; with any, the command runs on a chief and the
         workers and ps tasks run TensorFlow servers.
+      max_restarts: times every task starts again after one fails (the script
+        resumes from its backup, which the launcher's `TRAINER_BACKUP_DIR` gives).
       env: the environment (default: this process's).
       out: where prefixed lines go (default: stdout).
     """
-    cluster = cluster_spec(workers, ps, free_ports(workers + ps + (1 if ps else 0)))
-    return run_tasks(command, cluster, tasks(cluster), origin="trainer-launch on this machine", env=env, out=out,
-                     server_command=server_command)
+    out = out or sys.stdout
+    env = _elastic_env(os.environ if env is None else env, max_restarts, out)
+    with stop_requests() as requested:
+        restart = 0
+        while True:
+            cluster = cluster_spec(workers, ps, free_ports(workers + ps + (1 if ps else 0)))
+            origin = "trainer-launch on this machine" + (f", restart {restart} of {max_restarts}" if restart else "")
+            link = links.Alone(can_restart=restart < max_restarts)
+            status = run_tasks(command, cluster, tasks(cluster), origin=origin, env=env, out=out,
+                               server_command=server_command, link=link, requested=requested)
+            if not _restarts(link, status, restart, max_restarts, out):
+                return status
+            restart += 1
 
 
-def run_nodes(command: Sequence[str], *, nnodes: int, node_rank: int, master_addr: str, master_port: int,
-              workers: int, secret: bytes, ps: int = 0, node_addr: str | None = None,
-              timeout: float = rendezvous.DEFAULT_TIMEOUT, env: dict[str, str] | None = None, out=None) -> int:
-    """This machine's part of a job over `nnodes` machines: meets the others at node 0's rendezvous (with the
-    job's `secret`), runs its own tasks, and stops with the others when any node fails or goes; returns the
-    exit status."""
+def _restarts(link, status: int, restart: int, max_restarts: int, out, after: str = "") -> bool:
+    """Whether the job starts again after a round that ended with `status`; says so, or why not."""
+    if status == 0:
+        return False
+    if link.rejoin:
+        say(out, f"restart {restart + 1} of {max_restarts}: {link.why}; starting again{after}")
+        return True
+    if max_restarts and restart == max_restarts:
+        say(out, f"no restart left ({max_restarts} of {max_restarts} used): {link.why}; exiting with status {status}")
+    return False
+
+
+def _elastic_env(env: Mapping[str, str], max_restarts: int, out) -> dict[str, str]:
+    """The tasks' environment: with restarts, a backup folder for the script (unless it was given one)."""
+    env = dict(env)
+    if max_restarts and not env.get(BACKUP_DIR_ENV):
+        env[BACKUP_DIR_ENV] = os.path.abspath("trainer-backup")
+        say(out, f"backups in {env[BACKUP_DIR_ENV]} ({BACKUP_DIR_ENV}): after a restart, fit resumes from them")
+    return env
+
+
+def run_nodes(command: Sequence[str], *, nnodes: tuple[int, int], node_rank: int, master_addr: str,
+              master_port: int, workers: int, secret: bytes, ps: int = 0, node_addr: str | None = None,
+              max_restarts: int = 0, last_call: float = 10.0, timeout: float = rendezvous.DEFAULT_TIMEOUT,
+              env: dict[str, str] | None = None, out=None) -> int:
+    """This machine's part of a job over `nnodes` = (least, most) machines: meets the others at node 0's
+    rendezvous (with the job's `secret`), runs its own tasks, and stops with the others when any node fails
+    or goes; with restarts left, meets the nodes that are left again and starts over. Returns the exit
+    status."""
     out = out or sys.stdout
     env = {k: v for k, v in (os.environ if env is None else env).items() if k != rendezvous.SECRET_ENV}
-    with _stop_requests() as requested:
-        try:
-            plan = rendezvous.join(nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
-                                   master_port=master_port, workers=workers, ps=ps, timeout=timeout,
-                                   free_ports=free_ports, secret=secret, node_addr=node_addr,
-                                   interrupted=lambda: bool(requested))
-        except rendezvous.RendezvousError as err:
-            _say(out, f"node {node_rank}: {err}")
-            return 128 + requested[0] if requested else 1
-        if requested:
-            plan.link.stopping(128 + requested[0], "interrupted")
-            return plan.link.finish(128 + requested[0])
-        origin = f"trainer-launch on {nnodes} nodes (node 0 at {master_addr})"
-        return run_tasks(command, plan.cluster, plan.tasks, origin=origin, env=env, out=out, link=plan.link,
-                         requested=requested)
-
-
-def run_tasks(command, cluster: dict[str, list[str]], own: list[tuple[str, int]], *, origin: str,
-              env: dict[str, str] | None = None, out=None, server_command=None, link=None,
-              requested: list[int] | None = None) -> int:
-    """Runs this machine's tasks `own` of `cluster` and supervises them; returns the exit status."""
-    out = out or sys.stdout
-    link = link or rendezvous.Alone()
-    base_env = {**(os.environ if env is None else env), LAUNCHER_MARK: origin}
+    env = _elastic_env(env, max_restarts, out)  # every node's workers back up (node 0 checks they all restart)
     with contextlib.ExitStack() as stack:
-        if requested is None:
-            requested = stack.enter_context(_stop_requests())
-        running = _start_tasks(cluster, own, command, server_command or _server_command, base_env, out, requested)
-        with_ps = "ps" in cluster
-        script_tasks = [t for t in running if not with_ps or t.name == "chief:0"]
-        return _supervise(running, out, script_tasks, requested, link)
-
-
-def _start_tasks(cluster, own, command, server_command, base_env, out, requested: list[int]) -> list[_Task]:
-    """Starts this machine's tasks (until a stop is requested); if one can't start, stops those that did."""
-    with_ps = "ps" in cluster
-    running: list[_Task] = []
-    try:
-        for kind, index in own:
+        requested = stack.enter_context(stop_requests())
+        host = None
+        if node_rank == 0:
+            try:
+                host = stack.enter_context(rendezvous.Host(master_addr, master_port))
+            except rendezvous.RendezvousError as err:
+                say(out, f"node 0: {err}")
+                return 1
+        round_ = rendezvous.Round(max_restarts=max_restarts, nodes=nnodes, last_call=last_call)
+        while True:
+            try:
+                plan = rendezvous.join(nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
+                                       master_port=master_port, workers=workers, ps=ps, timeout=timeout,
+                                       free_ports=free_ports, secret=secret, node_addr=node_addr, host=host,
+                                       round_=round_, interrupted=lambda: bool(requested))
+            except rendezvous.RendezvousError as err:
+                say(out, f"node {node_rank}: {err}")
+                return 128 + requested[0] if requested else 1
             if requested:
-                break
-            task_env = {**base_env, "TF_CONFIG": tf_config(cluster, kind, index)}
-            hide_notices = not user_chose_logs(base_env)  # TensorFlow's start-up notices, once per task
-            chief = (kind, index) in (("chief", 0), ("worker", 0)) and (not with_ps or kind == "chief")
-            if not chief:
-                task_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # non-chief tasks: warnings and errors only
-            runs_script = not with_ps or kind == "chief"
-            task = _Task(kind, index)
-            running.append(task)
-            task.start(list(command) if runs_script else server_command(kind, index), task_env, out, hide_notices)
-    except BaseException:
-        _stop(running)
-        raise
-    return running
-
-
-@contextlib.contextmanager
-def _stop_requests():
-    """The stop signals received while the launcher runs: Ctrl-C (SIGINT), and SIGTERM (a preempted job).
-
-    The handler only records the signal; the supervising loop stops the tasks. An exception raised by the
-    handler could land inside `subprocess`'s own bookkeeping (between taking and releasing a Popen's wait
-    lock), after which waiting for that task would block for good. Off the main thread, where Python
-    delivers no signals, nothing is installed; a signal the parent ignores (a background job's Ctrl-C)
-    stays ignored.
-    """
-    requested: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield requested
-        return
-    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-    for signum, handler in previous.items():
-        if handler is not signal.SIG_IGN:
-            signal.signal(signum, lambda received, frame: requested.append(received))
-    try:
-        yield requested
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, signal.SIG_DFL if handler is None else handler)  # None: set outside Python
-
-
-def _supervise(running: list[_Task], out, script_tasks: list[_Task], requested: list[int], link) -> int:
-    """Waits for a stop request, a failed task, a stop from another node (`link`) or the script's end; then
-    stops the rest. Returns the status."""
-    while True:
-        failed = next((t for t in running if t.process.poll() not in (None, 0)), None)
-        news = link.poll()
-        if requested:
-            status, stopping = 128 + requested[0], running
-            _say(out, "interrupted; stopping every task")
-            link.stopping(status, "interrupted")
-        elif failed is not None:
-            status, stopping = _exit_status(failed.process.returncode), [t for t in running if t is not failed]
-            why = f"task {failed.name} failed with exit status {status}"
-            _say(out, f"{why}; stopping the others")
-            link.stopping(status, why)
-        elif news is not None:
-            (status, why), stopping = news, running
-            if status != 0:
-                _say(out, f"{why}; stopping every task here")
-        elif script_tasks and all(t.process.poll() == 0 for t in script_tasks):
-            status, stopping = 0, [t for t in running if t not in script_tasks]  # servers run until told to stop
-        else:
-            time.sleep(0.1)
-            continue
-        _stop(stopping)
-        for task in running:  # let every task's last lines through
-            task.pump.join(timeout=5)
-        return link.finish(status)
-
-
-def _say(out, message: str) -> None:
-    out.write(f"[launcher] {message}\n")
-    out.flush()
-
-
-def _stop(tasks_: list[_Task]) -> None:
-    """SIGTERM to each task's process group (time to save a backup); SIGKILL after GRACE_SECONDS."""
-    live = [t for t in tasks_ if t.process is not None and t.process.poll() is None]
-    for task in live:
-        task.signal(signal.SIGTERM)
-    deadline = time.monotonic() + GRACE_SECONDS
-    for task in live:
-        try:
-            task.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            task.signal(signal.SIGKILL)
-            task.process.wait()
-
-
-def _server_command(kind: str, index: int) -> list[str]:
-    return [sys.executable, "-m", "trainer.launch", "--serve"]
+                plan.link.stopping(128 + requested[0], "interrupted", leaving=True)
+                return plan.link.finish(128 + requested[0])
+            if plan.restart:
+                before = f" (before: {round_.previous})" if round_.previous else ""
+                say(out, f"restart {plan.restart} of {max_restarts}: {rendezvous.layout(plan.cluster, plan.nodes)} "
+                          f"now{before}")
+            status = run_tasks(command, plan.cluster, plan.tasks, origin=plan.origin, env=env, out=out,
+                               link=plan.link, requested=requested)
+            if not _restarts(plan.link, status, plan.restart, max_restarts, out, after=": meeting at the rendezvous"):
+                return status
+            round_ = dataclasses.replace(round_, restart=plan.restart + 1,
+                                         previous=rendezvous.layout(plan.cluster, plan.nodes))
 
 
 def _count(flag: str, minimum: int) -> Callable[[str], int]:
@@ -313,6 +191,25 @@ def _count(flag: str, minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def _node_range(text: str) -> tuple[int, int]:
+    """An argparse type for --nnodes: N, or MIN:MAX with 1 <= MIN <= MAX; (least, most) nodes."""
+    parts = text.split(":")
+    try:
+        least, most = (int(parts[0]), int(parts[-1])) if len(parts) <= 2 else (None, None)
+    except ValueError:
+        least = most = None
+    if least is None or not 1 <= least <= most:
+        raise argparse.ArgumentTypeError(
+            f"--nnodes must be a number of machines N >= 1, or MIN:MAX with 1 <= MIN <= MAX. Received: --nnodes "
+            f"{text!r}. Pass e.g. --nnodes 2, or --nnodes 1:2 for a job that goes on with one machine left.")
+    return least, most
+
+
+def _node_range_text(nnodes: tuple[int, int]) -> str:
+    least, most = nnodes
+    return str(most) if least == most else f"{least}:{most}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="trainer-launch", description=__doc__.split("\n")[0])
     parser.add_argument("--workers", type=_count("--workers", 1), default=None,
@@ -324,7 +221,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="run this task's TensorFlow server: the worker and ps tasks of a parameter-server "
                              "cluster, as TF_CONFIG names them")
     nodes = parser.add_argument_group("several machines (run trainer-launch on each, with its own --node-rank)")
-    nodes.add_argument("--nnodes", type=_count("--nnodes", 1), default=1, help="machines in the job (default 1)")
+    nodes.add_argument("--nnodes", type=_node_range, default=(1, 1),
+                       help="machines in the job (default 1), or MIN:MAX for an elastic job that goes on while at "
+                            "least MIN are there")
     nodes.add_argument("--node-rank", type=_count("--node-rank", 0), default=0,
                        help="this machine's rank, 0 to nnodes-1; node 0 serves the rendezvous and runs the chief")
     nodes.add_argument("--master-addr", default=None, help="node 0's address, as the other machines reach it")
@@ -336,6 +235,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     nodes.add_argument("--rdzv-secret-file", default=None, metavar="FILE",
                        help=f"a file whose first line is the job's shared secret, which every node presents at the "
                             f"rendezvous (default: ${rendezvous.SECRET_ENV}); never pass the secret itself")
+    parser.add_argument("--max-restarts", type=_count("--max-restarts", 0), default=0,
+                        help="times every task starts again after a task or a node fails, or a node is preempted; "
+                             "the script resumes from its last backup (default 0)")
+    nodes.add_argument("--rdzv-last-call", type=_count("--rdzv-last-call", 0), default=10,
+                       help="with --nnodes MIN:MAX, seconds to wait for more nodes once MIN are there (default 10)")
     nodes.add_argument("--rdzv-timeout", type=_count("--rdzv-timeout", 1), default=int(rendezvous.DEFAULT_TIMEOUT),
                        help=f"seconds for every node to arrive (default {rendezvous.DEFAULT_TIMEOUT:.0f})")
     parser.add_argument("script", nargs="?", help="the Python script to run")
@@ -360,25 +264,33 @@ def main(argv: Sequence[str] | None = None) -> int:
                      f"for from {os.getcwd()}). Check the path: trainer-launch --workers 2 train.py [args]")
     command = [sys.executable, args.script, *args.args]
     step = slurm_step()
+    least, most = args.nnodes
     if step is not None and step.num_tasks > 1 and not os.environ.get("TF_CONFIG"):
-        for flag, value, default in (("--workers", args.workers, None), ("--nnodes", args.nnodes, 1)):
+        for flag, value, default in (("--workers", args.workers, None), ("--nnodes", args.nnodes, (1, 1)),
+                                     ("--max-restarts", args.max_restarts, 0)):
             if value != default:
+                shown = _node_range_text(value) if flag == "--nnodes" else value
                 parser.error(f"under srun, the step's {step.num_tasks} tasks are the cluster. Received: {flag} "
-                             f"{value}. Drop {flag} (choose the tasks with srun -n and -N), keep --ps if you want it.")
+                             f"{shown}. Drop {flag} (choose the tasks with srun -n and -N, and restarts with "
+                             "sbatch --requeue), keep --ps if you want it.")
         return run_slurm_task(step, command, args.ps)
-    if args.nnodes == 1:
+    if most == 1:
         if args.node_rank != 0 or args.master_addr is not None or args.node_addr is not None:
             parser.error(f"--node-rank, --master-addr and --node-addr place this machine in a job over several, but "
                          f"--nnodes is 1. Received: --node-rank {args.node_rank}, --master-addr {args.master_addr!r}, "
                          f"--node-addr {args.node_addr!r}. Pass --nnodes N on every machine, or drop them to train "
                          "on this one.")
-        return run(command, workers=args.workers or 2, ps=args.ps)
-    if args.node_rank >= args.nnodes:
-        parser.error(f"--node-rank must be 0 to {args.nnodes - 1} (--nnodes {args.nnodes}). Received: --node-rank "
+        return run(command, workers=args.workers or 2, ps=args.ps, max_restarts=args.max_restarts)
+    shown = _node_range_text(args.nnodes)
+    if args.node_rank >= most:
+        parser.error(f"--node-rank must be 0 to {most - 1} (--nnodes {shown}). Received: --node-rank "
                      f"{args.node_rank}. Give each machine its own rank; node 0 serves the rendezvous.")
     if args.master_addr is None:
-        parser.error(f"--nnodes {args.nnodes} needs --master-addr: node 0's address, the same on every machine. "
+        parser.error(f"--nnodes {shown} needs --master-addr: node 0's address, the same on every machine. "
                      "Received: no --master-addr. Pass e.g. --master-addr node0.example.org (or its IP).")
+    if least < most and args.max_restarts == 0:
+        parser.error(f"--nnodes {shown} lets the job go on with fewer nodes, which takes restarts. Received: "
+                     "--max-restarts 0. Pass e.g. --max-restarts 3, or --nnodes N for a fixed number of nodes.")
     if args.node_addr is not None and not args.node_addr.strip():
         parser.error("--node-addr must be this machine's address as the others reach it. Received: --node-addr ''. "
                      "Pass e.g. --node-addr 10.0.0.5, or drop it to use the address that reaches node 0.")
@@ -388,7 +300,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(err))
     return run_nodes(command, nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
                      master_port=args.master_port, workers=args.workers or 1, ps=args.ps, secret=secret,
-                     node_addr=args.node_addr, timeout=float(args.rdzv_timeout))
+                     node_addr=args.node_addr, max_restarts=args.max_restarts, last_call=float(args.rdzv_last_call),
+                     timeout=float(args.rdzv_timeout))
 
 
 def notebook_launcher(fn: Callable[[], Any], workers: int = 2, timeout: float | None = None) -> Any:

@@ -1,19 +1,22 @@
-"""Several machines without a scheduler: node 0's rendezvous, and the links that keep the launchers together.
+"""Several machines without a scheduler: node 0's rendezvous, where the launchers meet at the start of a job
+and again at each restart.
 
     # on every machine, with its own --node-rank:
     trainer-launch --nnodes 2 --node-rank 0 --master-addr host0 --master-port 29400 train.py [args]
 
-Node 0 serves the rendezvous at `--master-addr:--master-port`. Every other node
-connects and says how many tasks it runs and on which free ports; once all
-have arrived, node 0 sends each node the same cluster and that node's tasks,
-so every task gets the same full TF_CONFIG. Every node presents the job's
-shared secret (`TRAINER_RDZV_SECRET`, or a file): node 0 challenges each node
-that connects, and a node checks node 0's answer the same way, so the secret
-never crosses the network and a node with another secret is refused and named
-before anything starts. The connections then stay open for
-the whole job: a node whose task fails, or which is interrupted, says so and
-node 0 tells the others to stop with its status; a connection that drops is a
-node gone, and the others stop too. Pure Python: no TensorFlow here.
+Node 0 serves the rendezvous at `--master-addr:--master-port` for the whole
+job (`Host`). Every other node connects and says how many tasks it runs and
+on which free ports; once enough have arrived (`--nnodes N`, or MIN:MAX with a
+last call), node 0 sends each node the same cluster and that node's tasks, so
+every task gets the same full TF_CONFIG. Every node presents the job's shared
+secret (`TRAINER_RDZV_SECRET`, or a file): node 0 challenges each node that
+connects, and a node checks node 0's answer the same way, so the secret never
+crosses the network and a node with another secret is refused and named
+before anything starts. The connections then stay open for the whole round,
+as the links of `links.py`. Pure Python: no TensorFlow here.
+
+Past 300 lines: the protocol (a node's side, node 0's side, and their checks
+of each other) reads in one place.
 """
 
 from __future__ import annotations
@@ -21,12 +24,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import hmac
-import json
 import os
 import secrets
 import select
 import socket
 import time
+
+from trainer.links import TICK, Alone, Channel, Hub, NodeLink
 
 DEFAULT_MASTER_PORT = 29400
 DEFAULT_TIMEOUT = 300.0  # seconds for every node to arrive
@@ -39,9 +43,6 @@ class RendezvousError(RuntimeError):
 
 class Interrupted(RendezvousError):
     """Ctrl-C or SIGTERM before every node had arrived."""
-
-
-_TICK = 0.5  # seconds between looks at the stop requests while waiting
 
 
 def read_secret(path: str | None, environ=os.environ) -> bytes:
@@ -114,180 +115,69 @@ def node_cluster(nodes: list[Node]) -> tuple[dict[str, list[str]], list[list[tup
     return cluster, own
 
 
-class Channel:
-    """One end of a launcher-to-launcher connection: JSON messages, one per line."""
-
-    def __init__(self, sock: socket.socket):
-        self.sock = sock
-        self._buffer = b""
-
-    def send(self, message: dict) -> None:
-        try:
-            self.sock.sendall((json.dumps(message) + "\n").encode())
-        except OSError:
-            pass  # the other end is gone: its side finds out from the closed connection
-
-    def receive(self, timeout: float) -> dict | None:
-        """The next message, waiting up to `timeout` seconds; None if none came.
-
-        Raises:
-          ConnectionError: the other end closed the connection (or it broke).
-        """
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self._buffer:
-            ready, _, _ = select.select([self.sock], [], [], max(0.0, deadline - time.monotonic()))
-            if not ready:
-                return None
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise ConnectionError("closed")
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        try:
-            message = json.loads(line)
-        except ValueError:
-            raise ConnectionError(f"not a launcher's message: {line[:80]!r}") from None
-        if not isinstance(message, dict):
-            raise ConnectionError(f"not a launcher's message: {line[:80]!r}")
-        return message
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """What the rendezvous gave this node: the whole cluster, its own tasks, and its link to the others."""
+    """What the rendezvous gave this node: the whole cluster, its own tasks, its link to the others, which
+    restart of the job this round is, and how the plan names the launch (node 0 words it for every node)."""
 
     cluster: dict[str, list[str]]
     tasks: list[tuple[str, int]]
     link: "Alone | NodeLink | Hub"
+    restart: int = 0
+    origin: str = ""
+    nodes: int = 1
 
 
-class Alone:
-    """The link of a launcher on one machine: no other node to hear from or tell."""
+@dataclasses.dataclass(frozen=True)
+class Round:
+    """One rendezvous of an elastic job, as node 0 holds it: which restart, how many nodes it may start with
+    (`nodes` = (least, most)), how long it waits for more once the least are there, and the layout before."""
 
-    def poll(self) -> tuple[int, str] | None:
-        return None
-
-    def stopping(self, status: int, why: str) -> None:
-        pass
-
-    def finish(self, status: int) -> int:
-        return status
-
-
-class NodeLink:
-    """Node r > 0's link to node 0: hears stops from it, tells it of its own."""
-
-    def __init__(self, channel: Channel, rank: int):
-        self.channel, self.rank = channel, rank
-
-    def poll(self) -> tuple[int, str] | None:
-        try:
-            message = self.channel.receive(0)
-        except ConnectionError:
-            return 1, "node 0's launcher is gone (its machine stopped, or it was killed)"
-        if message is not None and "stop" in message:
-            return int(message["stop"]), str(message.get("why", "node 0 stopped the job"))
-        return None
-
-    def stopping(self, status: int, why: str) -> None:
-        self.channel.send({"stop": status, "why": f"node {self.rank}: {why}"})
-
-    def finish(self, status: int) -> int:
-        if status == 0:
-            self.channel.send({"done": True})
-        self.channel.close()
-        return status
+    restart: int = 0
+    max_restarts: int = 0
+    nodes: tuple[int, int] = (1, 1)
+    last_call: float = 0.0
+    previous: str = ""
 
 
-class Hub:
-    """Node 0's links to every other node: relays a stop from one node to the others."""
-
-    def __init__(self, channels: dict[int, Channel], servers_only: bool):
-        self.channels = channels
-        self.servers_only = servers_only  # the other nodes only serve (parameter-server training)
-        self.done: set[int] = set()
-
-    def poll(self) -> tuple[int, str] | None:
-        for rank, channel in self.channels.items():
-            if rank in self.done:
-                continue
-            try:
-                message = channel.receive(0)
-            except ConnectionError:
-                return self._relay(1, f"node {rank}'s launcher is gone (its machine stopped, or it was killed)", rank)
-            if message is None:
-                continue
-            if "done" in message:
-                self.done.add(rank)
-            elif "stop" in message:
-                return self._relay(int(message["stop"]), str(message.get("why", f"node {rank} stopped")), rank)
-        return None
-
-    def _relay(self, status: int, why: str, source: int) -> tuple[int, str]:
-        self.done.add(source)
-        for rank, channel in self.channels.items():
-            if rank != source:
-                channel.send({"stop": status, "why": why})
-        return status, why
-
-    def stopping(self, status: int, why: str) -> None:
-        for channel in self.channels.values():
-            channel.send({"stop": status, "why": f"node 0: {why}"})
-
-    def finish(self, status: int, poll_seconds: float = 0.1) -> int:
-        """Node 0's own tasks are done with `status`: with 0, waits for every node to finish (telling
-        serving nodes to stop first); returns the job's status."""
-        if status == 0 and self.servers_only:
-            for channel in self.channels.values():
-                channel.send({"stop": 0, "why": "node 0: the chief finished"})
-        while status == 0 and len(self.done) < len(self.channels):
-            news = self.poll()
-            if news is not None:
-                status = news[0]
-            time.sleep(poll_seconds)
-        for channel in self.channels.values():
-            channel.close()
-        return status
-
-
-def join(*, nnodes: int, node_rank: int, master_addr: str, master_port: int, workers: int, ps: int,
-         timeout: float, free_ports, secret: bytes, node_addr: str | None = None, interrupted=lambda: False) -> Plan:
+def join(*, nnodes: tuple[int, int], node_rank: int, master_addr: str, master_port: int, workers: int, ps: int,
+         timeout: float, free_ports, secret: bytes, node_addr: str | None = None, host: "Host | None" = None,
+         round_: Round | None = None, interrupted=lambda: False) -> Plan:
     """Meets the other nodes at node 0's rendezvous; returns this node's `Plan`.
 
-    `free_ports(count)` gives free ports on this machine for its tasks; `secret` is the job's shared secret
-    (`read_secret`); `node_addr` the address the other nodes reach this one's tasks by (default: node 0's
-    `master_addr` on node 0, elsewhere the address this machine reached node 0 from); `interrupted()` says
-    whether a stop was requested (Ctrl-C, SIGTERM), looked at every half second while waiting.
+    `nnodes` is (least, most) nodes; `free_ports(count)` gives free ports on this machine for its tasks;
+    `secret` is the job's shared secret (`read_secret`); `node_addr` the address the other nodes reach this
+    one's tasks by (default: node 0's `master_addr` on node 0, elsewhere the address this machine reached
+    node 0 from); `host` node 0's listener (`Host`) and `round_` its round; `interrupted()` says whether a
+    stop was requested (Ctrl-C, SIGTERM), looked at every half second while waiting.
 
     Raises:
-      RendezvousError: a node did not arrive within `timeout` seconds, node 0 could not be reached or
+      RendezvousError: too few nodes arrived within `timeout` seconds, node 0 could not be reached or
         could not serve, the nodes disagree (their --nnodes, a --node-rank used twice), or a node or
         node 0 presented another secret.
       Interrupted: a stop was requested meanwhile.
     """
     if node_rank == 0:
-        return _host(nnodes, node_addr or master_addr, master_port, workers, ps, timeout, free_ports, secret,
-                     interrupted)
+        own = Node(0, node_addr or master_addr, workers, ps, tuple(free_ports(workers + ps + 1)))
+        return _gather(host, own, nnodes, timeout, secret, round_ or Round(nodes=nnodes), interrupted)
     channel = _connect(master_addr, master_port, timeout, node_rank, interrupted)
     where = f"node 0's rendezvous at {master_addr}:{master_port}"
     challenge = secrets.token_hex(16)
-    deadline = time.monotonic() + timeout + 30  # node 0 answers once every node arrived, or when it gives up
+    deadline = time.monotonic() + timeout + 30  # node 0 answers once enough nodes arrived, or when it gives up
     reply = None
     try:
-        hello, until = None, time.monotonic() + 10
-        while hello is None and time.monotonic() < until:
-            hello = _waited(channel, _TICK, interrupted, node_rank)
+        hello = None  # node 0 challenges once it holds a rendezvous (at once, or at the job's next restart)
+        while hello is None and time.monotonic() < deadline:
+            hello = _waited(channel, TICK, interrupted, node_rank)
         if hello is None or "challenge" not in hello:
             raise RendezvousError(f"node {node_rank} reached {where}, but what answered is not node 0's launcher "
                                   "(no challenge). Check --master-addr and --master-port on every node.")
-        channel.send({"nnodes": nnodes, "rank": node_rank, "host": node_addr or channel.sock.getsockname()[0],
-                      "workers": workers, "ps": ps, "ports": free_ports(workers + ps + 1),
-                      "proof": _proof(secret, "node", str(hello["challenge"])), "challenge": challenge})
+        channel.send({"nnodes": list(nnodes), "max_restarts": (round_ or Round()).max_restarts, "rank": node_rank,
+                      "host": node_addr or channel.sock.getsockname()[0], "workers": workers, "ps": ps,
+                      "ports": free_ports(workers + ps + 1), "challenge": challenge,
+                      "proof": _proof(secret, "node", str(hello["challenge"]))})
         while reply is None and time.monotonic() < deadline:
-            reply = _waited(channel, _TICK, interrupted, node_rank)
+            reply = _waited(channel, TICK, interrupted, node_rank)
     except ConnectionError:
         reply = {"error": f"node 0's launcher at {master_addr}:{master_port} closed the rendezvous without an "
                           "answer (it stopped or was killed)"}
@@ -303,7 +193,9 @@ def join(*, nnodes: int, node_rank: int, master_addr: str, master_port: int, wor
         raise RendezvousError(f"{where} answered with a cluster but not with this job's secret: node 0 holds another "
                               f"{SECRET_ENV} (or --rdzv-secret-file), or it is not this job's node 0. Nothing was "
                               "started here. Set the same secret on every node.")
-    return Plan(cluster=reply["cluster"], tasks=[tuple(t) for t in reply["tasks"]], link=NodeLink(channel, node_rank))
+    return Plan(cluster=reply["cluster"], tasks=[tuple(t) for t in reply["tasks"]], link=NodeLink(channel, node_rank),
+                restart=int(reply.get("restart", 0)), origin=str(reply.get("origin", "")),
+                nodes=int(reply.get("nodes", 1)))
 
 
 def _waited(channel: Channel, timeout: float, interrupted, node_rank: int) -> dict | None:
@@ -328,59 +220,107 @@ def _connect(master_addr: str, master_port: int, timeout: float, node_rank: int,
                     f"{timeout:.0f} s ({err}). Start trainer-launch with --node-rank 0 on {master_addr} (it serves "
                     "the rendezvous), check --master-addr and --master-port on every node, or raise --rdzv-timeout."
                 ) from None
-            time.sleep(_TICK)
+            time.sleep(TICK)
 
 
-def _host(nnodes: int, master_addr: str, master_port: int, workers: int, ps: int, timeout: float,
-          free_ports, secret: bytes, interrupted) -> Plan:
-    """Node 0: serves the rendezvous until every node has arrived, then sends each its part."""
-    try:
-        listener = socket.create_server(("", master_port))
-    except OSError as err:
-        raise RendezvousError(
-            f"node 0 cannot serve the rendezvous on port {master_port} ({err}). Pass a free --master-port, the "
-            "same on every node."
-        ) from None
-    nodes = {0: Node(0, master_addr, workers, ps, tuple(free_ports(workers + ps + 1)))}
+class Host:
+    """Node 0's rendezvous: a listener on `master_port`, open for the whole job, so that the nodes meet again
+    at each restart (a node that connects meanwhile waits for the next)."""
+
+    def __init__(self, master_addr: str, master_port: int):
+        self.where = f"{master_addr}:{master_port}"
+        try:
+            self.listener = socket.create_server(("", master_port))
+        except OSError as err:
+            raise RendezvousError(
+                f"node 0 cannot serve the rendezvous on port {master_port} ({err}). Pass a free --master-port, the "
+                "same on every node."
+            ) from None
+
+    def __enter__(self) -> "Host":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.listener.close()
+
+
+def _gather(host: Host, own: Node, nnodes: tuple[int, int], timeout: float, secret: bytes, round_: Round,
+            interrupted) -> Plan:
+    """Node 0: holds a rendezvous until the most nodes have arrived, or the least have and no other came within
+    the last call; then sends each node its part."""
+    least, most = nnodes
+    nodes = {0: own}
     channels: dict[int, Channel] = {}
     challenges: dict[int, str] = {}  # each node's challenge to node 0, answered with the cluster
-    deadline = time.monotonic() + timeout
+    deadline, quorum = time.monotonic() + timeout, None
     try:
-        with listener:
-            while len(nodes) < nnodes:
-                if interrupted():
-                    raise Interrupted("node 0 was interrupted before every node had arrived")
-                left = deadline - time.monotonic()
-                ready, _, _ = select.select([listener], [], [], min(_TICK, max(0.0, left)))
-                if not ready and left > _TICK:
-                    continue
-                if not ready:
-                    missing = ", ".join(str(r) for r in range(nnodes) if r not in nodes)
-                    raise RendezvousError(
-                        f"node(s) {missing} of {nnodes} never joined the rendezvous at {master_addr}:{master_port} "
-                        f"in {timeout:.0f} s (joined: {', '.join(str(r) for r in sorted(nodes))}). Start "
-                        f"trainer-launch --nnodes {nnodes} --node-rank N --master-addr {master_addr} --master-port "
-                        f"{master_port} on each missing node, check that it reaches {master_addr}:{master_port}, "
-                        "or raise --rdzv-timeout."
-                    )
-                channel = Channel(listener.accept()[0])
-                node, challenge = _arrival(channel, nnodes, nodes, secret)
-                if node is not None:
-                    nodes[node.rank], channels[node.rank] = node, channel
-                    challenges[node.rank] = challenge
+        while len(nodes) < most:
+            now = time.monotonic()
+            if len(nodes) >= least:
+                quorum = quorum or now
+                if now - quorum >= round_.last_call:
+                    break
+            if interrupted():
+                raise Interrupted("node 0 was interrupted before every node had arrived")
+            left = deadline - now
+            ready, _, _ = select.select([host.listener], [], [], min(TICK, max(0.0, left)))
+            if not ready and left > TICK:
+                continue
+            if not ready:
+                raise RendezvousError(_too_few(nodes, nnodes, host.where, timeout))
+            channel = Channel(host.listener.accept()[0])
+            node, challenge = _arrival(channel, nnodes, round_.max_restarts, nodes, secret)
+            if node is not None:
+                nodes[node.rank], channels[node.rank] = node, channel
+                challenges[node.rank] = challenge
     except BaseException as err:
         for channel in channels.values():
             channel.send({"error": str(err) if isinstance(err, RendezvousError) else "node 0 stopped"})
             channel.close()
         raise
-    cluster, own = node_cluster(list(nodes.values()))
+    cluster, own_tasks = node_cluster(list(nodes.values()))
+    origin = _origin(len(nodes), host.where.rsplit(":", 1)[0], cluster, round_)
     for rank, channel in channels.items():
-        channel.send({"cluster": cluster, "tasks": own[rank], "proof": _proof(secret, "cluster", challenges[rank])})
-    servers_only = "chief" in cluster
-    return Plan(cluster=cluster, tasks=own[0], link=Hub(channels, servers_only))
+        channel.send({"cluster": cluster, "tasks": own_tasks[rank], "restart": round_.restart, "origin": origin,
+                      "nodes": len(nodes), "proof": _proof(secret, "cluster", challenges[rank])})
+    link = Hub(channels, servers_only="chief" in cluster, can_restart=round_.restart < round_.max_restarts)
+    return Plan(cluster=cluster, tasks=own_tasks[0], link=link, restart=round_.restart, origin=origin,
+                nodes=len(nodes))
 
 
-def _arrival(channel: Channel, nnodes: int, nodes: dict[int, Node], secret: bytes) -> tuple[Node | None, str]:
+def _too_few(nodes: dict[int, Node], nnodes: tuple[int, int], where: str, timeout: float) -> str:
+    least, most = nnodes
+    missing = ", ".join(str(r) for r in range(most) if r not in nodes)
+    count = f"{most}" if least == most else f"{least}:{most} (at least {least})"
+    return (f"node(s) {missing} of {count} never joined the rendezvous at {where} in {timeout:.0f} s (joined: "
+            f"{', '.join(str(r) for r in sorted(nodes))}). Start trainer-launch --nnodes {count.split(' ')[0]} "
+            f"--node-rank N --master-addr {where.rsplit(':', 1)[0]} --master-port {where.rsplit(':', 1)[1]} on each "
+            "missing node, check that it reaches node 0, or raise --rdzv-timeout.")
+
+
+def layout(cluster: dict[str, list[str]], nodes: int) -> str:
+    """"2 nodes, 3 workers" (and ps tasks): a round's layout, as the launcher's log and the plan name it."""
+    workers = len(cluster.get("worker", []))
+    text = f"{nodes} node{'s' if nodes != 1 else ''}, {workers} worker{'s' if workers != 1 else ''}"
+    return text + (f", {len(cluster['ps'])} ps" if cluster.get("ps") else "")
+
+
+def _origin(nodes: int, master_addr: str, cluster: dict[str, list[str]], round_: Round) -> str:
+    """How the plan's cluster row names this launch: "trainer-launch on 2 nodes (node 0 at host0)", and on a
+    restart which one, and the layout before."""
+    text = f"trainer-launch on {nodes} node{'s' if nodes != 1 else ''} (node 0 at {master_addr})"
+    if round_.restart:
+        text += f", restart {round_.restart} of {round_.max_restarts} (before: {round_.previous})"
+    return text
+
+
+def _nodes_text(nnodes) -> str:
+    least, most = nnodes
+    return str(most) if least == most else f"{least}:{most}"
+
+
+def _arrival(channel: Channel, nnodes: tuple[int, int], max_restarts: int, nodes: dict[int, Node],
+             secret: bytes) -> tuple[Node | None, str]:
     """The node that just connected, once it proved it holds the job's secret and said who it is, with its
     challenge to node 0; (None, "") for a stray connection.
 
@@ -405,15 +345,21 @@ def _arrival(channel: Channel, nnodes: int, nodes: dict[int, Node], secret: byte
         channel.send({"error": why})
         channel.close()
         raise RendezvousError(why)
-    if int(hello["nnodes"]) != nnodes:
-        why = (f"node {rank} was started with --nnodes {hello['nnodes']} and node 0 with --nnodes {nnodes}. "
-               "Start every node with the same --nnodes.")
+    if tuple(hello["nnodes"]) != tuple(nnodes):
+        why = (f"node {rank} was started with --nnodes {_nodes_text(hello['nnodes'])} and node 0 with --nnodes "
+               f"{_nodes_text(nnodes)}. Start every node with the same --nnodes.")
+        channel.send({"error": why})
+        channel.close()
+        raise RendezvousError(why)
+    if int(hello.get("max_restarts", 0)) != max_restarts:
+        why = (f"node {rank} was started with --max-restarts {hello.get('max_restarts', 0)} and node 0 with "
+               f"--max-restarts {max_restarts}. Start every node with the same --max-restarts.")
         channel.send({"error": why})
         channel.close()
         raise RendezvousError(why)
     if rank in nodes:
         channel.send({"error": f"--node-rank {rank} is taken (by {nodes[rank].host}). Give each machine its own "
-                               f"--node-rank, 0 to {nnodes - 1}."})
+                               f"--node-rank, 0 to {nnodes[1] - 1}."})
         channel.close()
         return None, ""
     node = Node(rank, str(hello["host"]), int(hello["workers"]), int(hello["ps"]), tuple(hello["ports"]))

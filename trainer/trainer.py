@@ -19,7 +19,7 @@ from trainer import inputs as inputs_lib
 from trainer import engine as engine_lib
 from trainer import route as route_lib
 from trainer import strategy as strategy_lib
-from trainer.cluster import cluster_info, cluster_source, is_parameter_server, strategy_cluster_info
+from trainer.cluster import cluster_info, cluster_source, is_parameter_server, restarted, strategy_cluster_info
 from trainer.fusion import StepFusion
 from trainer.history import History
 from trainer.objective import ModelSteps, logs_in_order
@@ -48,6 +48,12 @@ def _quiet_tf_info(method):
             logger.setLevel(level)
 
     return wrapper
+
+
+def _launcher_backup(callbacks: list) -> list:
+    from trainer.callbacks.backup import launcher_backup  # callbacks/ builds on trainer/
+
+    return launcher_backup(callbacks)
 
 
 def _passed(method: Callable, values: dict[str, Any]) -> dict[str, Any]:
@@ -269,6 +275,7 @@ class Trainer:
         """fit's engine, with the arguments Keras's own fit received (`fit` documents them)."""
         callbacks = checks.check_callbacks(callbacks)
         checks.check_callbacks_on_workers(callbacks, strategy_cluster_info(strategy).num_workers)
+        callbacks = _launcher_backup(callbacks)
         options.check_fit_args(batch_size=batch_size, validation_split=validation_split,
                                validation_freq=validation_freq, validation_batch_size=validation_batch_size)
         validation_steps = options.steps_arg("validation_steps", validation_steps, fix="Pass a positive number of "
@@ -607,7 +614,7 @@ class Trainer:
             execution_source="; ".join(filter(None, [fusion_source, self._jit_source(model, strategy, jit)])),
             process=process,
             placement=moved,
-            cluster=cluster_source() if num_workers > 1 or parameter_server else "",
+            cluster=cluster_source() if num_workers > 1 or parameter_server or restarted() else "",
             unguarded=unguarded,
             resume=inp.resume(user_steps) if resumes else None,
         )
