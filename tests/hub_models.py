@@ -26,9 +26,8 @@ def text_classifier(rng):
     tokenizer = keras_hub.models.BertTokenizer(vocabulary=vocabulary)
     preprocessor = keras_hub.models.BertTextClassifierPreprocessor(tokenizer, sequence_length=SEQUENCE)
     backbone = keras_hub.models.BertBackbone(vocabulary_size=len(vocabulary), num_layers=1, num_heads=2,
-                                             hidden_dim=8, intermediate_dim=16, max_sequence_length=SEQUENCE,
-                                             dropout=0.0)
-    model = keras_hub.models.BertTextClassifier(backbone, num_classes=3, preprocessor=preprocessor, dropout=0.0)
+                                             hidden_dim=8, intermediate_dim=16, max_sequence_length=SEQUENCE)
+    model = keras_hub.models.BertTextClassifier(backbone, num_classes=3, preprocessor=preprocessor)
     x, y = _sentences(rng, N), rng.integers(0, 3, N)
     vx, vy = _sentences(rng, 10), rng.integers(0, 3, 10)
     return model, {"fit": dict(x=x, y=y, validation_data=(vx, vy), epochs=2),
@@ -60,8 +59,7 @@ def causal_lm(rng):
     tokenizer = keras_hub.models.GPT2Tokenizer(vocabulary=vocabulary, merges=merges)
     preprocessor = keras_hub.models.GPT2CausalLMPreprocessor(tokenizer, sequence_length=SEQUENCE)
     backbone = keras_hub.models.GPT2Backbone(vocabulary_size=len(vocabulary), num_layers=1, num_heads=2,
-                                             hidden_dim=8, intermediate_dim=16, max_sequence_length=SEQUENCE,
-                                             dropout=0.0)
+                                             hidden_dim=8, intermediate_dim=16, max_sequence_length=SEQUENCE)
     model = keras_hub.models.GPT2CausalLM(backbone, preprocessor=preprocessor)
     texts = _sentences(rng, N)
     dataset = tf.data.Dataset.from_tensor_slices(texts).batch(8)
@@ -85,7 +83,7 @@ def seq2seq_lm(rng):
     preprocessor = keras_hub.models.T5Seq2SeqLMPreprocessor(tokenizer, encoder_sequence_length=SEQUENCE,
                                                            decoder_sequence_length=SEQUENCE)
     backbone = keras_hub.models.T5Backbone(vocabulary_size=tokenizer.vocabulary_size(), num_layers=1, num_heads=2,
-                                           hidden_dim=8, intermediate_dim=16, dropout=0.0)
+                                           hidden_dim=8, intermediate_dim=16)
     model = keras_hub.models.T5Seq2SeqLM(backbone, preprocessor=preprocessor)
     x = {"encoder_text": list(_sentences(rng, N)), "decoder_text": list(_sentences(rng, N))}
     vx = {"encoder_text": list(_sentences(rng, 10)), "decoder_text": list(_sentences(rng, 10))}

@@ -6,13 +6,16 @@ packing strings, making y and sample_weight for language models, resizing and
 rescaling images), then calls Keras's fit. Trainer.fit calls the task's own
 method, and the trainer's engine runs beneath it (trainer/route.py), so the
 preprocessing runs where the task runs it. Each task of tests/hub_models.py,
-built from a config and a tiny vocabulary (no preset), is fitted by model.fit on
-one device and by Trainer.fit on 1, 2 and 3 replicas and on 2 workers, with a
-global batch of 8 over 21 examples (a last batch of 5): history with its keys,
-weights, evaluate and predict must agree. Where grain is installed a task batches
-arrays with grain, else with tf.data: both pipelines are run.
+built from a config and a tiny vocabulary (no preset) with its default dropout,
+is fitted by model.fit on one device and by Trainer.fit on 1, 2 and 3 replicas
+and on 2 workers, with a global batch of 8 over 21 examples (a last batch of 5):
+history with its keys, weights, evaluate and predict must agree (the replicas
+draw one device's dropout masks). Where grain is installed a task batches arrays
+with grain, else with tf.data: both pipelines are run. The layouts run two at a
+time, each in a process of its own.
 """
 
+import concurrent.futures
 import os
 import pickle
 import subprocess
@@ -60,57 +63,58 @@ def _assert_same(run, reference, tolerance):
         np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance)
 
 
+GRAIN_CASES = ["text_classifier", "seq2seq_lm", "image_classifier"]  # arrays: batched by grain, then preprocessed
+WORKER_CASES = ["text_classifier", "causal_lm", "seq2seq_lm", "image_classifier"]
+GRAIN = {**ENV, "HUB_PIPELINE": "grain"}
+# Every layout, run two at a time (most of each run is single-threaded tracing): name -> (cases, args, options).
+LAYOUTS = {"1": (hub_models.CASES, ["1"], {}), "2": (hub_models.CASES, ["2"], {}), "3": (hub_models.CASES, ["3"], {}),
+           "workers": (WORKER_CASES, [], {"launch": True}), "grain1": (GRAIN_CASES, ["1"], {"env": GRAIN}),
+           "grain2": (GRAIN_CASES, ["2"], {"env": GRAIN})}
+
+
 @pytest.fixture(scope="module")
-def one_device(tmp_path_factory):
-    """model.fit and Trainer.fit on one device, for every task."""
-    out = tmp_path_factory.mktemp("hub1")
-    _run(out, hub_models.CASES, "1")
-    return out
+def runs(tmp_path_factory):
+    """The folder of each layout's run: model.fit and Trainer.fit on one device, Trainer.fit on the others."""
+    try:
+        import grain  # noqa: F401
+        layouts = LAYOUTS
+    except ImportError:  # without grain, KerasHub batches with tf.data: the grain layouts skip
+        layouts = {name: layout for name, layout in LAYOUTS.items() if not name.startswith("grain")}
+    folders = {name: tmp_path_factory.mktemp(f"hub{name}") for name in layouts}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        futures = [pool.submit(_run, folders[name], cases, *args, **options)
+                   for name, (cases, args, options) in layouts.items()]
+        for future in futures:
+            future.result()
+    return folders
 
 
 @pytest.mark.parametrize("case", list(hub_models.CASES))
-def test_a_task_gives_model_fits_numbers_on_one_device(one_device, case):
-    _assert_same(_load(one_device, case, "trainer"), _load(one_device, case, "keras"), 1e-5)
+def test_a_task_gives_model_fits_numbers_on_one_device(runs, case):
+    _assert_same(_load(runs["1"], case, "trainer"), _load(runs["1"], case, "keras"), 1e-5)
 
 
 @pytest.mark.parametrize("replicas", [2, 3])
-def test_tasks_give_one_devices_numbers_on_several_replicas(one_device, tmp_path, replicas):
-    _run(tmp_path, hub_models.CASES, str(replicas))
+def test_tasks_give_one_devices_numbers_on_several_replicas(runs, replicas):
     for case in hub_models.EXACT_ON_REPLICAS:
-        _assert_same(_load(tmp_path, case, "trainer"), _load(one_device, case, "keras"), 1e-4)
+        _assert_same(_load(runs[str(replicas)], case, "trainer"), _load(runs["1"], case, "keras"), 1e-4)
 
 
-def test_tasks_give_one_devices_numbers_on_two_workers(one_device, tmp_path):
-    cases = ["text_classifier", "causal_lm", "seq2seq_lm", "image_classifier"]
-    _run(tmp_path, cases, launch=True)
-    for case in cases:
-        reference = _load(one_device, case, "keras")
-        worker0, worker1 = _load(tmp_path, case, "trainer", "worker0"), _load(tmp_path, case, "trainer", "worker1")
+def test_tasks_give_one_devices_numbers_on_two_workers(runs):
+    for case in WORKER_CASES:
+        reference = _load(runs["1"], case, "keras")
+        worker0, worker1 = (_load(runs["workers"], case, "trainer", f"worker{i}") for i in (0, 1))
         _assert_same(worker0, reference, 1e-4)
         _assert_same(worker1, worker0, 0)  # the workers agree exactly
 
 
-GRAIN_CASES = ["text_classifier", "seq2seq_lm", "image_classifier"]  # arrays: batched by grain, then preprocessed
-
-
-@pytest.fixture(scope="module")
-def grain_one_device(tmp_path_factory):
-    """model.fit and Trainer.fit on one device, where the tasks batch arrays with grain."""
-    pytest.importorskip("grain", reason="grain is in the 'ecosystem' extra; without it KerasHub batches with tf.data")
-    out = tmp_path_factory.mktemp("grain1")
-    _run(out, GRAIN_CASES, "1", env={**ENV, "HUB_PIPELINE": "grain"})
-    return out
-
-
 @pytest.mark.parametrize("replicas", [1, 2])
-def test_tasks_that_batch_arrays_with_grain_give_model_fits_numbers(grain_one_device, tmp_path, replicas):
-    out = grain_one_device
-    if replicas > 1:
-        out = tmp_path
-        _run(out, GRAIN_CASES, str(replicas), env={**ENV, "HUB_PIPELINE": "grain"})
+def test_tasks_that_batch_arrays_with_grain_give_model_fits_numbers(runs, replicas):
+    if "grain1" not in runs:
+        pytest.skip("grain is in the 'ecosystem' extra; without it KerasHub batches with tf.data")
     tolerance = 1e-5 if replicas == 1 else 1e-4
     for case in GRAIN_CASES:
-        _assert_same(_load(out, case, "trainer"), _load(grain_one_device, case, "keras"), tolerance)
+        _assert_same(_load(runs[f"grain{replicas}"], case, "trainer"), _load(runs["grain1"], case, "keras"), tolerance)
 
 
 def test_a_resnet_fed_arrays_takes_model_fits_first_step_bit_for_bit():
