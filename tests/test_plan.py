@@ -97,6 +97,15 @@ def test_plan_says_whose_step_runs_and_names_per_replica_batch_norm():
     assert "batch norm" not in Plan(**{**BASE, "num_replicas": 1}, batch_norm=("bn_1",)).describe()
 
 
+def test_plan_says_what_each_step_all_reduces_on_several_replicas():
+    text = Plan(**BASE, gradient_values=25_557_032, gradient_bytes=102_228_128).describe()
+    assert re.search(r"\n  all-reduce +102\.2 MB of gradients per step \(25,557,032 values\), summed over the 4 "
+                     r"replicas", text), text
+    assert "all-reduce" not in Plan(**{**BASE, "num_replicas": 1}, gradient_values=10, gradient_bytes=40).describe()
+    assert "all-reduce" not in Plan(**BASE, gradient_values=10, gradient_bytes=40, repeated_data=True).describe()
+    assert "1.2 KB of gradients" in Plan(**BASE, gradient_values=300, gradient_bytes=1200).describe()
+
+
 def test_plan_says_batch_norm_takes_the_global_statistics_and_how_to_opt_out():
     text = Plan(**BASE, global_batch_norm=3).describe()
     assert re.search(r"\n  batch norm +3 BatchNormalization layer\(s\) normalize with the global batch's mean and "
@@ -161,3 +170,20 @@ def test_plan_names_the_callbacks_every_worker_runs_unguarded_on_several_workers
     assert re.search(r"\n  callbacks +Reporter run on each of the 2 workers.*ChiefOnly\(\.\.\.\) to run it on the "
                      r"chief alone", text), text
     assert "callbacks" not in Plan(**{**BASE, "unguarded": ("Reporter",)}).describe()  # one worker: no news
+
+
+def test_fit_on_two_replicas_counts_the_gradients_it_all_reduces(capsys):
+    import keras
+    import numpy as np
+
+    from conftest import mirrored
+    from trainer import Trainer
+
+    x, y = np.random.RandomState(0).rand(40, 3).astype("float32"), np.zeros((40, 1), "float32")
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(5), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    Trainer(strategy=mirrored(2), batch_size=8, verbose=2).fit(model, x, y)
+    # 3x5 + 5 + 5x1 + 1 = 26 float32 values
+    assert _row(capsys.readouterr().out, "all-reduce") == ("104 bytes of gradients per step (26 values), summed "
+                                                           "over the 2 replicas (docs/performance.md: where "
+                                                           "scaling stops)")

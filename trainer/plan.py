@@ -83,6 +83,8 @@ class Plan:
     unguarded: tuple[str, ...] = ()  # callbacks that run on every worker without knowing it (loop.unguarded)
     resume: str | None = None  # None unless a callback resumes training; then the input's reason a backup can't
     # resume it exactly (`Input.resume`), "" when it can
+    gradient_values: int = 0  # the trainable variables' values: the gradients summed over the replicas each step
+    gradient_bytes: int = 0
 
     def __post_init__(self):
         if self.native_bf16 is not None and self.native_bf16 not in BF16_UNITS:
@@ -166,11 +168,16 @@ class Plan:
             rows.insert(1, ("model", self.placement))
         if self.optimizer:
             rows.append(("optimizer", self.optimizer))
+        if self.gradient_bytes and self.num_replicas > 1 and not self.repeated_data:
+            rows.append(("all-reduce", f"{_size(self.gradient_bytes)} of gradients per step "
+                                       f"({self.gradient_values:,} values), summed over the {self.num_replicas} "
+                                       "replicas (docs/performance.md: where scaling stops)"))
         if self.global_batch_norm and self.num_replicas > 1:
             rows.append(("batch norm", f"{self.global_batch_norm} BatchNormalization layer(s) normalize with the "
-                                       "global batch's mean and variance, as on one device (3 all-reduces of "
-                                       "their channels per layer per step, in 2 rounds); "
-                                       "Trainer(batch_norm='per_replica') uses each replica's own, for speed"))
+                                       "global batch's mean and variance, as on one device (one all-reduce of "
+                                       "each replica's count, sum and squared deviations per layer, forward and "
+                                       "backward); Trainer(batch_norm='per_replica') uses each replica's own, "
+                                       "for speed"))
         if self.batch_norm and self.num_replicas > 1:
             rows.append(("batch norm", batch_norm_note(self.batch_norm, self.num_replicas)))
         if self.onednn is False:
@@ -184,6 +191,14 @@ class Plan:
             rows.append(("process", self.process))
         width = max(len(k) for k, _ in rows)
         return "Training plan\n" + "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+
+
+def _size(count: int) -> str:
+    """Bytes in words: "832 bytes", "12.5 KB", "102.2 MB", "1.7 GB" (powers of 1000)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} bytes"
 
 
 def resume_note(*, parameter_server: bool, input_note: str, global_batch_size: int) -> str:

@@ -617,6 +617,9 @@ class Trainer:
             cluster=cluster_source() if num_workers > 1 or parameter_server or restarted() else "",
             unguarded=unguarded,
             resume=inp.resume(user_steps) if resumes else None,
+            gradient_values=sum(v.shape.num_elements() or 0 for v in model.trainable_variables),
+            gradient_bytes=sum((v.shape.num_elements() or 0) * tf.as_dtype(v.dtype).size
+                               for v in model.trainable_variables),
         )
 
     def _jit_source(self, model, strategy, jit: bool) -> str:
