@@ -4,7 +4,8 @@ Usage: python multiworker_run.py OUT_DIR STRATEGY [backup]
 Run once without TF_CONFIG for the single-process reference, or under
 trainer-launch for the multi-worker run. Environment: REPLICAS (CPU replicas
 of a single process), KILL_TASK or KILL_NODE (a task, e.g. worker1, whose
-process or launcher dies at epoch 1, step 8), EPOCHS (default 2). Each task writes OUT_DIR/task<id>.npz
+process or launcher dies at epoch 1, step 8), HOLD (every task waits at epoch 1,
+step 8 for SIGTERM, unless Slurm restarted the job), EPOCHS (default 2). Each task writes OUT_DIR/task<id>.npz
 and OUT_DIR/task<id>.json; chief-only files go to OUT_DIR/files.
 """
 
@@ -56,6 +57,37 @@ if task in (os.environ.get("KILL_TASK"), os.environ.get("KILL_NODE")):  # at epo
                 os.kill(victim, signal.SIGKILL)
 
     callbacks.append(Die())
+if os.environ.get("HOLD") and not os.environ.get("SLURM_RESTART_COUNT"):  # a long run, which a scheduler stops
+    import signal
+    import time
+
+    class Hold(keras.callbacks.Callback):
+        """At epoch 1, step 8 (the first run only): says so in OUT_DIR/holding-<task>, and waits for SIGTERM,
+        which then reaches the handler that was there (the trainer's BackupAndRestore's)."""
+
+        handles_fused_steps = True
+
+        def set_trainer_context(self, context):
+            self.context, self.held = context, False
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.held or (self.context.epoch, self.context.step) < (1, 8):
+                return
+            self.held, released = True, []
+            previous = signal.getsignal(signal.SIGTERM)
+
+            def release(signum, frame):
+                released.append(signum)
+                if callable(previous):
+                    previous(signum, frame)
+
+            signal.signal(signal.SIGTERM, release)
+            open(os.path.join(out, f"holding-{task}"), "w").close()
+            deadline = time.monotonic() + 120
+            while not released and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+    callbacks.append(Hold())
 
 
 class Replicas(keras.callbacks.Callback):

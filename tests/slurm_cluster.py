@@ -72,6 +72,7 @@ class Slurm:
             "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "MpiDefault=none",
             "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core", "ReturnToService=2",
             "SwitchType=switch/none", "JobAcctGatherType=jobacct_gather/none",
+            "SchedulerParameters=sched_interval=1",  # a queued job starts within a second, not a minute
             f"StateSaveLocation={folder / 'spool' / 'ctld'}", f"SlurmdSpoolDir={folder / 'spool' / 'd'}",
             f"SlurmctldPidFile={folder / 'slurmctld.pid'}", f"SlurmdPidFile={folder / 'slurmd.pid'}",
             f"SlurmctldLogFile={folder / 'log' / 'slurmctld.log'}", f"SlurmdLogFile={folder / 'log' / 'slurmd.log'}",

@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -93,6 +94,48 @@ def test_a_task_killed_mid_epoch_is_named_by_the_survivor_and_a_new_job_resumes(
     np.testing.assert_allclose(arrays["weights"], reference[1]["weights"], rtol=1e-5, atol=1e-7)
 
 
+def _until(ready, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < deadline, f"no {what} after {timeout} s"
+        time.sleep(0.2)
+
+
+def _state(slurm, job):
+    return subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], env=slurm.env, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def test_a_requeued_job_saves_on_sigterm_and_resumes_exactly(slurm, reference, tmp_path):
+    """A job submitted as examples/slurm/fashion_mnist.sbatch submits it (--requeue, a log appended to,
+    TRAINER_BACKUP_DIR): both tasks wait at epoch 1, step 8, as in a long run, and `scontrol requeue` (what a
+    preemption does) stops them. They save on SIGTERM; Slurm queues the job again, and the new run resumes
+    from that backup to the uninterrupted run's weights."""
+    log = tmp_path / "job.out"
+    job = tmp_path / "job.sbatch"
+    job.write_text("\n".join([
+        "#!/bin/bash", "#SBATCH --ntasks=2", "#SBATCH --requeue", "#SBATCH --open-mode=append",
+        f"#SBATCH --output={log}", f"export TRAINER_BACKUP_DIR={tmp_path / 'backup'}",
+        f"srun --kill-on-bad-exit=1 {sys.executable} {SCRIPT} {tmp_path} auto", ""]))
+    env = {**slurm.env, "TF_CPP_MIN_LOG_LEVEL": "2", "HOLD": "1"}
+    submitted = subprocess.run(["sbatch", "--parsable", str(job)], env=env, capture_output=True, text=True, cwd=TESTS)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip().split(";")[0]
+    _until(lambda: all((tmp_path / f"holding-worker{i}").exists() for i in (0, 1)), 120, "task at epoch 1, step 8")
+    subprocess.run(["scontrol", "requeue", job_id], env=env, check=True)
+    # Slurm keeps a requeued batch job from starting for about two minutes; the test lets it start at once.
+    _until(lambda: _state(slurm, job_id) == "PENDING", 60, "requeued job")
+    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env, check=True)
+    _until(lambda: not _state(slurm, job_id), 180, "end of the requeued job")
+    out = log.read_text()
+    assert "BackupAndRestore: SIGTERM received; backup saved at epoch 1, step 8." in out, out[-3000:]
+    assert "BackupAndRestore: resuming from epoch 1, step 8 (" in out, out[-3000:]
+    result, arrays = _load(tmp_path, "worker0")
+    assert result["epochs"] == [1]
+    np.testing.assert_allclose(arrays["weights"], reference[1]["weights"], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(arrays["predictions"], reference[1]["predictions"], rtol=1e-5, atol=1e-6)
+
+
 def test_srun_of_one_task_is_one_process(slurm, reference, tmp_path):
     proc = _srun(slurm, 1, tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -109,10 +152,12 @@ def test_the_examples_sbatch_script_trains_on_two_tasks(slurm, tmp_path):
                f"--output={log}", str(TESTS.parent / "examples" / "slurm" / "fashion_mnist.sbatch"),
                "--synthetic", "512", "--epochs", "1", "--out", str(tmp_path / "run")]
     env = {key: value for key, value in slurm.env.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
-    proc = subprocess.run(command, capture_output=True, text=True, env={**env, "PYTHON": sys.executable},
-                          timeout=300, cwd=TESTS.parent)
+    backup = tmp_path / "backup"
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=TESTS.parent,
+                          env={**env, "PYTHON": sys.executable, "TRAINER_BACKUP_DIR": str(backup)})
     out = log.read_text()
     assert proc.returncode == 0, proc.stderr + out[-3000:]
+    assert (backup / "fit-1").is_dir() and not os.listdir(backup / "fit-1")  # backed up, and gone once done
     assert out.count("Training plan") == 1 and "cluster        Slurm: 2 tasks on 1 node, chief task 0" in out
     assert "2 in sync over 2 worker(s)" in out and "Restored without a strategy: test accuracy" in out
     assert out.startswith("Training plan")  # nothing of TensorFlow's start-up, from either task
