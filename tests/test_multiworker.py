@@ -56,6 +56,38 @@ def test_two_workers_match_the_single_process_run(tmp_path, reference):
         assert [json.loads(line)["epoch"] for line in f] == [0, 1]
 
 
+def test_four_workers_match_the_single_process_run(tmp_path, reference):
+    """trainer-launch --workers 4: the last batch of 43 splits 11 + 11 + 11 + 10 over the workers."""
+    proc = _launch(tmp_path, workers=4, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "4 in sync over 4 worker(s)" in proc.stdout
+    results = [_load(tmp_path, f"worker{i}") for i in range(4)]
+    for result, arrays in results:
+        result.pop("is_chief")
+        assert result == results[0][0]
+        np.testing.assert_array_equal(arrays["weights"], results[0][1]["weights"])
+    assert_same_run(*results[0], reference)
+
+
+def test_four_nodes_match_the_single_process_run(tmp_path, reference):
+    """Four launchers as four nodes on localhost, one worker each (the chief on node 0)."""
+    outs, statuses = _nodes(tmp_path, nnodes="4", count=4, timeout=400)
+    assert statuses == [0, 0, 0, 0], "\n".join(out[-2000:] for out in outs)
+    assert "trainer-launch on 4 nodes (node 0 at localhost): 4 workers; chief: worker 0" in outs[0]
+    for i in range(4):
+        assert_same_run(*_load(tmp_path, f"worker{i}"), reference)
+
+
+def test_eight_replicas_in_one_process_match_the_single_device_run(tmp_path, reference):
+    """8 CPU replicas of one process: the last batch of 43 splits 6 + 6 + 6 + 5 x 5."""
+    proc = subprocess.run([sys.executable, SCRIPT, str(tmp_path), "mirrored"], capture_output=True, text=True,
+                          env={**ENV, "REPLICAS": "8"}, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result, arrays = _load(tmp_path, "single0")
+    assert result.pop("replicas") == 8
+    assert_same_run(result, arrays, reference)
+
+
 def test_a_dead_worker_stops_the_job_and_backup_resumes_it(tmp_path, reference):
     start = time.monotonic()
     proc = _launch(tmp_path, "backup", env={"KILL_TASK": "worker1"})
@@ -77,8 +109,8 @@ def test_a_dead_worker_stops_the_job_and_backup_resumes_it(tmp_path, reference):
     assert not (tmp_path / "files" / "backup" / "backup.npz").exists()
 
 
-def _nodes(out, *extra, env=None, timeout=240, nnodes="2", options=()):
-    """Two launchers on this machine acting as two nodes of one worker each; their outputs and statuses."""
+def _nodes(out, *extra, env=None, timeout=240, nnodes="2", options=(), count=2):
+    """`count` launchers on this machine acting as nodes of one worker each; their outputs and statuses."""
     from trainer.launch import free_ports
 
     port = free_ports(1)[0]
@@ -87,7 +119,7 @@ def _nodes(out, *extra, env=None, timeout=240, nnodes="2", options=()):
                                "multi_worker", *extra],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               env={**ENV, "TRAINER_RDZV_SECRET": "test-secret", **(env or {})})
-             for rank in (0, 1)]
+             for rank in range(count)]
     try:
         outs = [proc.communicate(timeout=timeout)[0] for proc in procs]
     finally:

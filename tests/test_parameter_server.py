@@ -56,6 +56,22 @@ def test_evaluation_is_exact_on_the_coordinator(results):
     np.testing.assert_allclose(ps["evaluate"]["accuracy"], np.mean(logits.argmax(axis=1) == y), rtol=1e-6)
 
 
+def test_three_workers_and_two_ps_tasks_count_every_step_and_evaluate_exactly(tmp_path, results):
+    """A larger parameter-server cluster (issue 40's scale): 3 workers and 2 ps tasks take every scheduled
+    step, and the coordinator's evaluation is exact for the weights it ends with."""
+    default, _, _ = results
+    proc = _run([sys.executable, "-m", "trainer.launch", "--workers", "3", "--ps", "2", SCRIPT,
+                 str(tmp_path / "ps.json"), "parameter_server", "first"], timeout=400)
+    assert "over 3 worker(s)" in proc.stdout
+    with open(tmp_path / "ps.json") as f:
+        ps = json.load(f)
+    assert ps["iterations"] == default["iterations"] == 4 * 32
+    logits = np.asarray(ps["logits"], dtype=np.float64)
+    x, y, _ = tiny_data(1003)
+    np.testing.assert_allclose(ps["evaluate"]["accuracy"], np.mean(logits.argmax(axis=1) == y), rtol=1e-6)
+    assert ps["evaluate"]["accuracy"] > 0.85
+
+
 def test_a_model_without_regularization_trains(results):
     default, ps, _ = results
     for run in (default, ps):
