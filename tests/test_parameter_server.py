@@ -135,7 +135,8 @@ def test_parameter_server_training_over_two_nodes(tmp_path, results):
     procs = [subprocess.Popen([sys.executable, "-m", "trainer.launch", "--nnodes", "2", "--node-rank", str(rank),
                                "--master-addr", "localhost", "--master-port", str(port), "--workers", "1",
                                "--ps", str(rank), SCRIPT, str(tmp_path / "ps.json"), "parameter_server"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env={**ENV, "TRAINER_RDZV_SECRET": "test-secret"})
              for rank in (0, 1)]
     try:
         outs = [proc.communicate(timeout=300)[0] for proc in procs]
