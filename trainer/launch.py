@@ -205,11 +205,6 @@ def _node_range(text: str) -> tuple[int, int]:
     return least, most
 
 
-def _node_range_text(nnodes: tuple[int, int]) -> str:
-    least, most = nnodes
-    return str(most) if least == most else f"{least}:{most}"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="trainer-launch", description=__doc__.split("\n")[0])
     parser.add_argument("--workers", type=_count("--workers", 1), default=None,
@@ -269,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for flag, value, default in (("--workers", args.workers, None), ("--nnodes", args.nnodes, (1, 1)),
                                      ("--max-restarts", args.max_restarts, 0)):
             if value != default:
-                shown = _node_range_text(value) if flag == "--nnodes" else value
+                shown = rendezvous.nodes_text(value) if flag == "--nnodes" else value
                 parser.error(f"under srun, the step's {step.num_tasks} tasks are the cluster. Received: {flag} "
                              f"{shown}. Drop {flag} (choose the tasks with srun -n and -N, and restarts with "
                              "sbatch --requeue), keep --ps if you want it.")
@@ -281,7 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          f"--node-addr {args.node_addr!r}. Pass --nnodes N on every machine, or drop them to train "
                          "on this one.")
         return run(command, workers=args.workers or 2, ps=args.ps, max_restarts=args.max_restarts)
-    shown = _node_range_text(args.nnodes)
+    shown = rendezvous.nodes_text(args.nnodes)
     if args.node_rank >= most:
         parser.error(f"--node-rank must be 0 to {most - 1} (--nnodes {shown}). Received: --node-rank "
                      f"{args.node_rank}. Give each machine its own rank; node 0 serves the rendezvous.")

@@ -314,7 +314,8 @@ def _origin(nodes: int, master_addr: str, cluster: dict[str, list[str]], round_:
     return text
 
 
-def _nodes_text(nnodes) -> str:
+def nodes_text(nnodes) -> str:
+    """--nnodes as given: "2", or "1:2" for (least, most) nodes."""
     least, most = nnodes
     return str(most) if least == most else f"{least}:{most}"
 
@@ -346,8 +347,8 @@ def _arrival(channel: Channel, nnodes: tuple[int, int], max_restarts: int, nodes
         channel.close()
         raise RendezvousError(why)
     if tuple(hello["nnodes"]) != tuple(nnodes):
-        why = (f"node {rank} was started with --nnodes {_nodes_text(hello['nnodes'])} and node 0 with --nnodes "
-               f"{_nodes_text(nnodes)}. Start every node with the same --nnodes.")
+        why = (f"node {rank} was started with --nnodes {nodes_text(hello['nnodes'])} and node 0 with --nnodes "
+               f"{nodes_text(nnodes)}. Start every node with the same --nnodes.")
         channel.send({"error": why})
         channel.close()
         raise RendezvousError(why)
