@@ -17,6 +17,7 @@ from trainer.scaling import rescale_learning_rate, unscaled_learning_rate
 
 from ._cluster import ContextAware, replace_or_explain, writable_dir
 from ._paths import checked_frequency, checked_path
+from ._preemption import SaveStep
 from .checkpoint import weights_are_finite
 
 BACKUP = "backup.npz"
@@ -56,6 +57,8 @@ class BackupAndRestore(ContextAware):
     ends with the same weights as an uninterrupted one. Each backup replaces
     the previous one atomically. On SIGTERM (a preemption notice) a backup is
     saved at the next step boundary and the process exits with status 143.
+    Across workers, a SIGTERM to any of them makes every worker save the same
+    step and exit: the first told names the next boundary (`_preemption.py`).
     When training completes, the backup is removed.
 
     Needs `Trainer.fit`, which resumes through its `TrainContext`; for a plain
@@ -82,6 +85,8 @@ class BackupAndRestore(ContextAware):
         self.handle_sigterm = handle_sigterm
         self._preempted = False
         self._previous_handler = None
+        self._save_step = None  # across workers: the boundary all of them save at on a SIGTERM
+        self._boundary = 0  # batch ends and epoch ends so far in this fit
 
     @property
     def path(self) -> str:
@@ -95,9 +100,10 @@ class BackupAndRestore(ContextAware):
                 "`callbacks.BackupAndRestore` resumes through Trainer.fit and can't resume a plain "
                 "Model.fit. Use it with Trainer.fit, or use keras.callbacks.BackupAndRestore."
             )
-        self._preempted = False
+        self._preempted, self._boundary = False, 0
         if self.handle_sigterm and threading.current_thread() is threading.main_thread():
             self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._save_step = SaveStep.for_context(self.context)
         if os.path.exists(self.path):
             state = self._restore()
             epoch, step = state["epoch"], state["step"]
@@ -112,7 +118,8 @@ class BackupAndRestore(ContextAware):
         if self.save_freq != "epoch" and step // self.save_freq > self._saved_block and _finite_loss(logs):
             self._saved_block = step // self.save_freq
             self._save(epoch, step)
-        if self._preempted:
+        self._boundary += 1
+        if self._stops_here():
             self._exit_preempted(epoch, step)
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -122,7 +129,8 @@ class BackupAndRestore(ContextAware):
         if not _finite_loss(logs):  # stopped by NanGuard: the weights it restored are from mid-epoch
             return
         self._save(epoch + 1, 0)
-        if self._preempted:
+        self._boundary += 1
+        if self._stops_here():
             self._exit_preempted(epoch + 1, 0)
 
     def on_train_end(self, logs=None):
@@ -144,11 +152,24 @@ class BackupAndRestore(ContextAware):
     def _on_sigterm(self, signum, frame):
         self._preempted = True  # acted on at the next step boundary, where the state is consistent
 
+    def _stops_here(self) -> bool:
+        """Whether training stops at this boundary for a SIGTERM: this task's own, or, across workers, any
+        worker's, at the boundary they agreed on (`_preemption.SaveStep`)."""
+        agreement = self._save_step
+        if agreement is None:
+            return self._preempted
+        if agreement.due(self._boundary):
+            return True
+        if self._preempted and agreement.target is None:
+            return agreement.propose(self._boundary) is None  # a worker is gone: save here, as alone
+        return False
+
     def _exit_preempted(self, epoch: int, step: int):
         self._save(epoch, step)
         self._restore_handler()
         if self.context.is_chief:
-            print(f"BackupAndRestore: SIGTERM received; backup saved at epoch {epoch}, step {step}. "
+            told = "SIGTERM received" if self._preempted else "SIGTERM received by another worker"
+            print(f"BackupAndRestore: {told}; backup saved at epoch {epoch}, step {step}. "
                   "Re-run the same command to resume.", flush=True)
         raise SystemExit(128 + signal.SIGTERM)
 
@@ -156,6 +177,9 @@ class BackupAndRestore(ContextAware):
         if self._previous_handler is not None:
             signal.signal(signal.SIGTERM, self._previous_handler)
             self._previous_handler = None
+        if self._save_step is not None:
+            self._save_step.close()
+            self._save_step = None
 
     def _save(self, epoch: int, step: int) -> None:
         if not weights_are_finite(self.model):

@@ -1,12 +1,14 @@
 """Trains the equivalence problem under one device layout and saves what each task saw.
 
-Usage: python multiworker_run.py OUT_DIR STRATEGY [backup]
+Usage: python multiworker_run.py OUT_DIR STRATEGY [backup | epoch-backup]
 Run once without TF_CONFIG for the single-process reference, or under
 trainer-launch for the multi-worker run. Environment: REPLICAS (CPU replicas
 of a single process), KILL_TASK or KILL_NODE (a task, e.g. worker1, whose
-process or launcher dies at epoch 1, step 8), HOLD (every task waits at epoch 1,
-step 8 for SIGTERM, unless Slurm restarted the job), EPOCHS (default 2). Each task writes OUT_DIR/task<id>.npz
-and OUT_DIR/task<id>.json; chief-only files go to OUT_DIR/files.
+process or launcher dies at epoch 1, step 8), TERM_TASK (a task sent SIGTERM
+at step 4), HOLD (every task waits at epoch 1, step 8 for SIGTERM, unless
+Slurm restarted the job), EPOCHS (default 2). Each task writes
+OUT_DIR/task<id>.npz and OUT_DIR/task<id>.json; chief-only files go to
+OUT_DIR/files.
 """
 
 import json
@@ -38,23 +40,30 @@ x, y, w = tiny_data(1003)
 callbacks = [JSONLogger(os.path.join(files, "log.jsonl")), ModelCheckpoint(os.path.join(files, "ckpt"))]
 if "backup" in sys.argv[3:]:
     callbacks.append(BackupAndRestore(os.path.join(files, "backup"), save_freq=4))
+if "epoch-backup" in sys.argv[3:]:  # backups at epoch ends only, and where a SIGTERM stops training
+    callbacks.append(BackupAndRestore(os.path.join(files, "backup")))
 info = cluster_info()
 task = f"{info.task_type or 'single'}{info.task_id}"
-if task in (os.environ.get("KILL_TASK"), os.environ.get("KILL_NODE")):  # at epoch 1, step 8: a crash
+if task in (os.environ.get("KILL_TASK"), os.environ.get("KILL_NODE"), os.environ.get("TERM_TASK")):
     import signal
 
-    # KILL_TASK: the worker dies. KILL_NODE: its launcher dies, and the worker with it: a machine gone.
-    victim = os.getpid() if os.environ.get("KILL_TASK") == task else os.getppid()
+    # At epoch 1, step 8. KILL_TASK: the worker dies. KILL_NODE: its launcher dies, and the worker with it: a
+    # machine gone. TERM_TASK, at step 4: the worker alone is told to stop (SIGTERM), as a preempted machine's
+    # would be; it acts on it at the next boundary, step 8, where it names the one after (step 12).
+    victim = os.getppid() if os.environ.get("KILL_NODE") == task else os.getpid()
+    signum = signal.SIGTERM if os.environ.get("TERM_TASK") == task else signal.SIGKILL
+    at = (1, 4) if signum == signal.SIGTERM else (1, 8)
 
     class Die(keras.callbacks.Callback):
         handles_fused_steps = True
 
         def set_trainer_context(self, context):
-            self.context = context
+            self.context, self.sent = context, False
 
         def on_train_batch_end(self, batch, logs=None):
-            if (self.context.epoch, self.context.step) >= (1, 8):
-                os.kill(victim, signal.SIGKILL)
+            if not self.sent and (self.context.epoch, self.context.step) >= at:
+                self.sent = True
+                os.kill(victim, signum)
 
     callbacks.append(Die())
 if os.environ.get("HOLD") and not os.environ.get("SLURM_RESTART_COUNT"):  # a long run, which a scheduler stops

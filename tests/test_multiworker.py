@@ -109,6 +109,26 @@ def test_a_dead_worker_stops_the_job_and_backup_resumes_it(tmp_path, reference):
     assert not (tmp_path / "files" / "backup" / "backup.npz").exists()
 
 
+def test_a_sigterm_to_one_worker_makes_every_worker_save_the_same_step(tmp_path, reference):
+    """Worker 1 alone is told to stop (at step 4; it acts at the boundary of step 8). It names the next
+    boundary, step 12, through the coordination service; both workers save there, the chief writing the
+    backup although it got no signal, and leave with 143. Alone, worker 1 would leave at step 8 and the
+    chief would fail in the next all-reduce with nothing saved since the epoch's start."""
+    proc = _launch(tmp_path, "epoch-backup", env={"TERM_TASK": "worker1"})
+    assert proc.returncode == 143, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert ("BackupAndRestore: SIGTERM received by another worker; backup saved at epoch 1, step 12."
+            in proc.stdout), proc.stdout[-3000:]
+    assert "exit status 143" in proc.stdout and "exit status 1 " not in proc.stdout, proc.stdout[-3000:]
+
+    resumed = subprocess.run([sys.executable, SCRIPT, str(tmp_path), "mirrored", "epoch-backup"],
+                             capture_output=True, text=True, env={**ENV, "REPLICAS": "2"}, timeout=240)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "BackupAndRestore: resuming from epoch 1, step 12 (" in resumed.stdout, resumed.stdout[-3000:]
+    result, arrays = _load(tmp_path, "single0")
+    np.testing.assert_allclose(arrays["weights"], reference[1]["weights"], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(arrays["predictions"], reference[1]["predictions"], rtol=1e-5, atol=1e-6)
+
+
 def _nodes(out, *extra, env=None, timeout=240, nnodes="2", options=(), count=2):
     """`count` launchers on this machine acting as nodes of one worker each; their outputs and statuses."""
     from trainer.launch import free_ports

@@ -109,8 +109,9 @@ def _state(slurm, job):
 def test_a_requeued_job_saves_on_sigterm_and_resumes_exactly(slurm, reference, tmp_path):
     """A job submitted as examples/slurm/fashion_mnist.sbatch submits it (--requeue, a log appended to,
     TRAINER_BACKUP_DIR): both tasks wait at epoch 1, step 8, as in a long run, and `scontrol requeue` (what a
-    preemption does) stops them. They save on SIGTERM; Slurm queues the job again, and the new run resumes
-    from that backup to the uninterrupted run's weights."""
+    preemption does) stops them. On SIGTERM they agree to save at the next step boundary, step 12 (no
+    worker can be past it); Slurm queues the job again, and the new run resumes from that backup to the
+    uninterrupted run's weights."""
     log = tmp_path / "job.out"
     job = tmp_path / "job.sbatch"
     job.write_text("\n".join([
@@ -128,8 +129,8 @@ def test_a_requeued_job_saves_on_sigterm_and_resumes_exactly(slurm, reference, t
     subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env, check=True)
     _until(lambda: not _state(slurm, job_id), 180, "end of the requeued job")
     out = log.read_text()
-    assert "BackupAndRestore: SIGTERM received; backup saved at epoch 1, step 8." in out, out[-3000:]
-    assert "BackupAndRestore: resuming from epoch 1, step 8 (" in out, out[-3000:]
+    assert "BackupAndRestore: SIGTERM received; backup saved at epoch 1, step 12." in out, out[-3000:]
+    assert "BackupAndRestore: resuming from epoch 1, step 12 (" in out, out[-3000:]
     result, arrays = _load(tmp_path, "worker0")
     assert result["epochs"] == [1]
     np.testing.assert_allclose(arrays["weights"], reference[1]["weights"], rtol=1e-5, atol=1e-7)
