@@ -49,9 +49,9 @@ UNEVEN = ["class_weighted_loss", "activity_regularizer", "add_loss_mean", "maski
           "embedding_mask_zero_xla", *RANDOM]
 # (replicas in each process, how the processes run): "" one process; "accelerator" one process whose CPU
 # replicas read as GPUs and TPUs do (TensorFlow's distributed iterator: TRAINER_ACCELERATOR_READER=1);
-# "workers" two processes under trainer-launch, each with its replicas ("workers-accelerator": reading as
-# GPUs do). Eight replicas take a batch of 8 as 1 each; the last batch of 5 is computed whole by every
-# replica, and each counts its own row of it (three count none).
+# "workers" two processes under trainer-launch, each with its replicas ("workers-accelerator": 2 replicas
+# each, reading as GPUs do: two machines of 2 GPUs). Eight replicas take a batch of 8 as 1 each; the last
+# batch of 5 is computed whole by every replica, and each counts its own row of it (three count none).
 # Through the accelerator reader: every input form, masks, an Embedding, the model's own steps, and the rest.
 ACCELERATOR = ["dense_l2_mae", "batched_dataset", "batched_dataset_drop_remainder", "generator", "pydataset_workers",
                "string_dataset", "dict_inputs_by_key", "class_weight", "validation_split",
@@ -62,7 +62,7 @@ ACCELERATOR = ["dense_l2_mae", "batched_dataset", "batched_dataset_drop_remainde
 SMALL_LAST_BATCH = ["dropout_noise_layers", "mixed_random_and_batch_norm", "batch_norm_own_train_step"]
 LAYOUTS = {(1, ""): ALL, (2, ""): ALL, (3, ""): UNEVEN, (8, ""): RANDOM, (2, "accelerator"): ACCELERATOR,
            (3, "accelerator"): [c for c in ACCELERATOR if c in UNEVEN], (8, "accelerator"): SMALL_LAST_BATCH,
-           (1, "workers"): RANDOM, (1, "workers-accelerator"): [*RANDOM, "embedding_mask_zero_tagger",
+           (1, "workers"): RANDOM, (2, "workers-accelerator"): [*RANDOM, "embedding_mask_zero_tagger",
                                                                  "batched_dataset"]}
 if os.environ.get("PARITY_LAYOUTS") == "core":  # the oldest versions' tier (.ci/oldest): one process, 1-3 replicas
     LAYOUTS = {layout: cases for layout, cases in LAYOUTS.items() if layout[0] <= 3 and not layout[1]}
@@ -114,7 +114,7 @@ def results(tmp_path_factory):
 def _layout_id(layout: tuple[int, str]) -> str:
     replicas, how = layout
     if "workers" in how:
-        return "2workers" + how[len("workers"):]
+        return f"2workers-x{replicas}" + how[len("workers"):]
     return f"{replicas}replicas" + (f"-{how}" if how else "")
 
 
@@ -124,7 +124,7 @@ def _layout_id(layout: tuple[int, str]) -> str:
 def test_trainer_fit_gives_model_fit_numbers(results, layout, case):
     if case in KERAS_BUGS and KERAS < KERAS_BUGS[case][0]:
         pytest.skip(f"Keras {keras.version()}: {KERAS_BUGS[case][1]}")
-    replicas = 2 if "workers" in layout[1] else layout[0]
+    replicas = layout[0] * (2 if "workers" in layout[1] else 1)
     reference, result = results[(1, "")][case], results[layout][case]
     assert "error" not in reference, reference.get("error")
     assert "error" not in result, result.get("error")

@@ -56,15 +56,17 @@ def test_two_workers_match_the_single_process_run(tmp_path, reference):
         assert [json.loads(line)["epoch"] for line in f] == [0, 1]
 
 
-def test_four_workers_match_the_single_process_run(tmp_path, reference):
-    """trainer-launch --workers 4: the last batch of 43 splits 11 + 11 + 11 + 10 over the workers."""
-    proc = _launch(tmp_path, workers=4, timeout=400)
+def test_four_workers_of_two_replicas_match_the_single_process_run(tmp_path, reference):
+    """trainer-launch --workers 4, each worker with 2 logical CPUs (2 GPUs per machine, simulated): 8 replicas
+    in sync, and the last batch of 43 splits 6 + 6 + 6 + 5 x 5 over them."""
+    proc = _launch(tmp_path, workers=4, env={"REPLICAS": "2"}, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "4 in sync over 4 worker(s)" in proc.stdout
+    assert "8 in sync over 4 worker(s)" in proc.stdout
+    assert "43 examples (3 replica(s) get 6, 5 get 5)" in proc.stdout
     results = [_load(tmp_path, f"worker{i}") for i in range(4)]
     for result, arrays in results:
         result.pop("is_chief")
-        assert result == results[0][0]
+        assert result.pop("replicas") == 8
         np.testing.assert_array_equal(arrays["weights"], results[0][1]["weights"])
     assert_same_run(*results[0], reference)
 

@@ -179,8 +179,9 @@ def _multi_worker(communication: str = "auto", timeout_seconds: float | None = D
         implementation=_COMMUNICATION[communication], timeout_seconds=timeout_seconds
     )
     try:
-        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=_slurm_resolver(),
-                                                         communication_options=options)
+        with _compat.worker_cpu_replicas():  # a worker's logical CPUs are replicas, as under MirroredStrategy
+            return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=_slurm_resolver(),
+                                                             communication_options=options)
     except RuntimeError as err:
         if "program startup" not in str(err):
             raise
