@@ -76,21 +76,21 @@ def traced_as(variant: str):
     elif variant == "barrier_only":
         from trainer import _compat
 
-        hooks = _compat._HOOKS  # per-replica statistics, through one in-process sum each way per layer
-        _compat._HOOKS = tuple((key, owner, name, _barrier_only if key == "moments_sync" else replacement)
+        hooks = _compat.replicas._HOOKS  # per-replica statistics, through one in-process sum each way per layer
+        _compat.replicas._HOOKS = tuple((key, owner, name, _barrier_only if key == "moments_sync" else replacement)
                                for key, owner, name, replacement in hooks)
         try:
             yield
         finally:
-            _compat._HOOKS = hooks
+            _compat.replicas._HOOKS = hooks
     elif variant == "collective":
         from trainer import _compat
 
-        _compat._IN_PROCESS_SUM = False  # the statistics through the strategy's all-reduce, as on GPUs
+        _compat.replicas._IN_PROCESS_SUM = False  # the statistics through the strategy's all-reduce, as on GPUs
         try:
             yield
         finally:
-            _compat._IN_PROCESS_SUM = True
+            _compat.replicas._IN_PROCESS_SUM = True
     elif variant == "global_draw":
         draws._COUNTER = False  # every per-example draw takes the global batch's numbers
         try:
@@ -109,10 +109,10 @@ def _barrier_only(x, axes, keepdims):
     from trainer import _compat
 
     mean, variance = tf.nn.moments(x, axes, keepdims=keepdims)
-    context = _compat._replicas()
+    context = _compat.replicas._replicas()
     if context is None:
         return mean, variance
-    return mean + 0.0 * _compat._weighed_sum(context, mean, None), variance
+    return mean + 0.0 * _compat.replicas._weighed_sum(context, mean, None), variance
 
 
 def step_call(strategy, x, y, model: str, variant: str):

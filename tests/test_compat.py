@@ -1,4 +1,4 @@
-"""trainer/_compat.py: Keras's own functions are back in place after the trainer traces a step."""
+"""trainer/_compat/: Keras's own functions are back in place after the trainer traces a step."""
 
 import keras
 import numpy as np

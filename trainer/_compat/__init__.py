@@ -1,0 +1,84 @@
+"""The private Keras and TensorFlow attributes the trainer reads, one module per internal it depends on.
+
+Each names the versions it was checked on (the supported range is setup.cfg's,
+tested at both ends by CI); each has a fallback or fails with a message that
+names it, so a release that moves one breaks here, not somewhere in a step
+function. The rest of the trainer imports them from here (`_compat.name`):
+
+- `replicas`: Keras's replica scaling of losses and gradients, its optimizer's
+  clipping and accumulation, synchronized BatchNormalization's statistics
+  (hooked while a step is traced);
+- `sharded`: ParameterServerStrategy's ShardedVariable;
+- `variables`: the tf.Variable behind a Keras variable, the optimizer's strategy
+  and indices, a model's state;
+- `compiled`: Keras's compiled loss and metrics, metric variables across replicas;
+- `random_state`: Keras's global seed state and its TensorFlow random functions;
+- `activity`: activity regularizers, a mean or a sum over the batch by version;
+- `dict_inputs`: how Keras takes a dict of data for a model's inputs;
+- `adapters`: Keras's data adapters (generators, PyDataset, grain), tf.data's
+  shuffles;
+- `keras_methods`: Keras's backend fit, evaluate and predict, routed to the
+  trainer's engine;
+- `strategies`: MirroredStrategy's collective keys, MultiWorkerMirroredStrategy's
+  devices on a CPU worker;
+- `coordination`: the coordination service's key-value store;
+- `onednn`, `slurm`, `masks`, `version`: oneDNN's state, Slurm's host lists,
+  Keras masks, Keras's version.
+"""
+
+from __future__ import annotations
+
+from .version import KERAS_VERSION  # noqa: F401
+from .masks import get_keras_mask, set_keras_mask  # noqa: F401
+from .slurm import expand_hostlist, expand_tasks_per_node  # noqa: F401
+from .variables import (  # noqa: F401
+    all_layers,
+    backing,
+    build_model_only,
+    forget_traced_functions,
+    model_state,
+    optimizer_strategy,
+    reindex,
+    schedule_of,
+    set_backing,
+    set_optimizer_strategy,
+    step_counter,
+)
+from .compiled import (  # noqa: F401
+    compile_loss,
+    compile_metrics,
+    compiled_metric_list,
+    compiled_specs,
+    compute_loss,
+    loss_tracker,
+    metric_variables_on_read,
+    requested_initial_epoch,
+    results_recorded,
+    symbolic_build,
+)
+from .sharded import gradients, is_sharded  # noqa: F401
+from .replicas import needs_one_apply, replica_hooks, replica_hooks_supported, replica_share  # noqa: F401
+from .random_state import (  # noqa: F401
+    RANDOM_FUNCTIONS,
+    global_random_state_kept,
+    keras_random_module,
+    keras_seed,
+    noise_shape,
+    seeded,
+)
+from .activity import ACTIVITY_SUMS, activity_layers, activity_share  # noqa: F401
+from .dict_inputs import DictFeed, dict_feed  # noqa: F401
+from .adapters import (  # noqa: F401
+    KerasView,
+    adapter_warnings,
+    dataset_shuffles,
+    declared_batch_size,
+    first_batch,
+    is_grain_dataset,
+    keras_adapter,
+    keras_view,
+)
+from .keras_methods import KERAS_METHODS, keras_methods_hooked  # noqa: F401
+from .onednn import onednn_enabled  # noqa: F401
+from .strategies import collective_group_keys, collective_key_base, worker_cpu_replicas  # noqa: F401
+from .coordination import cluster_key, cluster_store_running, put_cluster_key  # noqa: F401

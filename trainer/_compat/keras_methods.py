@@ -1,0 +1,80 @@
+"""Keras's own fit, evaluate and predict, routed to the trainer's engine while a trainer call runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import threading
+from typing import Callable
+
+
+# Keras's own fit, evaluate and predict ---------------------------------------------
+#
+# `Trainer.fit(model, ...)` calls `model.fit(...)`, so that what a model's class
+# overrides (a KerasHub task's preprocessing) and what a library patches onto
+# `keras.Model.fit` (MLflow's autologging) still run; where that chain reaches
+# Keras's backend method, the trainer's engine takes over (trainer/route.py).
+# The backend methods are `TensorFlowTrainer.fit`, `evaluate` and `predict`
+# (keras/src/backend/tensorflow/trainer.py, 3.8-3.15; with `train_on_batch` and its kin, which
+# the route refuses), the first three wrapped by
+# `traceback_utils.filter_traceback`, whose closure holds the method itself. A
+# patch such as MLflow's keeps the wrapper it found, so the hook goes inside
+# it: the closure's cell gets the dispatcher, and every holder of the wrapper
+# reaches it. Where the wrapper is not there, the class attribute is replaced
+# instead (a patch made before then keeps Keras's own method). Hooked only
+# while a trainer call or `Trainer.distribute()` is under way, then put back.
+
+try:
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer as _TFTrainer
+except ImportError:  # pragma: no cover - no TensorFlow backend: nothing to route
+    _TFTrainer = None
+
+# fit, evaluate, predict, and the per-batch methods a model's own loop could call instead
+KERAS_METHODS = ("fit", "evaluate", "predict", "train_on_batch", "test_on_batch", "predict_on_batch")
+_hook_lock = threading.Lock()
+_hook_users = 0
+_unhook: list[Callable[[], None]] = []
+
+
+def _hook_one(name: str, dispatch: Callable) -> Callable[[], None]:
+    """Points Keras's backend method `name` at `dispatch(name, method, model, args, kwargs)`; returns the undo."""
+    wrapper = _TFTrainer.__dict__[name]
+    cells = [cell for cell in (getattr(wrapper, "__closure__", None) or ())
+             if inspect.isfunction(cell.cell_contents) and cell.cell_contents.__name__ == name]
+
+    def hooked_for(method):
+        @functools.wraps(method)
+        def hooked(self, *args, **kwargs):
+            return dispatch(name, method, self, args, kwargs)
+        return hooked
+
+    if len(cells) == 1:
+        cell, method = cells[0], cells[0].cell_contents
+        cell.cell_contents = hooked_for(method)
+        return lambda: setattr(cell, "cell_contents", method)
+    setattr(_TFTrainer, name, hooked_for(wrapper))
+    return lambda: setattr(_TFTrainer, name, wrapper)
+
+
+@contextlib.contextmanager
+def keras_methods_hooked(dispatch: Callable):
+    """While inside (on any thread), Keras's own `fit`, `evaluate` and `predict` on the TensorFlow backend call
+    `dispatch(name, keras_method, model, args, kwargs)` instead; nested and concurrent uses share one hook."""
+    global _hook_users
+    if _TFTrainer is None:  # pragma: no cover
+        yield
+        return
+    with _hook_lock:
+        if _hook_users == 0:
+            _unhook[:] = [_hook_one(name, dispatch) for name in KERAS_METHODS]
+        _hook_users += 1
+    try:
+        yield
+    finally:
+        with _hook_lock:
+            _hook_users -= 1
+            if _hook_users == 0:
+                while _unhook:
+                    _unhook.pop()()

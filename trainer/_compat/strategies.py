@@ -1,0 +1,83 @@
+"""MirroredStrategy's collective group keys, and MultiWorkerMirroredStrategy's devices on a CPU worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import tensorflow as tf
+
+@contextlib.contextmanager
+def collective_key_base(base: int):
+    """MirroredStrategies made inside number their collective group keys from `base`.
+
+    `MirroredStrategy._collective_key_base`, the class attribute TensorFlow's own
+    tests set (2.4-2.21); a TensorFlow without it builds strategies as usual.
+    """
+    cls = tf.distribute.MirroredStrategy
+    previous = getattr(cls, "_collective_key_base", 0)
+    cls._collective_key_base = base
+    try:
+        yield
+    finally:
+        cls._collective_key_base = previous
+
+
+def collective_group_keys(strategy: tf.distribute.Strategy) -> dict[int, str]:
+    """Group key -> the devices it reduces over, for the keys a MirroredStrategy's collectives took so far.
+
+    `extended._cross_device_ops` and `extended._collective_keys._known_groups`
+    (2.4-2.21); empty where they are missing, or where the strategy reduces
+    without collectives (ReductionToOneDevice).
+    """
+    if not isinstance(strategy, tf.distribute.MirroredStrategy):
+        return {}
+    extended = strategy.extended
+    if type(getattr(extended, "_cross_device_ops", None)).__name__ != "CollectiveAllReduce":
+        return {}
+    known = getattr(getattr(extended, "_collective_keys", None), "_known_groups", None) or {}
+    return {key: devices for devices, key in known.items()}
+
+
+try:  # tensorflow/python/distribute/collective_all_reduce_strategy.py (2.18-2.21, checked 2026-11-26)
+    from tensorflow.python.distribute.collective_all_reduce_strategy import (
+        CollectiveAllReduceExtended as _CollectiveExtended,
+    )
+except ImportError:  # pragma: no cover - then a CPU worker keeps TensorFlow's one replica
+    _CollectiveExtended = None
+
+
+def _own_cpu_count(worker_device: str) -> int:
+    """The logical CPUs of the task `worker_device` names ("/job:worker/task:1"; "" for a process alone)."""
+    here = tf.DeviceSpec.from_string(worker_device or "/job:localhost")
+    specs = [tf.DeviceSpec.from_string(d.name) for d in tf.config.list_logical_devices("CPU")]
+    return sum(1 for spec in specs if here.job in (spec.job, None) and here.task in (spec.task, None))
+
+
+@contextlib.contextmanager
+def worker_cpu_replicas():
+    """MultiWorkerMirroredStrategies made inside give a worker without GPUs one replica per logical CPU of its own.
+
+    `CollectiveAllReduceExtended._initialize_local_devices(cluster_resolver, worker_device)` -> (devices, kind)
+    gives a CPU worker one device, whatever logical devices its process has, where MirroredStrategy gives one
+    replica per logical CPU. With it, workers that each configure N logical CPUs (several GPUs per worker,
+    simulated on CPU) run N replicas each. Like TensorFlow's GPU count, N must be the same on every worker.
+    Once the worker's server runs, the logical devices listed are the whole cluster's: only this task's count.
+    """
+    original = getattr(_CollectiveExtended, "_initialize_local_devices", None)
+    if original is None:  # pragma: no cover
+        yield
+        return
+
+    def local_devices(self, cluster_resolver, worker_device):
+        devices, kind = original(self, cluster_resolver, worker_device)
+        count = _own_cpu_count(worker_device)
+        if kind != "CPU" or count < 2:
+            return devices, kind
+        return tuple(f"{worker_device}/device:CPU:{i}" for i in range(count)), kind
+
+    _CollectiveExtended._initialize_local_devices = local_devices
+    try:
+        yield
+    finally:
+        _CollectiveExtended._initialize_local_devices = original

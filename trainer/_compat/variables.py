@@ -1,0 +1,139 @@
+"""A model's state, and the variables behind it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from .compiled import compile_loss, compile_metrics, loss_tracker
+
+# A model's state, and the variables behind it ------------------------------------
+#
+# A Keras variable on the TensorFlow backend is a handle on a backing
+# `tf.Variable`, its `_value` (keras/src/backend/tensorflow/core.py,
+# `Variable._initialize`; 3.8-3.15), which is what step functions capture and
+# what tf.distribute distributes. `trainer.placement` swaps it to move a model
+# into a strategy's scope. Keras's TF optimizer remembers the strategy it was
+# made under (`TFOptimizer._distribution_strategy`) and updates variables
+# through it, and indexes its variables by the backing variable
+# (`_var_key`, `_trainable_variables_indices`; 3.8-3.15).
+
+
+def backing(variable: keras.Variable) -> Any:
+    """The `tf.Variable` behind a Keras variable (None before it is initialized)."""
+    return getattr(variable, "_value", None)
+
+
+def set_backing(variable: keras.Variable, value: tf.Variable) -> None:
+    variable._value = value
+
+
+def optimizer_strategy(optimizer: Any) -> Any:
+    """The strategy a Keras optimizer updates variables through (None for a non-TF optimizer)."""
+    return getattr(optimizer, "_distribution_strategy", None)
+
+
+def set_optimizer_strategy(optimizer: Any, strategy: tf.distribute.Strategy) -> None:
+    if hasattr(optimizer, "_distribution_strategy"):
+        optimizer._distribution_strategy = strategy
+
+
+def schedule_of(optimizer: Any) -> Any:
+    """The schedule object an optimizer was given (`learning_rate` reads its current value instead)."""
+    return optimizer._learning_rate
+
+
+def reindex(optimizer: Any) -> None:
+    """Rebuilds the optimizer's index of its variables, which is keyed by their backing variables."""
+    variables = getattr(optimizer, "_trainable_variables", None)
+    index = getattr(optimizer, "_trainable_variables_indices", None)
+    if variables is None or index is None or not getattr(optimizer, "built", False):
+        return
+    index.clear()
+    for i, variable in enumerate(variables):
+        index[optimizer._var_key(variable)] = i
+
+
+def forget_traced_functions(model: keras.Model) -> None:
+    """Drops the functions Keras's own fit, evaluate and predict traced: they captured the backing variables."""
+    for layer in all_layers(model):
+        for name in ("train_function", "test_function", "predict_function"):
+            if getattr(layer, name, None) is not None:
+                setattr(layer, name, None)
+
+
+def model_state(model: keras.Model) -> tuple[list, list]:
+    """(every Keras variable the model holds, every optimizer it holds), each once, in a fixed order.
+
+    The layers' weights and seed states, the metrics' variables (compiled ones,
+    the loss tracker, a layer's own), and every optimizer's: `model.optimizer`
+    and any other one that the model or one of its layers holds as an
+    attribute, alone or in a list or dict (a GAN's two).
+    """
+    optimizers: list = []
+    variables: dict[int, Any] = {}
+
+    def add_optimizer(optimizer):
+        if optimizer is not None and all(optimizer is not o for o in optimizers):
+            optimizers.append(optimizer)
+            add_optimizer(getattr(optimizer, "inner_optimizer", None))
+
+    def add(values):
+        for v in values:
+            if isinstance(v, keras.Variable):
+                variables.setdefault(id(v), v)
+
+    add(model.variables)
+    metrics = list(model.metrics)
+    for layer in all_layers(model):
+        metrics += list(getattr(layer, "_metrics", None) or [])  # tracked, even where `metrics` is overridden
+    metrics += [m for m in (loss_tracker(model), compile_metrics(model)) if m is not None]
+    metrics += list(getattr(compile_loss(model), "metrics", None) or [])
+    for metric in metrics:
+        add(metric.variables)
+    add_optimizer(getattr(model, "optimizer", None))
+    for layer in all_layers(model):
+        for value in vars(layer).values():
+            for item in _held(value):
+                if isinstance(item, keras.optimizers.Optimizer):
+                    add_optimizer(item)
+    for optimizer in optimizers:
+        add(optimizer.variables)
+    return list(variables.values()), optimizers
+
+
+def _held(value: Any) -> list:
+    """What an attribute holds: the items of a list, tuple or dict, else the value itself."""
+    if isinstance(value, dict):
+        return list(value.values())
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def build_model_only(model: keras.Model, x: Any) -> None:
+    """Creates the model's own variables from the shapes of `x`, symbolically (no op runs), as
+    `Model._symbolic_build` does."""
+    from keras.src import backend as _backend  # keras/src/backend (3.0-3.15): compute_output_spec
+
+    def symbolic(t):
+        return None if t is None else keras.KerasTensor(t.shape, keras.backend.standardize_dtype(t.dtype))
+
+    _backend.compute_output_spec(model, keras.tree.map_structure(symbolic, x), training=False)
+
+
+def step_counter(optimizer) -> Any:
+    """The variable that counts `apply` calls; `optimizer.iterations` divides it by the accumulation steps."""
+    return getattr(optimizer, "_iterations", optimizer.iterations)
+
+
+def all_layers(model: keras.Model) -> list:
+    """The model and every layer inside it, nested ones included (`Layer._flatten_layers`, 3.0-3.15)."""
+    flatten = getattr(model, "_flatten_layers", None)
+    if flatten is not None:
+        return list(flatten(include_self=True, recursive=True))
+    found = [model]  # pragma: no cover - the public, shallower walk
+    for layer in getattr(model, "layers", []):
+        found += all_layers(layer) if isinstance(layer, keras.Model) else [layer]
+    return found
