@@ -128,3 +128,26 @@ def test_the_route_reaches_a_patch_made_before_it_inside_kerass_own_wrapper():
     assert calls[0][1]["x"] is x and calls[0][1]["epochs"] == 2
     model.fit(x, x[:, :1], verbose=0)  # after the block: Keras's own fit, not the dispatcher
     assert len(calls) == 3
+
+
+def test_a_cpu_worker_gets_one_replica_per_logical_cpu_of_its_own(monkeypatch):
+    """`worker_cpu_replicas` (CollectiveAllReduceExtended._initialize_local_devices): MultiWorkerMirroredStrategy
+    gives a CPU worker one device; inside the hook it gets each of its own logical CPUs. Once a worker's
+    server runs, the logical devices listed are the cluster's: only the task's own count."""
+    from tensorflow.python.distribute.cluster_resolver import TFConfigClusterResolver
+    from tensorflow.python.distribute.collective_all_reduce_strategy import CollectiveAllReduceExtended
+
+    def local_devices(worker_device=""):  # what the strategy asks when it is made (no strategy is made here)
+        return CollectiveAllReduceExtended._initialize_local_devices(None, TFConfigClusterResolver(), worker_device)
+
+    assert local_devices() == (("/device:CPU:0",), "CPU")  # TensorFlow's own rule
+    with _compat.worker_cpu_replicas():
+        assert local_devices() == (tuple(f"/device:CPU:{i}" for i in range(4)), "CPU")  # conftest's 4 logical CPUs
+    assert local_devices() == (("/device:CPU:0",), "CPU")  # put back
+
+    cluster = [tf.config.LogicalDevice(f"/job:worker/replica:0/task:{task}/device:CPU:{i}", "CPU")
+               for task in (0, 1) for i in range(2)] + [tf.config.LogicalDevice("/job:ps/replica:0/task:1/device:CPU:0",
+                                                                               "CPU")]
+    monkeypatch.setattr(tf.config, "list_logical_devices", lambda kind=None: cluster)
+    assert _compat.strategies._own_cpu_count("/job:worker/task:1") == 2
+    assert _compat.strategies._own_cpu_count("/job:ps/task:1") == 1

@@ -49,9 +49,13 @@ except ImportError:  # pragma: no cover - then a CPU worker keeps TensorFlow's o
 
 def _own_cpu_count(worker_device: str) -> int:
     """The logical CPUs of the task `worker_device` names ("/job:worker/task:1"; "" for a process alone)."""
-    here = tf.DeviceSpec.from_string(worker_device or "/job:localhost")
+    here = tf.DeviceSpec.from_string(worker_device)
+
+    def same(a, b) -> bool:  # a part a name leaves out matches any
+        return a is None or b is None or a == b
+
     specs = [tf.DeviceSpec.from_string(d.name) for d in tf.config.list_logical_devices("CPU")]
-    return sum(1 for spec in specs if here.job in (spec.job, None) and here.task in (spec.task, None))
+    return sum(1 for spec in specs if same(spec.job, here.job) and same(spec.task, here.task))
 
 
 @contextlib.contextmanager
