@@ -110,38 +110,64 @@ def _compute_moments_sync(x, axes, keepdims):
     rounds otherwise than one device's E[(x - E[x])^2] (`tf.nn.moments`), and
     far otherwise for features whose mean is large against their spread. Here
     each replica sums its rows and their squared deviations from its own mean,
-    and one all-reduce hands every replica all the replicas' (count, sum,
-    deviations), each in a slot of its own; they combine as Chan et al.'s
-    parallel variance does, from differences of means, never of large squares.
+    and every replica gets all the replicas' (count, sum, deviations)
+    (`_gathered`); they combine as Chan et al.'s parallel variance does, from
+    differences of means, never of large squares.
 
-    In a model's own train_step the replicas' gradients are weighed after the
-    tape (`_all_reduce_sum_gradients`), by each replica's share of the global
-    batch, but the all-reduce carries every replica's gradient to every other
-    unweighed: `_weighed_sum` weighs each replica's part there, and divides by
+    The gradient is written out, for one round between the replicas and a
+    handful of ops (autodiff's through the combination took some sixty a
+    layer, which cost more than the round itself on CPU replicas): a row's
+    gradient is (G_mean + 2 (x - mean) G_variance) / examples, where G is the
+    replicas' sum of the upstream gradients of the mean and variance. In a
+    model's own train_step the replicas' gradients are weighed after the tape
+    (`_all_reduce_sum_gradients`), by each replica's share of the global
+    batch, but that sum carries every replica's upstream to every other
+    unweighed: each replica's part is weighed there, and the sum divided by
     the receiver's weight, which the optimizer then applies.
     """
     context = _replicas()
     if context is None:
         return _originals["moments_sync"](x, axes, keepdims)
-    total = tf.reduce_sum(x, axis=axes, keepdims=True)
-    count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), axes)), x.dtype) * tf.ones_like(total)
-    own_mean = tf.stop_gradient(tf.math.divide_no_nan(total, count))
-    deviations = tf.reduce_sum(tf.math.squared_difference(x, own_mean), axis=axes, keepdims=True)
-    replicas = context.num_replicas_in_sync
-    slot = tf.reshape(tf.one_hot(context.replica_id_in_sync_group, replicas, dtype=x.dtype),
-                      [replicas] + [1] * (x.shape.rank + 1))
-    parts = _weighed_sum(context, slot * tf.stack([count, total, deviations])[None], _factor("gradients"))
-    counts, totals, squares = parts[:, 0], parts[:, 1], parts[:, 2]
-    examples = tf.reduce_sum(counts, 0)
-    mean = tf.reduce_sum(totals, 0) / examples
-    spread = tf.reduce_sum(counts * tf.math.squared_difference(tf.math.divide_no_nan(totals, counts), mean), 0)
-    variance = (tf.reduce_sum(squares, 0) + spread) / examples
+    factor = _factor("gradients")
+
+    @tf.custom_gradient
+    def moments(x):
+        total = tf.reduce_sum(x, axis=axes, keepdims=True)
+        count = tf.cast(tf.size(x, tf.int64) // tf.maximum(tf.size(total, tf.int64), 1), x.dtype)
+        deviations = tf.reduce_sum(tf.math.squared_difference(x, tf.math.divide_no_nan(total, count)),
+                                   axis=axes, keepdims=True)
+        own = tf.stack([tf.broadcast_to(count, tf.shape(total)), total, deviations])
+        counts, totals, squares = tf.unstack(_gathered(context, own), axis=1)
+        examples = tf.reduce_sum(counts, 0)
+        mean = tf.reduce_sum(totals, 0) / examples
+        spread = tf.reduce_sum(counts * tf.math.squared_difference(tf.math.divide_no_nan(totals, counts), mean), 0)
+        variance = (tf.reduce_sum(squares, 0) + spread) / examples
+
+        def grad(upstream_mean, upstream_variance):
+            upstream = tf.stack([tf.zeros_like(mean) if g is None else g for g in (upstream_mean, upstream_variance)])
+            if factor is None:
+                summed = _replica_sum(context, upstream)
+            else:
+                weight = tf.cast(factor, upstream.dtype)
+                summed = tf.math.divide_no_nan(_replica_sum(context, upstream * weight), weight)
+            return (x - mean) * (2.0 * summed[1] / examples) + summed[0] / examples  # three passes over x
+
+        return (mean, variance), grad
+
+    mean, variance = moments(x)
     if not keepdims:
         mean, variance = tf.squeeze(mean, axes), tf.squeeze(variance, axes)
     return mean, variance
 
 
 _IN_PROCESS_SUM = True  # `_replica_sum` between CPUs of one process; bench/exact_layers_cost.py turns it off
+
+
+def _in_process(strategy) -> bool:
+    """Whether every replica is a CPU of this process, where a sum or gather is plain ops between devices:
+    MirroredStrategy's collectives cost about 0.2 ms a call there (bench/exact_layers_cost.py)."""
+    return (_IN_PROCESS_SUM and isinstance(strategy, tf.distribute.MirroredStrategy)
+            and all(tf.DeviceSpec.from_string(d).device_type == "CPU" for d in strategy.extended.worker_devices))
 
 
 def _weighed_sum(context, value, factor):
@@ -162,26 +188,36 @@ def _weighed_sum(context, value, factor):
 
 
 def _replica_sum(context, value):
-    """The replicas' sum of `value`. Where every replica is a CPU of this process, the parts are added on the
-    first and copied back, in the process: MirroredStrategy's collective all-reduce costs about 0.2 ms a call
-    there (bench/exact_layers_cost.py). Elsewhere (GPUs, workers) the strategy's own all-reduce."""
-    strategy = context.strategy
-    devices = strategy.extended.worker_devices
-    if not (_IN_PROCESS_SUM and isinstance(strategy, tf.distribute.MirroredStrategy)
-            and all(tf.DeviceSpec.from_string(d).device_type == "CPU" for d in devices)):
+    """The replicas' sum of `value`: between CPUs of one process each replica adds the parts itself, in replica
+    order, so every replica holds the same bits; elsewhere (GPUs, workers) the strategy's own all-reduce."""
+    if not _in_process(context.strategy):
         return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
+    return _on_each_replica(context, value, tf.add_n)
 
-    def add_on_first(strategy, parts):
-        with tf.device(devices[0]):
-            total = tf.add_n(strategy.experimental_local_results(parts))
-        copies = []
-        for device in devices:
+
+def _gathered(context, value):
+    """Every replica's `value`, stacked in replica order (no gradient)."""
+    if _in_process(context.strategy):
+        return _on_each_replica(context, value, tf.stack)
+    replicas = context.num_replicas_in_sync  # each part in a slot of its own, and the slots summed
+    slot = tf.reshape(tf.one_hot(context.replica_id_in_sync_group, replicas, dtype=value.dtype),
+                      [replicas] + [1] * value.shape.rank)
+    return context.all_reduce(tf.distribute.ReduceOp.SUM, slot * value[None])
+
+
+def _on_each_replica(context, value, combine):
+    """`combine([part, ...])` of the replicas' parts of `value`, on each replica's own device."""
+
+    def on_each(strategy, parts):
+        parts = list(strategy.experimental_local_results(parts))
+        results = []
+        for device in strategy.extended.worker_devices:
             with tf.device(device):
-                copies.append(tf.identity(total))
+                results.append(combine(parts))
         return strategy.experimental_distribute_values_from_function(
-            lambda replica: copies[replica.replica_id_in_sync_group])
+            lambda replica: results[replica.replica_id_in_sync_group])
 
-    return context.merge_call(add_on_first, args=(value,))
+    return context.merge_call(on_each, args=(value,))
 
 
 def _replicas():
