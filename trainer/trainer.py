@@ -13,17 +13,16 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from trainer import checks, collectives, loop, malloc, models, options, placement, ps, scaling
+from trainer import checks, collectives, loop, malloc, models, options, placement, ps, scaling, stages
 from trainer import data as data_lib
 from trainer import inputs as inputs_lib
 from trainer import engine as engine_lib
 from trainer import route as route_lib
 from trainer import strategy as strategy_lib
-from trainer.cluster import cluster_info, cluster_source, is_parameter_server, restarted, strategy_cluster_info
-from trainer.fusion import StepFusion
+from trainer.cluster import cluster_info, is_parameter_server, strategy_cluster_info
 from trainer.history import History
-from trainer.objective import ModelSteps, logs_in_order
-from trainer.plan import Plan, batch_norm_note, optimizer_note, strategy_label
+from trainer.objective import logs_in_order
+from trainer.plan import strategy_label
 from trainer.steps import Steps
 
 
@@ -50,12 +49,6 @@ def _quiet_tf_info(method):
     return wrapper
 
 
-def _launcher_backup(callbacks: list) -> list:
-    from trainer.callbacks.backup import launcher_backup  # callbacks/ builds on trainer/
-
-    return launcher_backup(callbacks)
-
-
 def _passed(method: Callable, values: dict[str, Any]) -> dict[str, Any]:
     """The arguments of a call of the public `method` that differ from its defaults, by name (the model, the
     strategy and `self` aside), to hand to the model's own method, whose defaults then fill in the rest."""
@@ -75,19 +68,6 @@ def _no_unknown(method: str, unknown: dict[str, Any]) -> None:
     if unknown:
         raise TypeError(f"`{method}` got arguments Keras's {method} does not take. Received: {sorted(unknown)}. "
                         f"Pass only what model.{method} takes.")
-
-
-def _data_arg(y: Any, sample_weight: Any) -> str:
-    """How errors name the data: `data` when given as one object, `x` when given Keras's way with y."""
-    return "data" if y is None and sample_weight is None else "x"
-
-
-def _workers(strategy: tf.distribute.Strategy, *, training: bool = True) -> dict[str, Any]:
-    """The workers that will read an input: under parameter-server training, evaluation and prediction run on
-    the coordinator, one process."""
-    parameter_server = is_parameter_server(strategy)
-    num_workers = 1 if parameter_server and not training else strategy_cluster_info(strategy).num_workers
-    return {"num_workers": num_workers, "parameter_server": parameter_server and training}
 
 
 class Trainer:
@@ -272,65 +252,34 @@ class Trainer:
              validation_split=0.0, validation_data=None, shuffle=None, class_weight=None, sample_weight=None,
              initial_epoch=0, steps_per_epoch=None, validation_steps=None, validation_batch_size=None,
              validation_freq=1, strategy: tf.distribute.Strategy, planned_batch: int | None = None) -> History:
-        """fit's engine, with the arguments Keras's own fit received (`fit` documents them)."""
-        callbacks = checks.check_callbacks(callbacks)
-        checks.check_callbacks_on_workers(callbacks, strategy_cluster_info(strategy).num_workers)
-        callbacks = _launcher_backup(callbacks)
-        options.check_fit_args(batch_size=batch_size, validation_split=validation_split,
-                               validation_freq=validation_freq, validation_batch_size=validation_batch_size)
-        validation_steps = options.steps_arg("validation_steps", validation_steps, fix="Pass a positive number of "
-                                             "steps, or None to validate on all of validation_data.")
-        data_lib.check_class_weight(class_weight)
-        epochs, steps_per_epoch = options.loop_args(epochs=epochs, initial_epoch=initial_epoch,
-                                                    steps_per_epoch=steps_per_epoch)
-        shuffle = self.shuffle if shuffle is None else shuffle
-        train, val = data_lib.fit_inputs(x, y, sample_weight, arg=_data_arg(y, sample_weight),
-                                         class_weight=class_weight, shuffle=shuffle,
-                                         validation_split=validation_split, validation_data=validation_data,
-                                         steps_per_epoch=steps_per_epoch, **_workers(strategy),
-                                         is_chief=strategy_cluster_info(strategy).is_chief)
-        if val is not None and validation_freq == 0:
-            raise ValueError("`validation_freq` must be a positive number of epochs (or a list of epochs) when fit "
-                             "validates: model.fit divides the epoch by it. Received: validation_freq=0. Pass e.g. "
-                             "validation_freq=1.")
-        self._check_shuffle_seed(train, shuffle, strategy)
-        if isinstance(model, keras.Model):
-            models.check_compiled(model)
-        models.check_precision(model, self.mixed_precision)
-        batch, batch_source = self._batch_plan(strategy, train, batch_size, planned_batch)
-        user_steps = steps_per_epoch = checks.steps_within_arrays(train, steps_per_epoch, batch.global_batch_size)
-        steps_per_epoch = steps_per_epoch or train.num_steps(batch.global_batch_size)
-        warmup_steps = self._warmup_steps(steps_per_epoch)
-        model = checks.check_fit(model, train, val, batch=batch, epoch_steps=steps_per_epoch, epochs=epochs,
-                                 initial_epoch=initial_epoch, warmup=(self.warmup_epochs, warmup_steps))
-        lr = engine_lib.LRSettings(self.lr_scaling, self._base_batch_size(batch, batch_source), batch, warmup_steps)
-        process = malloc.tune_process(self.tune_malloc)  # the checks are done: the process may change now
-        model, compiled, lr_plan, move = self._build(model, strategy, train, lr=lr)
+        """fit's engine, with the arguments Keras's own fit received (`fit` documents them); its stages in
+        order (trainer/stages.py), every check before anything changes."""
+        call = stages.checked_fit_call(
+            callbacks, strategy, batch_size=batch_size, validation_split=validation_split,
+            validation_freq=validation_freq, validation_batch_size=validation_batch_size,
+            validation_steps=validation_steps, class_weight=class_weight, epochs=epochs, initial_epoch=initial_epoch,
+            steps_per_epoch=steps_per_epoch, shuffle=self.shuffle if shuffle is None else shuffle,
+            verbose=self.verbose if verbose is None else verbose)
+        train, val = stages.fit_data(call, x, y, sample_weight, strategy, class_weight=class_weight,
+                                     validation_split=validation_split, validation_data=validation_data,
+                                     seed=self.seed)
+        stages.check_model(model, self.mixed_precision)
+        schedule = self._schedule(strategy, train, batch_size, planned_batch, call.steps_per_epoch)
+        model = checks.check_fit(model, train, val, batch=schedule.batch, epoch_steps=schedule.steps_per_epoch,
+                                 epochs=call.epochs, initial_epoch=call.initial_epoch,
+                                 warmup=(self.warmup_epochs, schedule.lr.warmup_steps))
+        process, model, compiled, lr_plan, move = self._model_in_scope(model, strategy, train, lr=schedule.lr)
         with move:  # on the way out the user's model goes home with its trained state, as after model.fit
-            fusion, fusion_source = self._fusion(compiled, batch, steps_per_epoch, callbacks)
-            plan = self._plan(strategy, train, batch, steps_per_epoch, lr_plan, fusion, model, compiled.steps.xla,
-                              batch_source=batch_source, fusion_source=fusion_source, process=process,
-                              moved=move.describe(), resumes=any(getattr(c, "resumes", False) for c in callbacks),
-                              unguarded=loop.unguarded(callbacks),
-                              user_steps=user_steps)
-            context = loop.TrainContext(strategy, strategy_cluster_info(strategy), plan, epochs=epochs,
-                                        initial_epoch=initial_epoch, fusion=fusion, lr_plan=lr_plan)
-            verbose = self.verbose if verbose is None else 1 if verbose == "auto" else verbose  # Keras's "auto" is 1
-            if verbose and context.is_chief:
-                print(plan.describe(), flush=True)
-            if plan.batch_norm and plan.num_replicas > 1:
-                warnings.warn(f"Per-replica BatchNormalization: {batch_norm_note(plan.batch_norm, plan.num_replicas)}.",
-                              stacklevel=route_lib.user_stacklevel())
-            history = History()
-            callback_list = self._callback_list(callbacks + [history], context, model, verbose)
-            validation = None if val is None else loop.Validation(
-                val, validation_freq, validation_steps,
-                self._batch_plan(strategy, val, validation_batch_size or batch_size)[0])
-            self._train(compiled, context, callback_list, train, validation, batch, shuffle=shuffle,
-                        restart_each_epoch=train.restarts_each_epoch(user_steps))
-            if fusion.auto and fusion.seconds_per_step is not None:
-                compiled.seconds_per_step[batch.global_batch_size] = fusion.seconds_per_step
-        return history
+            steps, steps_source = stages.fusion(self.steps_per_execution, compiled, schedule.batch,
+                                                schedule.steps_per_epoch, call.callbacks)
+            plan = stages.fit_plan(strategy, train, schedule, lr_plan, steps, model, jit=compiled.steps.xla,
+                                   jit_setting=self.jit_compile, sources=(steps_source,), process=process,
+                                   moved=move.describe(), unguarded=loop.unguarded(call.callbacks),
+                                   resumes=any(getattr(c, "resumes", False) for c in call.callbacks))
+            context = loop.TrainContext(strategy, strategy_cluster_info(strategy), plan, epochs=call.epochs,
+                                        initial_epoch=call.initial_epoch, fusion=steps, lr_plan=lr_plan)
+            stages.announce(plan, verbose=call.verbose, is_chief=context.is_chief)
+            return self._run_epochs(compiled, context, call, model, train, val, schedule)
 
     @_quiet_tf_info
     def evaluate(
@@ -365,15 +314,12 @@ class Trainer:
         callbacks = checks.check_callbacks(callbacks)
         options.check_fit_args(batch_size=batch_size)
         steps = options.steps_arg("steps", steps, fix="Pass a positive number of steps, or None for all.")
-        inp = data_lib.evaluate_input(x, y, sample_weight, arg=_data_arg(y, sample_weight), steps=steps,
-                                      **_workers(strategy, training=False))
-        if isinstance(model, keras.Model):
-            models.check_compiled(model)
-        models.check_precision(model, self.mixed_precision)
+        inp = data_lib.evaluate_input(x, y, sample_weight, arg=stages.data_arg(y, sample_weight), steps=steps,
+                                      **stages.workers(strategy, training=False))
+        stages.check_model(model, self.mixed_precision)
         batch, _ = self._batch_plan(strategy, inp, batch_size, planned_batch)
         model = checks.check_evaluate(model, inp, batch=batch)
-        malloc.tune_process(self.tune_malloc)
-        model, compiled, _, move = self._build(model, strategy, inp)
+        _, model, compiled, _, move = self._model_in_scope(model, strategy, inp)
         with move:
             callback_list = keras.callbacks.CallbackList(callbacks, model=model)
             logs = loop.run_eval(compiled.eval_steps, self._readers(compiled.eval_strategy, batch), inp,
@@ -407,8 +353,8 @@ class Trainer:
         checks.check_callbacks(callbacks)
         options.check_fit_args(batch_size=batch_size)
         steps = options.steps_arg("steps", steps, fix="Pass a positive number of steps, or None for all.")
-        inp = data_lib.predict_input(x, model, **_workers(strategy, training=False))
-        models.check_precision(model, self.mixed_precision)
+        inp = data_lib.predict_input(x, model, **stages.workers(strategy, training=False))
+        stages.check_model(model, self.mixed_precision, compiled=False)
         batch, _ = self._batch_plan(strategy, inp, batch_size, planned_batch)
         model = checks.check_predict(model, inp, batch=batch)
         malloc.tune_process(self.tune_malloc)
@@ -503,15 +449,6 @@ class Trainer:
         collectives.check_group_keys(resolved)
         return resolved
 
-    def _check_shuffle_seed(self, train: inputs_lib.Input, shuffle: bool, strategy: tf.distribute.Strategy) -> None:
-        num_workers = _workers(strategy)["num_workers"]
-        if self.seed is None and shuffle and num_workers > 1 and isinstance(train, inputs_lib.ArrayInput):
-            raise ValueError(
-                f"The {num_workers} workers must shuffle the arrays alike, and with seed=None each drew its own "
-                "seed. Received: Trainer(seed=None) with shuffle=True on several workers. Pass Trainer(seed=0) "
-                "(any integer, the same on every worker), or shuffle=False."
-            )
-
     def _batch_plan(self, strategy: tf.distribute.Strategy, inp: inputs_lib.Input | None = None,
                     batch_size: int | None = None, planned_batch: int | None = None) -> tuple[scaling.BatchPlan, str]:
         """The global batch, and where it came from when not from the Trainer ("" then).
@@ -549,86 +486,52 @@ class Trainer:
             )
         return int(round(self.warmup_epochs * steps_per_epoch))
 
-    def _build(self, model, strategy, inp, lr: engine_lib.LRSettings | None = None):
-        return engine_lib.build(model, strategy, inp, seed=self.seed, jit_compile=self.jit_compile,
-                                cache=self._engines, in_scope=self._in_scope, lr=lr,
-                                mixed_precision=self.mixed_precision, batch_norm=self.batch_norm)
+    def _schedule(self, strategy: tf.distribute.Strategy, train: inputs_lib.Input, batch_size: int | None,
+                  planned_batch: int | None, steps_per_epoch: int | None) -> stages.Schedule:
+        """The global batch, the steps an epoch runs, the warmup and the learning-rate settings."""
+        batch, source = self._batch_plan(strategy, train, batch_size, planned_batch)
+        user_steps = checks.steps_within_arrays(train, steps_per_epoch, batch.global_batch_size)
+        steps_per_epoch = user_steps or train.num_steps(batch.global_batch_size)
+        warmup_steps = self._warmup_steps(steps_per_epoch)
+        lr = engine_lib.LRSettings(self.lr_scaling, self._base_batch_size(batch, source), batch, warmup_steps)
+        return stages.Schedule(batch, source, user_steps, steps_per_epoch, lr)
 
-    def _fusion(self, compiled: engine_lib.Engine, batch: scaling.BatchPlan, steps_per_epoch: int | None,
-                callbacks: list) -> tuple[StepFusion, str]:
-        """Steps per call for this fit, and which setting chose them.
+    def _model_in_scope(self, model, strategy, inp, lr: engine_lib.LRSettings | None = None):
+        """(the process's change, model, engine, LR plan, move): the checks are done, so the process may
+        change now (`malloc`), and the model goes into the strategy's scope for the call (`move`, a context
+        manager that brings it back)."""
+        process = malloc.tune_process(self.tune_malloc)
+        model, compiled, lr_plan, move = engine_lib.build(
+            model, strategy, inp, seed=self.seed, jit_compile=self.jit_compile, cache=self._engines,
+            in_scope=self._in_scope, lr=lr, mixed_precision=self.mixed_precision, batch_norm=self.batch_norm)
+        return process, model, compiled, lr_plan, move
 
-        "auto" takes `model.compile(steps_per_execution=N)` when N > 1, else sizes
-        calls from the engine's last measured step time.
-        """
-        setting, source = self.steps_per_execution, ""
-        compiled_steps = int(getattr(compiled.steps.model, "steps_per_execution", 1) or 1)
-        if setting == "auto" and compiled_steps > 1:
-            setting, source = compiled_steps, f"steps_per_execution={compiled_steps} from the model's compile()"
-        fusion = StepFusion.for_fit(
-            setting, steps_per_epoch=steps_per_epoch,
-            batch_hooks=setting == "auto" and any(loop.has_batch_hooks(c) for c in callbacks),
-            num_workers=strategy_cluster_info(compiled.strategy).num_workers,
-            seconds_per_step=compiled.seconds_per_step.get(batch.global_batch_size))
-        return fusion, source
-
-    def _plan(self, strategy, inp, batch, steps_per_epoch, lr_plan: scaling.LRPlan, fusion: StepFusion,
-              model, jit: bool, *, batch_source: str = "", fusion_source: str = "", process: str = "",
-              moved: str = "", resumes: bool = False, user_steps: int | None = None,
-              unguarded: tuple[str, ...] = ()) -> Plan:
-        num_workers = strategy_cluster_info(strategy).num_workers
-        parameter_server = is_parameter_server(strategy)
-        policy, why = inp.sharding(num_workers, parameter_server=parameter_server)
-        if lr_plan is None:  # no model.optimizer: a model whose train_step uses optimizers of its own
-            lr_plan = scaling.LRPlan(None, 0.0, 1.0, 0)
-            base_lr, scaled_lr = "the model's own optimizers", "unchanged"
+    def _run_epochs(self, compiled: engine_lib.Engine, context: loop.TrainContext, call: stages.FitCall,
+                    model: keras.Model, train: inputs_lib.Input, val: inputs_lib.Input | None,
+                    schedule: stages.Schedule) -> History:
+        """The epochs with the callbacks: steps read on this process's replicas, or scheduled under
+        parameter-server training; returns the history."""
+        history = History()
+        callback_list = self._callback_list(call.callbacks + [history], context, model, call.verbose)
+        validation = None
+        if val is not None:
+            validation = loop.Validation(val, call.validation_freq, call.validation_steps,
+                                         self._batch_plan(context.strategy, val, call.validation_batch_size)[0])
+            validation.make_reader = self._readers(compiled.eval_strategy, validation.batch)
+        if is_parameter_server(compiled.strategy):
+            coordinator = self._coordinator(compiled.strategy)
+            iterator = ps.per_worker_iterator(compiled.strategy, coordinator, train, schedule.batch.global_batch_size,
+                                              num_workers=context.plan.num_workers)
+            source = ps.ScheduledSteps(coordinator, compiled.steps, compiled.eval_steps, iterator,
+                                       context.plan.steps_per_epoch)
         else:
-            base_lr, scaled_lr = lr_plan.describe()
-        return Plan(
-            strategy=strategy_label(strategy),
-            num_replicas=batch.num_replicas,
-            num_workers=num_workers - (1 if parameter_server else 0),  # a parameter-server chief only coordinates
-            global_batch_size=batch.global_batch_size,
-            per_replica_batch_size=batch.per_replica_batch_size,
-            num_examples=inp.num_examples,
-            repeated_data=parameter_server,
-            steps_per_epoch=steps_per_epoch,
-            shard_policy=policy,
-            shard_reason=why,
-            lr_rule=lr_plan.rule,
-            base_lr=base_lr,
-            scaled_lr=scaled_lr,
-            base_batch_size=self._base_batch_size(batch, batch_source),
-            warmup_steps=lr_plan.warmup_steps if lr_plan.factor != 1.0 else 0,  # nothing to ramp otherwise
-            steps_per_execution=fusion.steps,
-            auto_fusion=fusion.auto,
-            jit_compile=jit,
-            onednn=engine_lib.cpu_onednn(strategy),
-            precision=models.precision(model),
-            native_bf16=engine_lib.cpu_native_bf16(strategy),
-            step=ModelSteps.of(model).describe(),
-            batch_norm=tuple(models.per_replica_batch_norm(model)),
-            global_batch_norm=models.global_batch_norm(model),
-            optimizer=optimizer_note(model.optimizer, strategy.num_replicas_in_sync),
-            batch_source=batch_source,
-            execution_source="; ".join(filter(None, [fusion_source, self._jit_source(model, strategy, jit)])),
-            process=process,
-            placement=moved,
-            cluster=cluster_source() if num_workers > 1 or parameter_server or restarted() else "",
-            unguarded=unguarded,
-            resume=inp.resume(user_steps) if resumes else None,
-            gradient_values=sum(v.shape.num_elements() or 0 for v in model.trainable_variables),
-            gradient_bytes=sum((v.shape.num_elements() or 0) * tf.as_dtype(v.dtype).size
-                               for v in model.trainable_variables),
-        )
-
-    def _jit_source(self, model, strategy, jit: bool) -> str:
-        if not jit and engine_lib.asked_jit(strategy, self.jit_compile, model):
-            return ("XLA off: the forward pass all-reduces across the replicas (BatchNormalization's global "
-                    "statistics, or the count of masked outputs), which a nested XLA function cannot")
-        if self.jit_compile == "auto" and getattr(model, "compiled", False) and model.jit_compile:
-            return "XLA from the model's compile(jit_compile=...)"
-        return ""
+            readers = self._readers(compiled.strategy, schedule.batch, call.shuffle)
+            source = loop.ReaderSteps(compiled.steps, readers, train, epochs=context.epochs,
+                                      restart_each_epoch=train.restarts_each_epoch(schedule.user_steps))
+        loop.run_epochs(source, context, callback_list, validation, compiled.eval_steps)
+        if context.fusion.auto and context.fusion.seconds_per_step is not None:
+            compiled.seconds_per_step[schedule.batch.global_batch_size] = context.fusion.seconds_per_step
+        return history
 
     def _callback_list(self, callbacks: list, context: loop.TrainContext, model, verbose: int):
         """The user's callbacks plus the defaults, each given the TrainContext if it asks."""
@@ -639,23 +542,6 @@ class Trainer:
         return keras.callbacks.CallbackList(
             callbacks, model=model, verbose=verbose, epochs=context.epochs, steps=context.plan.steps_per_epoch
         )
-
-    def _train(self, compiled, context, callback_list, train, validation: loop.Validation | None, batch, *,
-               shuffle: bool, restart_each_epoch: bool) -> None:
-        """Runs the epochs: steps read on this process's replicas, or scheduled under parameter-server training."""
-        if validation is not None:
-            validation.make_reader = self._readers(compiled.eval_strategy, validation.batch)
-        readers = self._readers(compiled.strategy, batch, shuffle)
-        if is_parameter_server(compiled.strategy):
-            coordinator = self._coordinator(compiled.strategy)
-            iterator = ps.per_worker_iterator(compiled.strategy, coordinator, train, batch.global_batch_size,
-                                              num_workers=context.plan.num_workers)
-            source = ps.ScheduledSteps(coordinator, compiled.steps, compiled.eval_steps, iterator,
-                                       context.plan.steps_per_epoch)
-        else:
-            source = loop.ReaderSteps(compiled.steps, readers, train, restart_each_epoch=restart_each_epoch,
-                                      epochs=context.epochs)
-        loop.run_epochs(source, context, callback_list, validation, compiled.eval_steps)
 
     def _default_callbacks(self, callbacks: list, verbose: int) -> list:
         """NanGuard (unless turned off) and a ProgressBar for verbose 1 or 2, unless given."""

@@ -1,0 +1,225 @@
+"""The stages of `Trainer.fit`, in the order it runs them, and the ones `evaluate` and `predict` share.
+
+Every check runs before anything changes (the process, the model, a file):
+
+1. `checked_fit_call`: the callbacks and fit's own arguments -> `FitCall`.
+2. `fit_data`: the data, checked where its form is known (`data.py`) -> the inputs.
+3. `check_model`: compiled, and a dtype policy the Trainer can keep.
+4. `Trainer._schedule`: the global batch, the epoch's steps, warmup and learning-rate settings -> `Schedule`.
+5. `checks.check_fit`: the data against the model's inputs.
+6. `Trainer._model_in_scope`: the model in the strategy's scope, with its compiled steps (`engine.py`).
+7. `fit_plan`, then `announce`: the plan, printed once by the chief.
+8. `Trainer._run_epochs`: the epochs with callbacks -> the history.
+
+Each stage is a function of the call's arguments, the Trainer's settings and what the stages before it
+decided, so that each can be called, and tested, on its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from trainer import checks, models, options, scaling
+from trainer import data as data_lib
+from trainer import engine as engine_lib
+from trainer import inputs as inputs_lib
+from trainer import route as route_lib
+from trainer.cluster import cluster_source, is_parameter_server, restarted, strategy_cluster_info
+from trainer.fusion import StepFusion
+from trainer.objective import ModelSteps
+from trainer.plan import Plan, batch_norm_note, optimizer_note, strategy_label
+
+
+@dataclasses.dataclass(frozen=True)
+class FitCall:
+    """fit's own arguments, checked: what the later stages read of them."""
+
+    callbacks: list
+    epochs: int
+    initial_epoch: int
+    steps_per_epoch: int | None  # the user's cap, None for the data's own length
+    shuffle: bool
+    verbose: int
+    validation_steps: int | None
+    validation_freq: Any
+    validation_batch_size: int | None  # None: training's
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """The global batch and what follows from it for one fit."""
+
+    batch: scaling.BatchPlan
+    source: str  # where the global batch came from when not from the Trainer's settings ("" then)
+    user_steps: int | None  # the steps per epoch the user asked for, checked against the arrays
+    steps_per_epoch: int | None  # the steps an epoch runs, when known
+    lr: engine_lib.LRSettings
+
+
+def checked_fit_call(callbacks, strategy: tf.distribute.Strategy, *, batch_size, validation_split,
+                     validation_freq, validation_batch_size, validation_steps, class_weight, epochs, initial_epoch,
+                     steps_per_epoch, shuffle: bool, verbose) -> FitCall:
+    """fit's arguments other than the data and the model, checked; the launcher's backup joins the callbacks."""
+    callbacks = checks.check_callbacks(callbacks)
+    checks.check_callbacks_on_workers(callbacks, strategy_cluster_info(strategy).num_workers)
+    callbacks = _launcher_backup(callbacks)
+    options.check_fit_args(batch_size=batch_size, validation_split=validation_split,
+                           validation_freq=validation_freq, validation_batch_size=validation_batch_size)
+    validation_steps = options.steps_arg("validation_steps", validation_steps, fix="Pass a positive number of "
+                                         "steps, or None to validate on all of validation_data.")
+    data_lib.check_class_weight(class_weight)
+    epochs, steps_per_epoch = options.loop_args(epochs=epochs, initial_epoch=initial_epoch,
+                                                steps_per_epoch=steps_per_epoch)
+    return FitCall(callbacks, epochs, initial_epoch, steps_per_epoch, shuffle, verbosity(verbose),
+                   validation_steps, validation_freq, validation_batch_size or batch_size)
+
+
+def fit_data(call: FitCall, x, y, sample_weight, strategy: tf.distribute.Strategy, *, class_weight,
+             validation_split, validation_data, seed: int | None) -> tuple[inputs_lib.Input, inputs_lib.Input | None]:
+    """(training input, validation input or None), each checked where its form is known."""
+    train, val = data_lib.fit_inputs(x, y, sample_weight, arg=data_arg(y, sample_weight),
+                                     class_weight=class_weight, shuffle=call.shuffle,
+                                     validation_split=validation_split, validation_data=validation_data,
+                                     steps_per_epoch=call.steps_per_epoch, **workers(strategy),
+                                     is_chief=strategy_cluster_info(strategy).is_chief)
+    if val is not None and call.validation_freq == 0:
+        raise ValueError("`validation_freq` must be a positive number of epochs (or a list of epochs) when fit "
+                         "validates: model.fit divides the epoch by it. Received: validation_freq=0. Pass e.g. "
+                         "validation_freq=1.")
+    num_workers = workers(strategy)["num_workers"]
+    if seed is None and call.shuffle and num_workers > 1 and isinstance(train, inputs_lib.ArrayInput):
+        raise ValueError(
+            f"The {num_workers} workers must shuffle the arrays alike, and with seed=None each drew its own "
+            "seed. Received: Trainer(seed=None) with shuffle=True on several workers. Pass Trainer(seed=0) "
+            "(any integer, the same on every worker), or shuffle=False."
+        )
+    return train, val
+
+
+def check_model(model: models.ModelOrBuilder, mixed_precision: str | None, *, compiled: bool = True) -> None:
+    """A model (not a builder, which is checked once built) that is compiled, if `compiled`, and whose dtype
+    policy agrees with the Trainer's `mixed_precision`."""
+    if compiled and isinstance(model, keras.Model):
+        models.check_compiled(model)
+    models.check_precision(model, mixed_precision)
+
+
+def fusion(setting: int | str, compiled: engine_lib.Engine, batch: scaling.BatchPlan, steps_per_epoch: int | None,
+           callbacks: list) -> tuple[StepFusion, str]:
+    """Steps per call for this fit, and which setting chose them.
+
+    "auto" takes `model.compile(steps_per_execution=N)` when N > 1, else sizes
+    calls from the engine's last measured step time.
+    """
+    from trainer import loop
+
+    source = ""
+    compiled_steps = int(getattr(compiled.steps.model, "steps_per_execution", 1) or 1)
+    if setting == "auto" and compiled_steps > 1:
+        setting, source = compiled_steps, f"steps_per_execution={compiled_steps} from the model's compile()"
+    chosen = StepFusion.for_fit(
+        setting, steps_per_epoch=steps_per_epoch,
+        batch_hooks=setting == "auto" and any(loop.has_batch_hooks(c) for c in callbacks),
+        num_workers=strategy_cluster_info(compiled.strategy).num_workers,
+        seconds_per_step=compiled.seconds_per_step.get(batch.global_batch_size))
+    return chosen, source
+
+
+def fit_plan(strategy: tf.distribute.Strategy, inp: inputs_lib.Input, schedule: Schedule,
+             lr_plan: scaling.LRPlan | None, steps: StepFusion, model: keras.Model, *, jit: bool, jit_setting,
+             sources: tuple[str, ...] = (), process: str = "", moved: str = "", resumes: bool = False,
+             unguarded: tuple[str, ...] = ()) -> Plan:
+    """What fit decided, as data (`Plan`); `sources` say where settings came from when not the Trainer."""
+    batch = schedule.batch
+    num_workers = strategy_cluster_info(strategy).num_workers
+    parameter_server = is_parameter_server(strategy)
+    policy, why = inp.sharding(num_workers, parameter_server=parameter_server)
+    if lr_plan is None:  # no model.optimizer: a model whose train_step uses optimizers of its own
+        lr_plan = scaling.LRPlan(None, 0.0, 1.0, 0)
+        base_lr, scaled_lr = "the model's own optimizers", "unchanged"
+    else:
+        base_lr, scaled_lr = lr_plan.describe()
+    return Plan(
+        strategy=strategy_label(strategy),
+        num_replicas=batch.num_replicas,
+        num_workers=num_workers - (1 if parameter_server else 0),  # a parameter-server chief only coordinates
+        global_batch_size=batch.global_batch_size,
+        per_replica_batch_size=batch.per_replica_batch_size,
+        num_examples=inp.num_examples,
+        repeated_data=parameter_server,
+        steps_per_epoch=schedule.steps_per_epoch,
+        shard_policy=policy,
+        shard_reason=why,
+        lr_rule=lr_plan.rule,
+        base_lr=base_lr,
+        scaled_lr=scaled_lr,
+        base_batch_size=schedule.lr.base_batch_size,
+        warmup_steps=lr_plan.warmup_steps if lr_plan.factor != 1.0 else 0,  # nothing to ramp otherwise
+        steps_per_execution=steps.steps,
+        auto_fusion=steps.auto,
+        jit_compile=jit,
+        onednn=engine_lib.cpu_onednn(strategy),
+        precision=models.precision(model),
+        native_bf16=engine_lib.cpu_native_bf16(strategy),
+        step=ModelSteps.of(model).describe(),
+        batch_norm=tuple(models.per_replica_batch_norm(model)),
+        global_batch_norm=models.global_batch_norm(model),
+        optimizer=optimizer_note(model.optimizer, strategy.num_replicas_in_sync),
+        batch_source=schedule.source,
+        execution_source="; ".join(filter(None, [*sources, _jit_source(model, strategy, jit, jit_setting)])),
+        process=process,
+        placement=moved,
+        cluster=cluster_source() if num_workers > 1 or parameter_server or restarted() else "",
+        unguarded=unguarded,
+        resume=inp.resume(schedule.user_steps) if resumes else None,
+        gradient_values=sum(v.shape.num_elements() or 0 for v in model.trainable_variables),
+        gradient_bytes=sum((v.shape.num_elements() or 0) * tf.as_dtype(v.dtype).size
+                           for v in model.trainable_variables),
+    )
+
+
+def announce(plan: Plan, *, verbose: int, is_chief: bool) -> None:
+    """The plan, printed once by the chief; and a warning when BatchNormalization keeps per-replica statistics."""
+    if verbose and is_chief:
+        print(plan.describe(), flush=True)
+    if plan.batch_norm and plan.num_replicas > 1:
+        warnings.warn(f"Per-replica BatchNormalization: {batch_norm_note(plan.batch_norm, plan.num_replicas)}.",
+                      stacklevel=route_lib.user_stacklevel())
+
+
+def verbosity(verbose) -> int | None:
+    """Keras's "auto" is 1; None leaves the Trainer's."""
+    return 1 if verbose == "auto" else verbose
+
+
+def data_arg(y: Any, sample_weight: Any) -> str:
+    """How errors name the data: `data` when given as one object, `x` when given Keras's way with y."""
+    return "data" if y is None and sample_weight is None else "x"
+
+
+def workers(strategy: tf.distribute.Strategy, *, training: bool = True) -> dict[str, Any]:
+    """The workers that will read an input: under parameter-server training, evaluation and prediction run on
+    the coordinator, one process."""
+    parameter_server = is_parameter_server(strategy)
+    num_workers = 1 if parameter_server and not training else strategy_cluster_info(strategy).num_workers
+    return {"num_workers": num_workers, "parameter_server": parameter_server and training}
+
+
+def _launcher_backup(callbacks: list) -> list:
+    from trainer.callbacks.backup import launcher_backup  # callbacks/ builds on trainer/
+
+    return launcher_backup(callbacks)
+
+
+def _jit_source(model, strategy, jit: bool, setting) -> str:
+    if not jit and engine_lib.asked_jit(strategy, setting, model):
+        return ("XLA off: the forward pass all-reduces across the replicas (BatchNormalization's global "
+                "statistics, or the count of masked outputs), which a nested XLA function cannot")
+    if setting == "auto" and getattr(model, "compiled", False) and model.jit_compile:
+        return "XLA from the model's compile(jit_compile=...)"
+    return ""
