@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from trainer import launch
+from trainer import launch, supervise
 
 
 def test_cluster_spec_and_tf_config():
@@ -20,7 +20,7 @@ def test_cluster_spec_and_tf_config():
     cluster = launch.cluster_spec(2, 1, [1, 2, 3, 4])
     assert cluster == {"chief": ["localhost:1"], "worker": ["localhost:2", "localhost:3"], "ps": ["localhost:4"]}
     assert launch.tasks(cluster) == [("chief", 0), ("worker", 0), ("worker", 1), ("ps", 0)]
-    assert json.loads(launch.tf_config(cluster, "worker", 1))["task"] == {"type": "worker", "index": 1}
+    assert json.loads(supervise.tf_config(cluster, "worker", 1))["task"] == {"type": "worker", "index": 1}
     ports = launch.free_ports(3)
     assert len(set(ports)) == 3
 
@@ -258,7 +258,7 @@ def test_serve_takes_no_script():
 @pytest.mark.slow
 def test_notebook_launcher_returns_the_chiefs_result(tmp_path):
     script = _script(tmp_path, """
-        from trainer.launch import notebook_launcher
+        from trainer.notebook import notebook_launcher
 
         def train():
             from trainer import Trainer  # everything TensorFlow happens inside the workers
@@ -284,7 +284,7 @@ def test_notebook_launcher_returns_the_chiefs_result(tmp_path):
 
 def test_notebook_launcher_reports_a_result_it_cannot_return(tmp_path):
     script = _script(tmp_path, """
-        from trainer.launch import notebook_launcher
+        from trainer.notebook import notebook_launcher
         try:
             notebook_launcher(lambda: (lambda: 1), workers=2, timeout=60)
         except RuntimeError as err:

@@ -201,7 +201,8 @@ def test_an_elastic_job_resumes_exactly_on_the_node_that_is_left(tmp_path, refer
 
 def test_a_dead_peer_is_named_by_every_survivor_not_a_hang():
     """Three workers without a launcher; worker 1 dies: both others end with an error naming it."""
-    from trainer.launch import cluster_spec, free_ports, tf_config
+    from trainer.launch import cluster_spec, free_ports
+    from trainer.supervise import tf_config
 
     cluster = cluster_spec(3, 0, free_ports(3))
     procs = [subprocess.Popen([sys.executable, str(TESTS / "dead_peer_run.py")],

@@ -73,10 +73,10 @@ def test_seed_none_leaves_a_builder_unseeded():
 
 
 def test_seed_none_is_refused_where_workers_must_shuffle_alike(monkeypatch):
-    from trainer import trainer as trainer_module
+    from trainer import stages
 
     x, y, _ = tiny_data(64)
-    monkeypatch.setattr(trainer_module, "_workers",
+    monkeypatch.setattr(stages, "workers",
                         lambda strategy, training=True: {"num_workers": 2, "parameter_server": False})
     model = tiny_model()
     before = [w.copy() for w in model.get_weights()]

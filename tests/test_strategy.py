@@ -103,7 +103,7 @@ def test_repeated_fits_under_mirrored_strategies_of_different_sizes():
 
 def test_a_collective_error_names_the_peer_task_and_its_address():
     from trainer.cluster import ClusterInfo
-    from trainer.loop import failed_peer
+    from trainer.faults import failed_peer
 
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec({"worker": ["a:1", "b:2", "c:3"]}), task_type="worker", task_id=0)

@@ -21,7 +21,7 @@ _EXPORTS = {
     "ClusterInfo": "trainer.cluster",
     "cluster_info": "trainer.cluster",
     "parse_tf_config": "trainer.cluster",
-    "notebook_launcher": "trainer.launch",
+    "notebook_launcher": "trainer.notebook",
 }
 
 __all__ = sorted(_EXPORTS)

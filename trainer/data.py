@@ -10,6 +10,9 @@ exactly with a message that names the argument and the fix, folds in
 workers (`check_workers` refuses the Python-fed forms where several processes
 can't read them alike), and on its own (`data_checks.check_data`). The checks
 against the model come later (`checks`), once it is known.
+
+Past 300 lines: one recognition of every form, with Keras's own view of it (`_keras_view`) and the
+coercions it shares between them; `class_weights.py` and `data_checks.py` hold the rest.
 """
 
 from __future__ import annotations
@@ -20,13 +23,13 @@ import numbers
 import reprlib
 import types
 import warnings
-from typing import Any, Callable
+from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from trainer import _compat
+from trainer import _compat, class_weights
 from trainer.data_checks import check_data, subject
 from trainer.inputs import ArrayInput, BatchedInput, DatasetInput, FunctionInput, Input
 from trainer.route import user_stacklevel
@@ -58,7 +61,7 @@ def as_input(x: Any, y: Any = None, sample_weight: Any = None, *, arg: str, with
         view = _keras_view(x, form, arg, class_weight=class_weight, shuffle=shuffle, warn=warn)
         return _checked_dataset(view, arg, class_weight) if form == "tf.data.Dataset" else _adapted(view, form)
     if form == "function":
-        _no_class_weight(class_weight, "a dataset function", "weights in the dataset it returns")
+        class_weights.refused(class_weight, "a dataset function", "weights in the dataset it returns")
         return FunctionInput(x)
     if y is not None or sample_weight is not None:
         data = (x, y) if sample_weight is None else (x, y, sample_weight)
@@ -86,7 +89,7 @@ def as_input(x: Any, y: Any = None, sample_weight: Any = None, *, arg: str, with
         _reject_nested_lists(data, arg, "x" if with_targets else arg)
         arrays = tf.nest.map_structure(_text_as_bytes, tf.nest.map_structure(_as_array, data))
     inp = ArrayInput(arrays, _common_length(arrays, arg))
-    return _class_weighted(inp, class_weight, arg) if class_weight is not None else inp
+    return class_weights.weighed(inp, class_weight, arg) if class_weight is not None else inp
 
 
 def check_workers(inp: Input, num_workers: int, *, parameter_server: bool, arg: str) -> None:
@@ -135,7 +138,7 @@ def fit_inputs(x: Any, y: Any, sample_weight: Any, *, arg: str, class_weight: An
     if validation_split and validation_data is None:
         train, val = split_validation(as_input(x, y, sample_weight, arg=arg, shuffle=shuffle), validation_split, arg)
         if class_weight is not None:
-            train = _class_weighted(train, class_weight, arg)
+            train = class_weights.weighed(train, class_weight, arg)
     else:
         train = as_input(x, y, sample_weight, arg=arg, class_weight=class_weight, shuffle=shuffle, warn=is_chief)
         val = None if validation_data is None else _validation_input(validation_data, train)
@@ -246,89 +249,11 @@ def split_validation(inp: Input, validation_split: float, arg: str) -> tuple[Arr
     return ArrayInput(train, split_at), ArrayInput(val, inp.num_examples - split_at)
 
 
-def _no_class_weight(class_weight: Any, what: str, fix: str) -> None:
-    if class_weight is not None:
-        raise ValueError(
-            f"`class_weight` can't be applied to {what}, whose batches the trainer does not see until they run. "
-            f"Received: class_weight={reprlib.repr(class_weight)}. Put {fix} instead."
-        )
-
-
-def check_class_weight(class_weight: Any) -> None:
-    """A mapping {class index: weight}, as `model.fit` takes it."""
-    if class_weight is None:
-        return
-    if not isinstance(class_weight, dict) or not all(
-            isinstance(k, (numbers.Integral, np.integer)) and isinstance(v, (numbers.Real, np.number))
-            for k, v in class_weight.items()):
-        raise TypeError(
-            f"`class_weight` must be a dict mapping class indices (int) to weights (float); model.fit ignores keys "
-            f"of other types, so those weights would do nothing. Received: class_weight="
-            f"{reprlib.repr(class_weight)} of type {type(class_weight).__name__}. Pass e.g. "
-            "class_weight={0: 1.0, 1: 5.0}; classes left out weigh 1.0."
-        )
-
-
-def _class_indices(y: Any) -> Any:
-    """Keras's reading of targets as classes: the argmax of one-hot rows, else the rounded label."""
-    if len(y.shape) > 1 and y.shape[-1] != 1:
-        return np.argmax(y, axis=-1) if isinstance(y, np.ndarray) else tf.argmax(y, axis=-1)
-    if isinstance(y, np.ndarray):
-        return np.round(y.reshape(len(y))).astype(np.int64)
-    return tf.cast(tf.round(tf.reshape(y, [-1])), tf.int64)
-
-
-def _class_weighted(inp: ArrayInput, class_weight: dict, arg: str) -> ArrayInput:
-    if not isinstance(inp.arrays, tuple) or len(inp.arrays) < 2:
-        _no_targets_to_weigh(class_weight, arg)
-    x, y, *weights = inp.arrays
-    _single_target(y, weights, class_weight)
-    classes = _class_indices(y)
-    weights = np.array([class_weight.get(int(c), 1.0) for c in range(int(classes.max()) + 1)], np.float32)
-    return ArrayInput((x, y, weights[classes]), inp.num_examples)
-
-
-def _no_targets_to_weigh(class_weight: Any, arg: str) -> None:
-    raise ValueError(
-        f"`class_weight` weighs examples by their target class, and `{arg}` has features only (no y). Received: "
-        f"class_weight={reprlib.repr(class_weight)}. Pass the targets (fit(model, x, y, class_weight=...)), or "
-        "drop class_weight."
-    )
-
-
-def _single_target(y: Any, weights: list, class_weight: Any) -> None:
-    if weights:
-        raise ValueError(
-            "`class_weight` and `sample_weight` can't both be given (Keras refuses them together too). "
-            f"Received: class_weight={reprlib.repr(class_weight)} and a sample_weight. Multiply the class "
-            "weights into sample_weight yourself, and drop class_weight."
-        )
-    if isinstance(y, (dict, list, tuple)):
-        raise ValueError(
-            "`class_weight` needs a model with a single output (as in Keras). Received: targets with "
-            f"{len(y)} outputs. Pass per-output sample_weight instead."
-        )
-
-
-def _class_weight_fn(class_weight: dict, batched: bool) -> Callable:
-    """A dataset map that appends Keras's class weights to (x, y) elements."""
-    size = max(class_weight) + 1
-    table = tf.constant([class_weight.get(c, 1.0) for c in range(size)], tf.float32)
-
-    def add_weights(x, y):
-        classes = _class_indices(y if batched else tf.expand_dims(y, 0))
-        weights = tf.gather(table, tf.clip_by_value(classes, 0, size - 1))
-        weights = tf.where(classes < size, weights, 1.0)
-        return x, y, weights if batched else weights[0]
-
-    return add_weights
-
-
 def _keras_view(x: Any, form: str, arg: str, *, class_weight: Any, shuffle: bool, warn: bool) -> _compat.KerasView:
     """`x` as Keras's data adapters read it (a generator's adapter peeks at its first batches, and keeps them);
     their warnings given again as warnings of the user's call."""
     if form in ("generator", "grain dataset"):
-        _no_class_weight(class_weight, f"a {form} (Keras refuses it too)", "the weights in the batches it yields")
+        class_weights.refused(class_weight, f"a {form} (Keras refuses it too)", "the weights in the batches it yields")
     if form == "tf.data.Dataset" and x.cardinality() == 0:
         raise ValueError(f"`{arg}` must hold at least one example (model.fit would run epochs of no step and "
                          f"return an empty history). Received: {arg}, an empty tf.data.Dataset (cardinality 0). Pass "
@@ -419,12 +344,12 @@ def _checked_dataset(view: _compat.KerasView, arg: str, class_weight: Any = None
     if class_weight is not None:
         spec = dataset.element_spec
         if not (isinstance(spec, tuple) and len(spec) in (2, 3)):
-            _no_targets_to_weigh(class_weight, arg)
+            class_weights.no_targets(class_weight, arg)
         if isinstance(spec, tuple) and len(spec) == 3:
-            _single_target(spec[1], [spec[2]], class_weight)
+            class_weights.single_target(spec[1], [spec[2]], class_weight)
         if isinstance(spec, tuple) and len(spec) == 2:
-            _single_target(spec[1], [], class_weight)
-            dataset = dataset.map(_class_weight_fn(class_weight, batched))
+            class_weights.single_target(spec[1], [], class_weight)
+            dataset = dataset.map(class_weights.dataset_map(class_weight, batched))
     if not batched:
         return DatasetInput(dataset)
     cardinality = int(dataset.cardinality())

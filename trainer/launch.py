@@ -36,16 +36,13 @@ import dataclasses
 import os
 import socket
 import sys
-import time
-from queue import Empty
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from trainer import links, rendezvous
-from trainer.cluster import BACKUP_DIR_ENV, LAUNCHER_MARK
+from trainer.cluster import BACKUP_DIR_ENV
 from trainer.serve import check_serve_config, run_slurm_task, serve
 from trainer.slurm import slurm_step
-from trainer.quiet import startup_notices_hidden
-from trainer.supervise import GRACE_SECONDS, run_tasks, say, stop_requests, tf_config
+from trainer.supervise import run_tasks, say, stop_requests
 
 
 def free_ports(count: int) -> list[int]:
@@ -297,61 +294,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                      master_port=args.master_port, workers=args.workers or 1, ps=args.ps, secret=secret,
                      node_addr=args.node_addr, max_restarts=args.max_restarts, last_call=float(args.rdzv_last_call),
                      timeout=float(args.rdzv_timeout))
-
-
-def notebook_launcher(fn: Callable[[], Any], workers: int = 2, timeout: float | None = None) -> Any:
-    """Runs `fn()` in `workers` local worker processes (one TF_CONFIG each); returns the chief's result.
-
-    The processes are forked, so `fn` may be defined in the notebook. Fork only
-    before TensorFlow has run anything in the notebook's own process: build the
-    model, data and Trainer inside `fn`.
-    """
-    import multiprocessing
-
-    context = multiprocessing.get_context("fork")
-    cluster = cluster_spec(workers, 0, free_ports(workers))
-    queue = context.Queue()
-    processes = [context.Process(target=_notebook_task, args=(fn, cluster, i, queue)) for i in range(workers)]
-    for p in processes:
-        p.start()
-    results: dict[int, Any] = {}
-    deadline = None if timeout is None else time.monotonic() + timeout
-    try:
-        while len(results) < workers:
-            try:
-                index, ok, value = queue.get(timeout=0.5)
-            except Empty:
-                dead = [i for i, p in enumerate(processes) if p.exitcode is not None and i not in results]
-                if dead and queue.empty():
-                    raise RuntimeError(f"worker:{dead[0]} exited (code {processes[dead[0]].exitcode}) "
-                                       "without returning a result.")
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"notebook_launcher: workers still running after {timeout}s.")
-                continue
-            if not ok:
-                raise RuntimeError(f"worker:{index} failed:\n{value}")
-            results[index] = value
-    finally:
-        for p in processes:
-            p.join(timeout=GRACE_SECONDS)
-            if p.is_alive():
-                p.kill()
-    return results[0]
-
-
-def _notebook_task(fn, cluster, index, queue) -> None:
-    import pickle
-    import traceback
-
-    os.environ["TF_CONFIG"] = tf_config(cluster, "worker", index)
-    os.environ[LAUNCHER_MARK] = "notebook_launcher"
-    try:
-        with startup_notices_hidden():  # TensorFlow's start-up notices, once per worker, stay off the page
-            result = fn()
-        pickle.dumps(result)  # fail here, with a message, rather than in the queue's thread
-        queue.put((index, True, result))
-    except BaseException:  # report any failure to the notebook, with its traceback
-        queue.put((index, False, traceback.format_exc()))
 
 
 if __name__ == "__main__":

@@ -4,13 +4,15 @@ Callbacks that need the trainer's state (the epoch and step, the cluster role,
 where to resume) define `set_trainer_context(context)` and receive a
 `TrainContext`. That object is the only handshake between the loop and
 callbacks; nothing reads private model fields.
+
+Past 300 lines: the one epoch loop owns the order of events, with its step sources and the evaluation
+loop that validation reuses; `faults.py` says what a failed collective means.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import re
 import threading
 import time
 from typing import Any, Callable, ContextManager, Protocol
@@ -23,6 +25,7 @@ from trainer.fusion import StepFusion
 from trainer.plan import Plan
 from trainer.steps import Steps
 from trainer.cluster import ClusterInfo
+from trainer.faults import explained_collective_errors
 
 _BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
 EVAL_STEPS_PER_EXECUTION = 32
@@ -217,7 +220,7 @@ def run_epochs(
     source.steps.sync_warmup()
     source.begin()
     logs: dict[str, Any] = {}
-    with _explained_collective_errors(context):  # the steps, the metric reads and validation all gather
+    with explained_collective_errors(context):  # the steps, the metric reads and validation all gather
         for epoch in range(context.initial_epoch, context.epochs):
             first_step = context.initial_step if epoch == context.initial_epoch else 0
             context.epoch, context.step = epoch, first_step
@@ -300,49 +303,6 @@ def _train_epoch(run_steps: Callable[[int], tuple[int, bool]], model: keras.Mode
             callbacks.on_train_batch_end(context.step - 1, objective.results() if batch_logs else None)
         if ended or model.stop_training:
             break
-
-
-@contextlib.contextmanager
-def _explained_collective_errors(context: TrainContext):
-    """TensorFlow's errors for a dead peer or a collective-key clash, as errors that say what to do."""
-    try:
-        yield
-    except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as err:
-        raise RuntimeError(
-            f"A collective failed in epoch {context.epoch} near step {context.step}: "
-            f"{failed_peer(str(err), context.strategy, context.cluster)} is probably gone or stuck (see its log). "
-            "With BackupAndRestore, re-run the job to resume. The per-collective timeout is "
-            "resolve_strategy('multi_worker', timeout_seconds=...)."
-        ) from err
-    except tf.errors.InternalError as err:
-        if "joining a group" not in str(err):
-            raise
-        raise RuntimeError(
-            "Two MirroredStrategies over different devices used the same collective group key in this "
-            "process (one ran outside the Trainer), and TensorFlow has aborted its collectives. Restart "
-            "the process; then build strategies with trainer.resolve_strategy('mirrored', devices=[...]), "
-            "or use one device layout per process."
-        ) from err
-
-
-_TASK_NAME = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
-
-
-def failed_peer(message: str, strategy: tf.distribute.Strategy, own: ClusterInfo) -> str:
-    """The peer task a collective's error names, with its address ("worker 1 (host:port)"), or "a peer task".
-
-    TensorFlow names it as the remote end of a broken call ("remote target /job:worker/replica:0/task:1")
-    or in its health check's abort ("cluster check alive failed, /job:worker/replica:0/task:1 is down").
-    """
-    resolver = getattr(strategy, "cluster_resolver", None)
-    spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
-    for job, index in _TASK_NAME.findall(message):
-        if (job, int(index)) == (own.task_type, own.task_id) or job not in spec:
-            continue
-        addresses = spec[job]
-        address = addresses[int(index)] if isinstance(addresses, list) else addresses.get(int(index))
-        return f"{job} {index} ({address})"
-    return "a peer task"
 
 
 def run_eval(steps: Steps, make_reader: MakeReader, inp, callbacks, num_steps: int | None = None

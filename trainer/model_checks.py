@@ -16,7 +16,7 @@ from trainer import _compat
 from trainer import inputs as inputs_lib
 from trainer import models
 from trainer.data_checks import describe_spec, leaves, parts, sorted_keys, structure, subject
-from trainer.objective import ModelSteps
+from trainer.model_steps import ModelSteps
 
 def check_model_inputs(model: keras.Model, inputs, batch) -> None:
     """Targets where the model needs them; feature structure, shapes and dtypes against its Inputs; label range;

@@ -13,7 +13,7 @@ import keras
 import tensorflow as tf
 
 from trainer import _compat, scaling
-from trainer.objective import overridden
+from trainer.model_steps import overridden
 from trainer.placement import Backings
 
 ModelOrBuilder = keras.Model | Callable[[], keras.Model]

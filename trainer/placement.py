@@ -32,7 +32,7 @@ import tensorflow as tf
 
 from trainer import _compat
 from trainer.cluster import is_parameter_server, strategy_cluster_info
-from trainer.objective import overridden
+from trainer.model_steps import overridden
 
 ON_READ = tf.VariableSynchronization.ON_READ
 

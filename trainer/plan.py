@@ -71,7 +71,7 @@ class Plan:
     onednn: bool | None = None  # whether oneDNN's kernels run the CPU replicas; None: nothing to suggest
     precision: str = "float32"  # the dtype policy the model's layers compute in (models.precision)
     native_bf16: str | None = None  # the bfloat16 units ("AMX", "AVX512_BF16") of CPU replicas under oneDNN
-    step: str = "the trainer's"  # whose train step runs (objective.ModelSteps.describe)
+    step: str = "the trainer's"  # whose train step runs (model_steps.ModelSteps.describe)
     batch_norm: tuple[str, ...] = ()  # BatchNormalization layers with per-replica statistics
     global_batch_norm: int = 0  # BatchNormalization layers with the global batch's statistics
     optimizer: str | None = None  # its clipping, accumulation and EMA, in words (optimizer_note)

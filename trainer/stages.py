@@ -24,14 +24,14 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from trainer import checks, models, options, scaling
+from trainer import checks, class_weights, models, options, scaling
 from trainer import data as data_lib
 from trainer import engine as engine_lib
 from trainer import inputs as inputs_lib
 from trainer import route as route_lib
 from trainer.cluster import cluster_source, is_parameter_server, restarted, strategy_cluster_info
 from trainer.fusion import StepFusion
-from trainer.objective import ModelSteps
+from trainer.model_steps import ModelSteps
 from trainer.plan import Plan, batch_norm_note, optimizer_note, strategy_label
 
 
@@ -72,7 +72,7 @@ def checked_fit_call(callbacks, strategy: tf.distribute.Strategy, *, batch_size,
                            validation_freq=validation_freq, validation_batch_size=validation_batch_size)
     validation_steps = options.steps_arg("validation_steps", validation_steps, fix="Pass a positive number of "
                                          "steps, or None to validate on all of validation_data.")
-    data_lib.check_class_weight(class_weight)
+    class_weights.check_class_weight(class_weight)
     epochs, steps_per_epoch = options.loop_args(epochs=epochs, initial_epoch=initial_epoch,
                                                 steps_per_epoch=steps_per_epoch)
     return FitCall(callbacks, epochs, initial_epoch, steps_per_epoch, shuffle, verbosity(verbose),

@@ -7,6 +7,9 @@ however unevenly the batch was split. Regularization is divided by the replica
 count, so it is added exactly once per global step. How a batch is split, and
 a batch smaller than the replica count, are in `feed.Share`.
 
+Past 300 lines: `Steps` is one object, the compiled loops and the replica functions they run; the loop
+for each reader and each of train, evaluate and predict shares its tracing and its warmup there.
+
 A fused call is one `tf.while_loop`, and its steps all have the same shapes:
 TensorFlow keys a collective once per graph, so one whose shape changes
 between iterations aborts the job ("Shape mismatch in the collective
@@ -28,6 +31,7 @@ from trainer import _compat, draws
 from trainer import feed as feed_lib
 from trainer import objective as objective_lib
 from trainer.cluster import is_parameter_server
+from trainer.model_steps import ModelSteps
 from trainer.objective import Objective
 from trainer.tracing import graph_function
 
@@ -147,7 +151,7 @@ class Steps:
         # instead, and the metrics are updated once, away from the replicas.
         self.replica_metrics = not (isinstance(strategy, tf.distribute.experimental.CentralStorageStrategy)
                                     or is_parameter_server(strategy))
-        self.model_steps = objective_lib.ModelSteps.of(model)
+        self.model_steps = ModelSteps.of(model)
         if self.model_steps.train and not self.replica_metrics:
             raise ValueError(
                 f"{type(model).__name__} has its own train_step, which updates its metrics inside each replica; "

@@ -1,4 +1,9 @@
-"""`Trainer`: fit, evaluate and predict a Keras model under any tf.distribute strategy."""
+"""`Trainer`: fit, evaluate and predict a Keras model under any tf.distribute strategy.
+
+Past 300 lines: the public methods carry Keras's signatures and their documentation, beside the stages
+that use the Trainer's own state (its strategies, engines, in-scope models and coordinators); the
+stateless stages are in `stages.py`.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ from trainer import route as route_lib
 from trainer import strategy as strategy_lib
 from trainer.cluster import cluster_info, is_parameter_server, strategy_cluster_info
 from trainer.history import History
-from trainer.objective import logs_in_order
+from trainer.model_steps import logs_in_order
 from trainer.plan import strategy_label
 from trainer.steps import Steps
 
