@@ -122,8 +122,8 @@ class Trainer:
         stay float32. Opt-in; the plan suggests it on such CPUs.
       batch_norm: "global": on several replicas in sync, BatchNormalization
         layers normalize with the global batch's mean and variance, as on one
-        device (Keras's `synchronized=True`, set for the call: three small
-        all-reduces per layer per step). "per_replica": each replica's own
+        device (Keras's `synchronized=True`, set for the call: one small
+        round between the replicas per layer each way, forward and backward). "per_replica": each replica's own
         share's, as Keras's fit does, for speed; the numbers then depend on the
         replica count.
       verbose: 0 silent, 1 plan and progress bar, 2 plan and one line per epoch
