@@ -170,23 +170,6 @@ def _in_process(strategy) -> bool:
             and all(tf.DeviceSpec.from_string(d).device_type == "CPU" for d in strategy.extended.worker_devices))
 
 
-def _weighed_sum(context, value, factor):
-    """The replicas' sum of `value`. Its gradient is the replicas' sum of theirs, with a gradient `factor` (see
-    `_compute_moments_sync`) each replica's part weighed by it."""
-
-    @tf.custom_gradient
-    def summed(v):
-        def grad(upstream):
-            if factor is None:
-                return _replica_sum(context, upstream)
-            weight = tf.cast(factor, upstream.dtype)
-            return tf.math.divide_no_nan(_replica_sum(context, upstream * weight), weight)
-
-        return _replica_sum(context, v), grad
-
-    return summed(value)
-
-
 def _replica_sum(context, value):
     """The replicas' sum of `value`: between CPUs of one process each replica adds the parts itself, in replica
     order, so every replica holds the same bits; elsewhere (GPUs, workers) the strategy's own all-reduce."""
