@@ -82,16 +82,17 @@ def checked_fit_call(callbacks, strategy: tf.distribute.Strategy, *, batch_size,
 def fit_data(call: FitCall, x, y, sample_weight, strategy: tf.distribute.Strategy, *, class_weight,
              validation_split, validation_data, seed: int | None) -> tuple[inputs_lib.Input, inputs_lib.Input | None]:
     """(training input, validation input or None), each checked where its form is known."""
+    readers = workers(strategy)
     train, val = data_lib.fit_inputs(x, y, sample_weight, arg=data_arg(y, sample_weight),
                                      class_weight=class_weight, shuffle=call.shuffle,
                                      validation_split=validation_split, validation_data=validation_data,
-                                     steps_per_epoch=call.steps_per_epoch, **workers(strategy),
+                                     steps_per_epoch=call.steps_per_epoch, **readers,
                                      is_chief=strategy_cluster_info(strategy).is_chief)
     if val is not None and call.validation_freq == 0:
         raise ValueError("`validation_freq` must be a positive number of epochs (or a list of epochs) when fit "
                          "validates: model.fit divides the epoch by it. Received: validation_freq=0. Pass e.g. "
                          "validation_freq=1.")
-    num_workers = workers(strategy)["num_workers"]
+    num_workers = readers["num_workers"]
     if seed is None and call.shuffle and num_workers > 1 and isinstance(train, inputs_lib.ArrayInput):
         raise ValueError(
             f"The {num_workers} workers must shuffle the arrays alike, and with seed=None each drew its own "
