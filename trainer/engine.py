@@ -165,6 +165,8 @@ def build(
     models.check_loss(model, keras.utils.unpack_x_y_sample_weight(batch)[0], training=lr is not None)
     move = placement.move_in(model, strategy, in_scope.table(model, strategy), batch, targets=True)
     try:
+        # Keras 3.8 and 3.9 mirror metric variables on write: replaced before the key takes their backings
+        _compat.metric_variables_on_read(model, strategy)
         lr_plan = None
         if lr is not None and model.optimizer is not None:  # a GAN keeps its optimizers elsewhere
             lr_plan = lr.plan_for(model.optimizer)

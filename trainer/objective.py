@@ -75,7 +75,6 @@ class Objective:
     def __init__(self, model: keras.Model, strategy: tf.distribute.Strategy):
         self.model = model
         self.strategy = strategy
-        _compat.metric_variables_on_read(model, strategy)  # Keras 3.8 and 3.9 mirror them on write
         self.loss_tracker = _compat.loss_tracker(model)
         self.model_steps = ModelSteps.of(model)
         self._read = self._reset = None
