@@ -187,3 +187,23 @@ def test_fit_on_two_replicas_counts_the_gradients_it_all_reduces(capsys):
     assert _row(capsys.readouterr().out, "all-reduce") == ("104 bytes of gradients per step (26 values), summed "
                                                            "over the 2 replicas (docs/performance.md: where "
                                                            "scaling stops)")
+
+
+def test_fit_says_why_xla_is_off_when_batch_norm_takes_the_global_statistics(capsys):
+    import keras
+    import numpy as np
+
+    from conftest import mirrored
+    from trainer import Trainer
+
+    x, y = np.random.RandomState(0).rand(40, 3).astype("float32"), np.zeros((40, 1), "float32")
+    model = keras.Sequential([keras.Input((3,)), keras.layers.BatchNormalization(), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    trainer = Trainer(strategy=mirrored(2), batch_size=8, jit_compile=True, verbose=2)
+    trainer.fit(model, x, y)
+    assert _row(capsys.readouterr().out, "execution").endswith(
+        "XLA off (XLA asked for, but the forward pass all-reduces across the replicas (BatchNormalization's "
+        "global statistics, or the count of masked outputs), which a nested XLA function cannot do)")
+    trainer.batch_norm = "per_replica"  # no all-reduce in the forward pass: XLA as asked, and nothing to explain
+    trainer.fit(model, x, y)
+    assert _row(capsys.readouterr().out, "execution").endswith("XLA on")

@@ -37,6 +37,8 @@ class Engine:
     # parameter-server training, where they run inline on the coordinator.
     eval_strategy: tf.distribute.Strategy
     eval_steps: Steps
+    # For the plan: where the XLA setting came from, or why it is off ("" when the Trainer's setting holds).
+    jit_note: str = ""
     # Global batch size -> seconds per train step measured by the last fit that sized
     # its calls ("auto"), so the next fit starts at that size (trainer.fusion).
     seconds_per_step: dict[int, float] = dataclasses.field(default_factory=dict)
@@ -75,6 +77,16 @@ def asked_jit(strategy: tf.distribute.Strategy, setting: bool | str, model: Any 
     if isinstance(model, keras.Model) and getattr(model, "compiled", False):
         return bool(model.jit_compile)
     return strategy_lib.runs_on_accelerators(strategy)
+
+
+def jit_note(strategy: tf.distribute.Strategy, setting: bool | str, model: Any, jit: bool) -> str:
+    """For the plan: why XLA is off where the settings asked for it, or that the model's compile asked for it."""
+    if not jit and asked_jit(strategy, setting, model):
+        return ("XLA asked for, but the forward pass all-reduces across the replicas (BatchNormalization's "
+                "global statistics, or the count of masked outputs), which a nested XLA function cannot do")
+    if setting == "auto" and getattr(model, "compiled", False) and model.jit_compile:
+        return "XLA from the model's compile(jit_compile=...)"
+    return ""
 
 
 def synchronizes_in_forward_pass(strategy: tf.distribute.Strategy, model: Any, data_batch: Any = None) -> bool:
@@ -174,11 +186,12 @@ def build(
         if batch_norm == "global" and strategy.num_replicas_in_sync > 1 and not is_parameter_server(strategy):
             move.undo.append(models.synchronize_batch_norm(model))
         jit = jit_for(strategy, jit_compile, model, batch)
+        note = jit_note(strategy, jit_compile, model, jit)
         warmup = lr_plan.float_warmup() if lr_plan else None
         scaled = (lr_plan.factor, lr_plan.warmup_steps) if lr_plan else None
         objects = (model, strategy, model.optimizer, _compat.compile_loss(model), _compat.compile_metrics(model))
         variables, _ = _compat.model_state(model)
-        key = (objects, (jit, warmup, scaled, tuple(models.per_replica_batch_norm(model)),
+        key = (objects, (jit, note, warmup, scaled, tuple(models.per_replica_batch_norm(model)),
                          tuple(id(_compat.backing(v)) for v in variables)))
         engine = next((e for e in cache if _same(e.key, key)), None)
         if engine is None:
@@ -188,7 +201,7 @@ def build(
             if is_parameter_server(strategy):
                 eval_strategy = tf.distribute.get_strategy()  # inline on the coordinator
                 eval_steps = Steps(eval_strategy, model, objective, jit_compile=jit)
-            engine = Engine(key, strategy, objective, steps, eval_strategy, eval_steps)
+            engine = Engine(key, strategy, objective, steps, eval_strategy, eval_steps, note)
             cache[:] = [engine] + cache[: CACHE_SIZE - 1]  # bounded: engines hold their models
     except BaseException:
         move.back()

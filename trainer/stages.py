@@ -132,7 +132,7 @@ def fusion(setting: int | str, compiled: engine_lib.Engine, batch: scaling.Batch
 
 
 def fit_plan(strategy: tf.distribute.Strategy, inp: inputs_lib.Input, schedule: Schedule,
-             lr_plan: scaling.LRPlan | None, steps: StepFusion, model: keras.Model, *, jit: bool, jit_setting,
+             lr_plan: scaling.LRPlan | None, steps: StepFusion, model: keras.Model, *, jit: bool, jit_note: str = "",
              sources: tuple[str, ...] = (), process: str = "", moved: str = "", resumes: bool = False,
              unguarded: tuple[str, ...] = ()) -> Plan:
     """What fit decided, as data (`Plan`); `sources` say where settings came from when not the Trainer."""
@@ -172,7 +172,7 @@ def fit_plan(strategy: tf.distribute.Strategy, inp: inputs_lib.Input, schedule: 
         global_batch_norm=models.global_batch_norm(model),
         optimizer=optimizer_note(model.optimizer, strategy.num_replicas_in_sync),
         batch_source=schedule.source,
-        execution_source="; ".join(filter(None, [*sources, _jit_source(model, strategy, jit, jit_setting)])),
+        execution_source="; ".join(filter(None, [*sources, jit_note])),
         process=process,
         placement=moved,
         cluster=cluster_source() if num_workers > 1 or parameter_server or restarted() else "",
@@ -215,12 +215,3 @@ def _launcher_backup(callbacks: list) -> list:
     from trainer.callbacks.backup import launcher_backup  # callbacks/ builds on trainer/
 
     return launcher_backup(callbacks)
-
-
-def _jit_source(model, strategy, jit: bool, setting) -> str:
-    if not jit and engine_lib.asked_jit(strategy, setting, model):
-        return ("XLA off: the forward pass all-reduces across the replicas (BatchNormalization's global "
-                "statistics, or the count of masked outputs), which a nested XLA function cannot")
-    if setting == "auto" and getattr(model, "compiled", False) and model.jit_compile:
-        return "XLA from the model's compile(jit_compile=...)"
-    return ""

@@ -278,7 +278,7 @@ class Trainer:
             steps, steps_source = stages.fusion(self.steps_per_execution, compiled, schedule.batch,
                                                 schedule.steps_per_epoch, call.callbacks)
             plan = stages.fit_plan(strategy, train, schedule, lr_plan, steps, model, jit=compiled.steps.xla,
-                                   jit_setting=self.jit_compile, sources=(steps_source,), process=process,
+                                   jit_note=compiled.jit_note, sources=(steps_source,), process=process,
                                    moved=move.describe(), unguarded=loop.unguarded(call.callbacks),
                                    resumes=any(getattr(c, "resumes", False) for c in call.callbacks))
             context = loop.TrainContext(strategy, strategy_cluster_info(strategy), plan, epochs=call.epochs,
