@@ -1,13 +1,15 @@
 """What one device's random draws and BatchNormalization statistics cost per train step on R replicas.
 
     python bench/exact_layers_cost.py [--model dropout|batch_norm] [--replicas 1 2 4 8] [--rounds 20]
-                                      [--steps-per-call 16] [--out FILE]
+                                      [--per-replica 32] [--steps-per-call 16] [--out FILE]
 
 Each layout runs in a process of its own, on R logical CPU replicas. Only the
 step calls are timed, as in bench/step_cost.py: each variant's compiled train
 function, fed by its ArrayFeed, `--steps-per-call` steps per call. The
 variants alternate call by call, their order rotating each round, and each
-ratio to the first variant is taken per round (median over rounds).
+ratio to the first variant is taken per round (median over rounds). Each
+replica takes `--per-replica` rows a step: what a round between the replicas
+costs is about fixed per layer, so its share of the step falls as the rows grow.
 
 Models and variants:
   dropout     an MLP with four Dropout layers and a GaussianNoise (a
@@ -35,7 +37,6 @@ import subprocess
 import sys
 import time
 
-PER_REPLICA = 32
 VARIANTS = {"dropout": ("keras_per_replica", "own_rows", "global_draw"),
             "batch_norm": ("per_replica", "global", "collective", "no_round")}
 
@@ -108,15 +109,15 @@ def _own_for_every_replica(context, value):
     return tf.stack([value] * context.num_replicas_in_sync)
 
 
-def step_call(strategy, x, y, model: str, variant: str):
+def step_call(strategy, x, y, model: str, variant: str, per_replica: int):
     """count -> (steps run, seconds): the train function of a Trainer for `variant`, traced as it says."""
     from trainer import Trainer
     from trainer import data as data_lib
     from trainer import inputs as inputs_lib
 
     options = {"batch_norm": "per_replica" if variant == "per_replica" else "global"} if model == "batch_norm" else {}
-    trainer = Trainer(strategy=strategy, per_replica_batch_size=PER_REPLICA, verbose=0, **options)
-    readers = inputs_lib.Readers(strategy, PER_REPLICA * strategy.num_replicas_in_sync, shuffle=True, seed=0)
+    trainer = Trainer(strategy=strategy, per_replica_batch_size=per_replica, verbose=0, **options)
+    readers = inputs_lib.Readers(strategy, per_replica * strategy.num_replicas_in_sync, shuffle=True, seed=0)
     feed = readers(data_lib.as_input((x, y), arg="data"), epoch=0, until=2**31)
     with traced_as(variant):
         trainer.fit(build(model), (x, y), epochs=1, steps_per_epoch=2)  # builds the engine
@@ -131,7 +132,7 @@ def step_call(strategy, x, y, model: str, variant: str):
     return call
 
 
-def child(model: str, replicas: int, rounds: int, steps_per_call: int) -> dict:
+def child(model: str, replicas: int, rounds: int, per_replica: int, steps_per_call: int) -> dict:
     import numpy as np
     import tensorflow as tf
 
@@ -140,11 +141,11 @@ def child(model: str, replicas: int, rounds: int, steps_per_call: int) -> dict:
     strategy = (tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)]) if replicas > 1
                 else tf.distribute.get_strategy())
     rng = np.random.default_rng(0)
-    n = PER_REPLICA * replicas * steps_per_call * 4
+    n = per_replica * replicas * steps_per_call * 4
     shape = (256,) if model == "dropout" else (28, 28, 1)
     x, y = rng.random((n, *shape), dtype=np.float32), rng.integers(0, 10, n)
     names = VARIANTS[model]
-    calls = {name: step_call(strategy, x, y, model, name) for name in names}
+    calls = {name: step_call(strategy, x, y, model, name, per_replica) for name in names}
     for call in calls.values():
         call(steps_per_call)  # warm
     times = {name: [] for name in names}
@@ -153,7 +154,7 @@ def child(model: str, replicas: int, rounds: int, steps_per_call: int) -> dict:
             ran, seconds = calls[name](steps_per_call)
             times[name].append(1000 * seconds / ran)
     base = names[0]
-    return {"model": model, "replicas": replicas, "rounds": rounds,
+    return {"model": model, "replicas": replicas, "rounds": rounds, "per_replica": per_replica,
             "ms_per_step": {name: statistics.median(t) for name, t in times.items()},
             f"over_{base}": {name: statistics.median(a / b for a, b in zip(times[name], times[base]))
                              for name in names[1:]}}
@@ -164,22 +165,25 @@ def main() -> None:
     parser.add_argument("--model", choices=list(VARIANTS), default="dropout")
     parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--per-replica", type=int, default=32, help="rows per replica per step")
     parser.add_argument("--steps-per-call", type=int, default=16)
     parser.add_argument("--out", default=None)
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
-        print(json.dumps(child(args.model, args.child, args.rounds, args.steps_per_call)))
+        print(json.dumps(child(args.model, args.child, args.rounds, args.per_replica, args.steps_per_call)))
         return
     results = []
     for replicas in args.replicas:
         out = subprocess.run([sys.executable, __file__, "--model", args.model, "--child", str(replicas),
-                              "--rounds", str(args.rounds), "--steps-per-call", str(args.steps_per_call)],
+                              "--rounds", str(args.rounds), "--per-replica", str(args.per_replica),
+                              "--steps-per-call", str(args.steps_per_call)],
                              capture_output=True, text=True, check=True,
                              env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
         results.append(json.loads(out.stdout.strip().splitlines()[-1]))
     names = VARIANTS[args.model]
-    print(f"{args.model}: ms per step (median of {args.rounds} rounds), and each variant over {names[0]}")
+    print(f"{args.model}, {args.per_replica} rows per replica: ms per step (median of {args.rounds} rounds), "
+          f"and each variant over {names[0]}")
     print(f"{'replicas':>8}" + "".join(f"{name:>20}" for name in names) + "".join(
         f"{name + ' ratio':>22}" for name in names[1:]))
     for row in results:
