@@ -39,8 +39,7 @@ from trainer import _compat
 
 _COUNTER = True  # Philox's counter shortcut; bench/exact_layers_cost.py turns it off to time the global draw
 _local = threading.local()  # .placed: (first row, rows, examples, first row's counter) of the replica traced
-_installed = [0]
-_originals: dict[str, Callable] = {}
+_originals: dict[str, Callable] = {}  # Keras's random functions, while `hooks` has them replaced
 
 
 @contextlib.contextmanager
@@ -68,22 +67,11 @@ def replica_rows(batch: Any, placed: tuple[tf.Tensor, tf.Tensor] | None, *, xla:
 @contextlib.contextmanager
 def hooks():
     """While step functions are traced: Keras's random functions draw the replica's rows of one device's draw."""
-    module = _compat.keras_random_module()
-    if module is None:  # pragma: no cover - checked on Keras 3.8 and 3.15
+    if _PATCHES is None:  # pragma: no cover - checked on Keras 3.8 and 3.15
         yield
         return
-    if _installed[0] == 0:
-        for name in _compat.RANDOM_FUNCTIONS:
-            _originals[name] = getattr(module, name)
-            setattr(module, name, _REPLACEMENTS[name])
-    _installed[0] += 1
-    try:
+    with _PATCHES.installed():
         yield
-    finally:
-        _installed[0] -= 1
-        if _installed[0] == 0:
-            for name in _compat.RANDOM_FUNCTIONS:
-                setattr(module, name, _originals.pop(name))
 
 
 def _rows_of(shape: Any) -> tuple[Any, tuple] | None:
@@ -263,3 +251,6 @@ def _dropout(inputs, rate, noise_shape=None, seed=None):
 
 _REPLACEMENTS = {"normal": _normal, "uniform": _uniform, "randint": _randint, "truncated_normal": _truncated_normal,
                  "dropout": _dropout}
+_PATCHES = None if _compat.keras_random_module() is None else _compat.Patches(
+    [(name, _compat.keras_random_module(), name, _REPLACEMENTS[name]) for name in _compat.RANDOM_FUNCTIONS],
+    _originals)

@@ -22,6 +22,8 @@ function. The rest of the trainer imports them from here (`_compat.name`):
 - `strategies`: MirroredStrategy's collective keys, MultiWorkerMirroredStrategy's
   devices on a CPU worker;
 - `coordination`: the coordination service's key-value store;
+- `patches`: the install of the Keras functions that `replicas` and
+  `trainer.draws` replace while a step is traced;
 - `onednn`, `slurm`, `masks`, `version`: oneDNN's state, Slurm's host lists,
   Keras masks, Keras's version.
 """
@@ -57,6 +59,7 @@ from .compiled import (  # noqa: F401
     symbolic_build,
 )
 from .sharded import gradients, is_sharded  # noqa: F401
+from .patches import Patches  # noqa: F401
 from .replicas import needs_one_apply, replica_hooks, replica_hooks_supported, replica_share  # noqa: F401
 from .random_state import (  # noqa: F401
     RANDOM_FUNCTIONS,

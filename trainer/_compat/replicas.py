@@ -13,6 +13,7 @@ from typing import Callable
 
 import tensorflow as tf
 
+from .patches import Patches
 from .sharded import _PSExtended, is_sharded
 
 
@@ -65,8 +66,7 @@ _interim = getattr(getattr(getattr(tf, "__internal__", None), "distribute", None
 #   merge calls (`maybe_merge_call`) are plain calls.
 
 _share = threading.local()  # .factors: {"scale", "unscale", "gradients"}; .summed: gradients already summed
-_installed = [0]  # nesting depth of `replica_hooks`
-_originals: dict[str, Callable] = {}
+_originals: dict[str, Callable] = {}  # Keras's functions that `_PATCHES` (below) replaced, while installed
 
 
 def _factor(name: str):
@@ -300,10 +300,11 @@ _HOOKS = (  # (key, owner, attribute, replacement)
     ("merge_call", _interim, "maybe_merge_call", None),  # replaced only inside `_apply`'s cross-replica call
     ("moments_sync", _tf_nn, "_compute_moments_sync", _compute_moments_sync),
 ) + ((("ps_update", _PSExtended, "_update", _ps_update),) if _PSExtended is not None else ())
+_PATCHES = Patches(_HOOKS, _originals)
 
 
 def replica_hooks_supported() -> bool:
-    return all(owner is not None and hasattr(owner, attribute) for _, owner, attribute, _ in _HOOKS)
+    return _PATCHES.supported()
 
 
 @contextlib.contextmanager
@@ -319,21 +320,8 @@ def replica_hooks():
     if not replica_hooks_supported():  # pragma: no cover - checked on Keras 3.15
         yield
         return
-    if _installed[0] == 0:
-        for key, owner, attribute, replacement in _HOOKS:
-            _originals[key] = getattr(owner, attribute)
-            if replacement is not None:
-                setattr(owner, attribute, replacement)
-    _installed[0] += 1
-    try:
+    with _PATCHES.installed():
         yield
-    finally:
-        _installed[0] -= 1
-        if _installed[0] == 0:
-            for key, owner, attribute, replacement in _HOOKS:
-                original = _originals.pop(key)
-                if replacement is not None:
-                    setattr(owner, attribute, original)
 
 
 @contextlib.contextmanager
