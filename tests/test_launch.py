@@ -96,6 +96,20 @@ def test_a_failing_task_stops_the_others_with_its_status(tmp_path):
     assert time.monotonic() - start < 30
 
 
+def test_a_task_stopped_by_sigterm_from_outside_is_said_to_be_stopped_not_failed(tmp_path):
+    script = _script(tmp_path, """
+        import json, os, signal, time
+        if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # as a preempted node's own processes get it
+        time.sleep(60)
+    """)
+    proc = _launch(script)
+    out = _output(proc, timeout=60)
+    assert proc.returncode == 143
+    assert "[launcher] task worker:1 was stopped by SIGTERM (exit status 143); stopping the others" in out
+    assert "failed" not in out
+
+
 @pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
 def test_interrupt_stops_every_task(tmp_path, signum, status):
     marker = tmp_path / "pids"

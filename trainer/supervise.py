@@ -162,7 +162,7 @@ def _supervise(running: list[_Task], out, script_tasks: list[_Task], requested: 
             link.stopping(status, "interrupted", leaving=True)
         elif failed is not None:
             status, stopping = _exit_status(failed.process.returncode), [t for t in running if t is not failed]
-            why = f"task {failed.name} failed with exit status {status}"
+            why = _ended(failed.name, status)
             say(out, f"{why}; stopping the others")
             link.stopping(status, why)
         elif news is not None:
@@ -178,6 +178,14 @@ def _supervise(running: list[_Task], out, script_tasks: list[_Task], requested: 
         for task in running:  # let every task's last lines through
             task.pump.join(timeout=5)
         return link.finish(status)
+
+
+def _ended(name: str, status: int) -> str:
+    """How a task ended, in the launcher's words: a task stopped by SIGTERM or SIGINT from outside (a
+    preempted node; its backup callback saves first) was stopped, not failed."""
+    if status - 128 in (signal.SIGTERM, signal.SIGINT):
+        return f"task {name} was stopped by {signal.Signals(status - 128).name} (exit status {status})"
+    return f"task {name} failed with exit status {status}"
 
 
 def say(out, message: str) -> None:
