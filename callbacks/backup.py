@@ -103,6 +103,7 @@ class BackupAndRestore(ContextAware):
         self._preempted, self._boundary = False, 0
         if self.handle_sigterm and threading.current_thread() is threading.main_thread():
             self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+            self.context.on_leave.append(self._restore_handler)  # also when fit raises
             self._save_step = SaveStep.for_context(self.context)
         if os.path.exists(self.path):
             state = self._restore()

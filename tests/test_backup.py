@@ -139,6 +139,24 @@ def test_backup_for_another_model_is_refused(tmp_path):
         trainer.fit(other, (x, np.eye(3)[y]), epochs=2, callbacks=[BackupAndRestore(tmp_path)])
 
 
+def test_a_fit_that_raises_leaves_the_sigterm_handler_as_it_found_it(tmp_path):
+    import keras
+
+    x, y, w = tiny_data(64)
+    before = signal.getsignal(signal.SIGTERM)
+
+    class Fails(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            raise RuntimeError("a callback failed")
+
+    backup = BackupAndRestore(tmp_path)
+    with pytest.raises(RuntimeError, match="a callback failed"):
+        Trainer(strategy="default", per_replica_batch_size=16, verbose=0).fit(
+            tiny_model(), (x, y), epochs=1, callbacks=[backup, Fails()])
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert backup._previous_handler is None
+
+
 def test_bad_save_freq():
     with pytest.raises(ValueError, match=r"`save_freq`.*save_freq='batch'"):
         BackupAndRestore("x", save_freq="batch")

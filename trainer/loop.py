@@ -52,6 +52,9 @@ class TrainContext:
         (input included); the rest of fit's time is callbacks, logging and set-up.
       lr_plan: how fit scaled `model.optimizer`'s learning rate (`scaling.LRPlan`),
         or None; a checkpoint saves the rate unscaled.
+      on_leave: what callbacks set up for the fit's duration and undo when it
+        leaves, whether it ends or raises (Keras's protocol has no hook for an
+        error): BackupAndRestore's SIGTERM handler. Run last first.
     """
 
     strategy: tf.distribute.Strategy
@@ -66,6 +69,7 @@ class TrainContext:
     fusion: StepFusion = dataclasses.field(default_factory=lambda: StepFusion(1))
     step_seconds: float = 0.0
     lr_plan: Any = None
+    on_leave: list[Callable[[], None]] = dataclasses.field(default_factory=list)
 
     @property
     def is_chief(self) -> bool:
@@ -210,6 +214,15 @@ def run_epochs(
     The one epoch loop, for every strategy: `source` runs a call's worth of
     steps; `eval_steps` validates.
     """
+    try:
+        return _run_epochs(source, context, callbacks, validation, eval_steps)
+    finally:
+        while context.on_leave:
+            context.on_leave.pop()()
+
+
+def _run_epochs(source: StepSource, context: TrainContext, callbacks: keras.callbacks.CallbackList,
+                validation: Validation | None, eval_steps: Steps) -> dict[str, Any]:
     model, objective = source.steps.model, source.objective
     batch_logs = any(overrides_batch_hooks(c) for c in callbacks.callbacks)
     model.stop_training = False
