@@ -251,6 +251,6 @@ def _dropout(inputs, rate, noise_shape=None, seed=None):
 
 _REPLACEMENTS = {"normal": _normal, "uniform": _uniform, "randint": _randint, "truncated_normal": _truncated_normal,
                  "dropout": _dropout}
-_PATCHES = None if _compat.keras_random_module() is None else _compat.Patches(
-    [(name, _compat.keras_random_module(), name, _REPLACEMENTS[name]) for name in _compat.RANDOM_FUNCTIONS],
-    _originals)
+_KERAS_RANDOM = _compat.keras_random_module()
+_PATCHES = None if _KERAS_RANDOM is None else _compat.Patches(
+    [(name, _KERAS_RANDOM, name, _REPLACEMENTS[name]) for name in _compat.RANDOM_FUNCTIONS], _originals)

@@ -182,7 +182,7 @@ def _supervise(running: list[_Task], out, script_tasks: list[_Task], requested: 
 
 def _ended(name: str, status: int) -> str:
     """How a task ended, in the launcher's words: a task stopped by SIGTERM or SIGINT from outside (a
-    preempted node; its backup callback saves first) was stopped, not failed."""
+    preempted node, where a backup callback may have saved first) was stopped, not failed."""
     if status - 128 in (signal.SIGTERM, signal.SIGINT):
         return f"task {name} was stopped by {signal.Signals(status - 128).name} (exit status {status})"
     return f"task {name} failed with exit status {status}"
