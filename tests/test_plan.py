@@ -109,8 +109,12 @@ def test_plan_says_what_each_step_all_reduces_on_several_replicas():
 def test_plan_says_batch_norm_takes_the_global_statistics_and_how_to_opt_out():
     text = Plan(**BASE, global_batch_norm=3).describe()
     assert re.search(r"\n  batch norm +3 BatchNormalization layer\(s\) normalize with the global batch's mean and "
-                     r"variance, as on one device", text), text
+                     r"variance, as on one device: 6 small all-reduces a step, one each way per layer, between the "
+                     r"replicas ", text), text
     assert "Trainer(batch_norm='per_replica')" in text
+    workers = Plan(**{**BASE, "num_workers": 2}, global_batch_norm=1).describe()
+    assert "2 small all-reduces a step, one each way per layer, between the workers, each about one network round " \
+           "trip" in workers, workers
     assert "batch norm" not in Plan(**{**BASE, "num_replicas": 1}, global_batch_norm=3).describe()
 
 

@@ -173,11 +173,13 @@ class Plan:
                                        f"({self.gradient_values:,} values), summed over the {self.num_replicas} "
                                        "replicas (docs/performance.md: where scaling stops)"))
         if self.global_batch_norm and self.num_replicas > 1:
+            rounds = 2 * self.global_batch_norm
+            between = "between the workers, each about one network round trip" if self.num_workers > 1 else (
+                "between the replicas")
             rows.append(("batch norm", f"{self.global_batch_norm} BatchNormalization layer(s) normalize with the "
-                                       "global batch's mean and variance, as on one device (one all-reduce of "
-                                       "each replica's count, sum and squared deviations per layer, forward and "
-                                       "backward); Trainer(batch_norm='per_replica') uses each replica's own, "
-                                       "for speed"))
+                                       f"global batch's mean and variance, as on one device: {rounds} small "
+                                       f"all-reduces a step, one each way per layer, {between} (docs/performance.md); "
+                                       "Trainer(batch_norm='per_replica') uses each replica's own, for speed"))
         if self.batch_norm and self.num_replicas > 1:
             rows.append(("batch norm", batch_norm_note(self.batch_norm, self.num_replicas)))
         if self.onednn is False:

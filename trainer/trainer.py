@@ -123,9 +123,10 @@ class Trainer:
       batch_norm: "global": on several replicas in sync, BatchNormalization
         layers normalize with the global batch's mean and variance, as on one
         device (Keras's `synchronized=True`, set for the call: one small
-        round between the replicas per layer each way, forward and backward). "per_replica": each replica's own
-        share's, as Keras's fit does, for speed; the numbers then depend on the
-        replica count.
+        round between the replicas per layer each way, forward and backward;
+        between workers each round is a network round trip, docs/performance.md).
+        "per_replica": each replica's own share's, as Keras's fit does, for
+        speed; the numbers then depend on the replica count.
       verbose: 0 silent, 1 plan and progress bar, 2 plan and one line per epoch
         (chief only).
       nan_guard: stop training at the first non-finite loss (see `trainer.callbacks.NanGuard`).
