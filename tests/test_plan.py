@@ -113,8 +113,8 @@ def test_plan_says_batch_norm_takes_the_global_statistics_and_how_to_opt_out():
                      r"replicas ", text), text
     assert "Trainer(batch_norm='per_replica')" in text
     workers = Plan(**{**BASE, "num_workers": 2}, global_batch_norm=1).describe()
-    assert "2 small all-reduces a step, one each way per layer, between the workers, each about one network round " \
-           "trip" in workers, workers
+    assert "2 small all-reduces a step, one each way per layer, between the workers, each at the network's latency" \
+           in workers, workers
     assert "batch norm" not in Plan(**{**BASE, "num_replicas": 1}, global_batch_norm=3).describe()
 
 

@@ -174,7 +174,7 @@ class Plan:
                                        "replicas (docs/performance.md: where scaling stops)"))
         if self.global_batch_norm and self.num_replicas > 1:
             rounds = 2 * self.global_batch_norm
-            between = "between the workers, each about one network round trip" if self.num_workers > 1 else (
+            between = "between the workers, each at the network's latency" if self.num_workers > 1 else (
                 "between the replicas")
             rows.append(("batch norm", f"{self.global_batch_norm} BatchNormalization layer(s) normalize with the "
                                        f"global batch's mean and variance, as on one device: {rounds} small "
