@@ -122,9 +122,10 @@ class ArrayFeed:
         self._order_fn, self._epochs = order, iter(epochs)
         self._rows: np.ndarray | None = None
         self.step = start_step  # the next step of the current epoch
-        # What the traced step loop depends on: structure, dtypes and per-example shapes.
+        # What the traced step loop depends on: structure, dtypes and per-example shapes, and the rows of a
+        # replica's step when every step has the same (`step_batch`).
         self.signature = (tf.nest.map_structure(lambda _: 0, arrays),
-                          tuple((a.dtype.str, a.shape[1:]) for a in self.leaves))
+                          tuple((a.dtype.str, a.shape[1:]) for a in self.leaves), uniform_rows(self._sizes))
 
     def run(self, loops, num_steps: int) -> int:
         """Runs up to `num_steps` steps through `loops.feed`, a call per piece; returns how many ran."""
@@ -208,7 +209,7 @@ def fetch(current: Callable[[], ArrayFeed], first: tf.Tensor, count: tf.Tensor, 
       first, count: the steps, within the current epoch.
       signature: `ArrayFeed.signature` of every feed `current` may return.
     """
-    _, leaves = signature
+    _, leaves, _ = signature
     replica = tf.distribute.get_replica_context().replica_id_in_sync_group
 
     def gather(first, count, replica):
@@ -224,12 +225,27 @@ def fetch(current: Callable[[], ArrayFeed], first: tf.Tensor, count: tf.Tensor, 
     return [tf.ensure_shape(tensor, shape) for tensor, shape in zip(tensors, shapes)]
 
 
+def uniform_rows(sizes: np.ndarray) -> int | None:
+    """The rows of every replica's every step when they are all the same ([steps, replicas] sizes), else None:
+    for arrays of N rows in global batches of B on R replicas, B / R when B divides N and R divides B."""
+    return int(sizes.flat[0]) if sizes.size and (sizes == sizes.flat[0]).all() else None
+
+
 def step_batch(fetched: Fetched, i: tf.Tensor, signature: tuple) -> Share:
-    """Step `i` of a fetch: this replica's `Share` (replica context)."""
-    structure, _ = signature
+    """Step `i` of a fetch: this replica's `Share` (replica context).
+
+    When every step has the same rows, the batch has them as its static size,
+    as Keras's own arrays have when they split into whole batches: TensorFlow
+    then computes some ops otherwise (a Dense on a sequence's gradient rounded 1
+    ulp apart with an unknown batch size, in `model.fit` too, fed a dataset).
+    """
+    structure, _, uniform = signature
     *rows, bounds, global_counts, tracked = fetched
     begin, end = bounds[i], bounds[i + 1]
-    batch = tf.nest.pack_sequence_as(structure, [r[begin:end] for r in rows])
+    parts = [r[begin:end] for r in rows]
+    if uniform is not None:
+        parts = [tf.ensure_shape(part, (uniform, *part.shape[1:])) for part in parts]
+    batch = tf.nest.pack_sequence_as(structure, parts)
     return Share(batch, global_counts[i], (tracked[i, 0], tracked[i, 1]), (tracked[i, 2], tracked[i, 3]))
 
 
