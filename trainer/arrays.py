@@ -57,6 +57,12 @@ def computed_slices(num_examples: int, global_batch_size: int, num_replicas: int
 OrderFn = Callable[[int], np.ndarray]  # epoch -> the global order of examples in that epoch
 
 
+def uniform_rows(sizes: np.ndarray) -> int | None:
+    """The rows of every replica's every step when they are all the same ([steps, replicas] sizes), else None:
+    for arrays of N rows in global batches of B on R replicas, B / R when B divides N and R divides B."""
+    return int(sizes.flat[0]) if sizes.size and (sizes == sizes.flat[0]).all() else None
+
+
 def array_dataset_fn(
     host: Any, num_examples: int, order: OrderFn, global_batch_size: int, epochs: range, start_step: int = 0
 ) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
@@ -80,6 +86,7 @@ def array_dataset_fn(
         local = ctx.num_replicas_in_sync // ctx.num_input_pipelines
         mine = slice(ctx.input_pipeline_id * local, (ctx.input_pipeline_id + 1) * local)
         starts, sizes, begins, ends = computed_slices(num_examples, global_batch_size, ctx.num_replicas_in_sync)
+        uniform = uniform_rows(sizes)  # a static batch size, as the feed gives it (`feed.step_batch`)
         global_counts = np.broadcast_to(sizes.sum(axis=1, keepdims=True), sizes.shape).astype(np.float32)
         placed = np.stack([starts - starts[:, :1],
                            np.broadcast_to((ends - begins).sum(axis=1, keepdims=True), sizes.shape)], axis=-1)
@@ -93,6 +100,8 @@ def array_dataset_fn(
 
             def gather(start, size, global_count, tracked, where):
                 rows = rows_in_order[start : start + size]
+                if uniform is not None:
+                    rows = tf.ensure_shape(rows, [uniform])
                 return tf.nest.map_structure(lambda v: tf.gather(v, rows), host), global_count, tracked, where
 
             skip = tf.where(epoch == epochs.start, tf.constant(start_step * local, tf.int64), 0)

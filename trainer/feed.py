@@ -52,7 +52,7 @@ import tensorflow as tf
 
 from trainer import strategy as strategy_lib
 from trainer.cluster import is_parameter_server
-from trainer.arrays import OrderFn, computed_slices
+from trainer.arrays import OrderFn, computed_slices, uniform_rows
 
 
 ACCELERATOR_READER = "TRAINER_ACCELERATOR_READER"  # "1": CPU replicas read as accelerators do (tests)
@@ -223,12 +223,6 @@ def fetch(current: Callable[[], ArrayFeed], first: tf.Tensor, count: tf.Tensor, 
     # 1 ulp off model.fit's, and BatchNormalization with momentum grew that to 1e-3 in two epochs).
     shapes = [(None, *shape) for _, shape in leaves] + [(None,), (None,), (None, 4)]
     return [tf.ensure_shape(tensor, shape) for tensor, shape in zip(tensors, shapes)]
-
-
-def uniform_rows(sizes: np.ndarray) -> int | None:
-    """The rows of every replica's every step when they are all the same ([steps, replicas] sizes), else None:
-    for arrays of N rows in global batches of B on R replicas, B / R when B divides N and R divides B."""
-    return int(sizes.flat[0]) if sizes.size and (sizes == sizes.flat[0]).all() else None
 
 
 def step_batch(fetched: Fetched, i: tf.Tensor, signature: tuple) -> Share:
