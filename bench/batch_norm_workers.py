@@ -31,16 +31,14 @@ STEPS_PER_EPOCH = 60
 
 def child(out: str, mode: str, per_worker: int, epochs: int) -> None:
     """One run on this worker: fit the CNN, timing each epoch; the chief writes the seconds."""
-    import time
-
     index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     workers = len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
     if workers <= len(os.sched_getaffinity(0)):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[index]})
-    import keras
     import numpy as np
 
     from exact_layers_cost import build
+    from scale_out import epoch_timer
     from trainer import Trainer, cluster_info
 
     global_batch = per_worker * workers
@@ -49,16 +47,8 @@ def child(out: str, mode: str, per_worker: int, epochs: int) -> None:
     y = rng.integers(0, 10, len(x))
     trainer = Trainer(strategy="multi_worker", batch_size=global_batch, lr_scaling=None, seed=0, verbose=0,
                       batch_norm=mode)
-
-    class Times(keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            self.start = time.perf_counter()
-
-        def on_epoch_end(self, epoch, logs=None):
-            seconds.append(time.perf_counter() - self.start)
-
     seconds: list[float] = []
-    trainer.fit(build("batch_norm"), x, y, epochs=epochs, callbacks=[Times()])
+    trainer.fit(build("batch_norm"), x, y, epochs=epochs, callbacks=[epoch_timer(seconds)])
     if cluster_info().is_chief:
         with open(out, "w") as f:
             json.dump(seconds, f)

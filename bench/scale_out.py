@@ -25,10 +25,24 @@ import tempfile
 GLOBAL_BATCH = 256
 
 
-def child(out: str, epochs: int, examples: int) -> None:
-    """One layout's run: Trainer.fit with a callback that times each epoch; the chief writes the times."""
+def epoch_timer(seconds: list[float]):
+    """A Keras callback that appends each epoch's wall seconds to `seconds`."""
     import time
 
+    import keras
+
+    class EpochTimer(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.start = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            seconds.append(time.perf_counter() - self.start)
+
+    return EpochTimer()
+
+
+def child(out: str, epochs: int, examples: int) -> None:
+    """One layout's run: Trainer.fit with a callback that times each epoch; the chief writes the times."""
     if "REPLICAS" in os.environ:
         import tensorflow as tf
 
@@ -48,15 +62,8 @@ def child(out: str, epochs: int, examples: int) -> None:
                               keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(10)])
     model.compile(keras.optimizers.SGD(0.01), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 
-    class Times(keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            self.start = time.perf_counter()
-
-        def on_epoch_end(self, epoch, logs=None):
-            seconds.append(time.perf_counter() - self.start)
-
     seconds: list[float] = []
-    history = trainer.fit(model, x, y, epochs=epochs, callbacks=[Times()])
+    history = trainer.fit(model, x, y, epochs=epochs, callbacks=[epoch_timer(seconds)])
     if cluster_info().is_chief:
         with open(out, "w") as f:
             json.dump({"seconds": seconds, "loss": history.history["loss"]}, f)

@@ -229,9 +229,9 @@ def step_batch(fetched: Fetched, i: tf.Tensor, signature: tuple) -> Share:
     """Step `i` of a fetch: this replica's `Share` (replica context).
 
     When every step has the same rows, the batch has them as its static size,
-    as Keras's own arrays have when they split into whole batches: TensorFlow
-    then computes some ops otherwise (a Dense on a sequence's gradient rounded 1
-    ulp apart with an unknown batch size, in `model.fit` too, fed a dataset).
+    as Keras's own arrays have when they split into whole batches. TensorFlow
+    computes some ops otherwise with an unknown size: the gradient of a Dense on
+    a sequence rounded 1 ulp apart (in `model.fit` too, fed such a dataset).
     """
     structure, _, uniform = signature
     *rows, bounds, global_counts, tracked = fetched

@@ -124,7 +124,7 @@ class Trainer:
         layers normalize with the global batch's mean and variance, as on one
         device (Keras's `synchronized=True`, set for the call: one small
         round between the replicas per layer each way, forward and backward;
-        between workers each round is a network round trip, docs/performance.md).
+        between workers each round is a collective over the network, docs/performance.md).
         "per_replica": each replica's own share's, as Keras's fit does, for
         speed; the numbers then depend on the replica count.
       verbose: 0 silent, 1 plan and progress bar, 2 plan and one line per epoch

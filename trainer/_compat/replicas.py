@@ -152,7 +152,7 @@ def _compute_moments_sync(x, axes, keepdims):
                 summed = tf.math.divide_no_nan(_replica_sum(context, upstream * weight), weight)
             # After the round, not before: left free, TensorFlow's executor takes x - mean as soon as the mean is
             # known, in the forward pass, where it holds a core that a replica racing to the next round needs,
-            # and an activation-sized tensor until the backward (bench/exact_layers_cost.py: 1.08x -> 1.02x
+            # and an activation-sized tensor until the backward (bench/exact_layers_cost.py: 1.08x -> 1.02-1.04x
             # the step of per-replica statistics on 4 CPU replicas).
             with tf.control_dependencies([summed]):
                 centered = x - mean
