@@ -125,3 +125,79 @@ def test_keras_file_callbacks_work_on_one_worker(tmp_path):
     assert len(rows) == 3 and rows[0].startswith("epoch")
     reloaded = keras.models.load_model(tmp_path / "best.keras")
     assert len(reloaded.get_weights()) == len(history.model.get_weights())
+
+
+class _Recorder(keras.callbacks.Callback):
+    """Every test and predict hook with its batch and logs, as the callback sees them."""
+
+    def __init__(self):
+        super().__init__()
+        self.events = []
+
+    def _record(self, hook, batch=None, logs=None):
+        logs = {k: (np.asarray(v) if k == "outputs" else round(float(v), 5)) for k, v in (logs or {}).items()}
+        self.events.append((hook, batch, list(logs), logs))
+
+    def on_test_begin(self, logs=None):
+        self._record("test_begin")
+
+    def on_test_batch_begin(self, batch, logs=None):
+        self._record("test_batch_begin", batch)
+
+    def on_test_batch_end(self, batch, logs=None):
+        self._record("test_batch_end", batch, logs)
+
+    def on_test_end(self, logs=None):
+        self._record("test_end", None, logs)
+
+    def on_predict_begin(self, logs=None):
+        self._record("predict_begin")
+
+    def on_predict_batch_begin(self, batch, logs=None):
+        self._record("predict_batch_begin", batch)
+
+    def on_predict_batch_end(self, batch, logs=None):
+        self._record("predict_batch_end", batch, logs)
+
+    def on_predict_end(self, logs=None):
+        self._record("predict_end")
+
+
+def _same_events(ours, theirs):
+    assert [e[:3] for e in ours] == [e[:3] for e in theirs]  # hooks, batches and log keys, in order
+    for (_, _, keys, mine), (_, _, _, keras_logs) in zip(ours, theirs):
+        for key in keys:
+            np.testing.assert_allclose(mine[key], keras_logs[key], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_evaluate_and_predict_call_the_hooks_model_evaluate_and_predict_call(replicas):
+    x, y, _ = tiny_data(72)  # batches of 16: four whole and one of 8
+    trainer = Trainer(strategy=mirrored(replicas) if replicas > 1 else "default", lr_scaling=None, verbose=0)
+    model, reference = tiny_model(), tiny_model()
+    ours, theirs = _Recorder(), _Recorder()
+    result = trainer.evaluate(model, x, y, batch_size=16, callbacks=[ours], return_dict=True)
+    expected = reference.evaluate(x, y, batch_size=16, callbacks=[theirs], return_dict=True, verbose=0)
+    assert list(result) == list(expected)  # Keras's key order too
+    trainer.predict(model, x, batch_size=16, callbacks=[ours])
+    reference.predict(x, batch_size=16, callbacks=[theirs], verbose=0)
+    assert [e[0] for e in theirs.events].count("predict_batch_end") == 5
+    _same_events(ours.events, theirs.events)
+
+
+def test_validation_calls_the_test_batch_hooks_and_stop_evaluating_ends_a_pass():
+    x, y, _ = tiny_data(64)
+
+    class StopAfterTwo(_Recorder):
+        def on_test_batch_end(self, batch, logs=None):
+            super().on_test_batch_end(batch, logs)
+            if batch == 1:
+                self.model.stop_evaluating = True
+
+    ours, theirs = StopAfterTwo(), StopAfterTwo()
+    Trainer(strategy=mirrored(2), lr_scaling=None, shuffle=False, verbose=0).fit(
+        tiny_model(), x, y, batch_size=16, epochs=1, validation_data=(x, y), callbacks=[ours])
+    tiny_model().fit(x, y, batch_size=16, epochs=1, validation_data=(x, y), callbacks=[theirs], shuffle=False,
+                     verbose=0)
+    assert [e[1] for e in theirs.events if e[0] == "test_batch_end"] == [0, 1]
+    _same_events(ours.events, theirs.events)

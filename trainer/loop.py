@@ -15,7 +15,7 @@ import contextlib
 import dataclasses
 import threading
 import time
-from typing import Any, Callable, ContextManager, Protocol
+from typing import Any, Callable, ContextManager, Iterator, Protocol
 
 import keras
 import tensorflow as tf
@@ -28,6 +28,7 @@ from trainer.cluster import ClusterInfo
 from trainer.faults import explained_collective_errors
 
 _BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
+_TEST_BATCH_HOOKS = ("on_test_batch_begin", "on_test_batch_end")
 EVAL_STEPS_PER_EXECUTION = 32
 
 MakeReader = Callable[..., Any]  # (input, epoch=None, start_step=0, until=None) -> a reader (`inputs.Readers`)
@@ -101,10 +102,10 @@ class Validation:
         return (epoch + 1) % self.freq == 0
 
 
-def overrides_batch_hooks(callback: keras.callbacks.Callback) -> bool:
-    """Whether a callback implements a train-batch hook (and so wants batch logs)."""
+def overrides_batch_hooks(callback: keras.callbacks.Callback, hooks: tuple[str, ...] = _BATCH_HOOKS) -> bool:
+    """Whether a callback implements one of `hooks` (train-batch hooks unless told: and so wants batch logs)."""
     base = keras.callbacks.Callback
-    for hook in _BATCH_HOOKS:
+    for hook in hooks:
         attr = getattr(callback, hook)  # instance attributes count too (LambdaCallback)
         if getattr(attr, "__func__", attr) is not getattr(base, hook):
             return True
@@ -290,7 +291,8 @@ def end_epoch(epoch: int, objective, eval_steps: Steps, validation: Validation |
     """Reads the epoch's train logs, validates when due, and calls `on_epoch_end`; returns the logs."""
     logs = objective.results()  # Keras's keys only: its learning-rate callbacks add `learning_rate` themselves
     if validation is not None and validation.due(epoch):
-        val_logs = run_eval(eval_steps, validation.make_reader, validation.inp, callbacks, validation.steps)
+        val_logs = run_eval(eval_steps, validation.make_reader, validation.inp, callbacks, validation.steps,
+                            validation.inp.num_steps(validation.batch.global_batch_size))
         logs.update({f"val_{k}": v for k, v in val_logs.items()})
     callbacks.on_epoch_end(epoch, logs)
     return logs
@@ -318,19 +320,56 @@ def _train_epoch(run_steps: Callable[[int], tuple[int, bool]], model: keras.Mode
             break
 
 
-def run_eval(steps: Steps, make_reader: MakeReader, inp, callbacks, num_steps: int | None = None
-             ) -> dict[str, float]:
-    """Evaluates over all of `inp` (or `num_steps` steps of it); exact results."""
+def run_eval(steps: Steps, make_reader: MakeReader, inp, callbacks, num_steps: int | None = None,
+             known_steps: int | None = None) -> dict[str, float]:
+    """Evaluates over all of `inp` (or `num_steps` steps of it); exact results.
+
+    Calls the test hooks as `model.evaluate` does. A callback with a test-batch
+    hook sees every batch, with the metrics so far; otherwise the hooks bracket
+    each call of `EVAL_STEPS_PER_EXECUTION` steps, as Keras's do with
+    `steps_per_execution`. `known_steps`, the input's steps when known, only
+    spares a batch-begin hook for a batch past the end, as Keras's (reading
+    goes on until the data ends).
+    """
     steps.objective.reset()
+    per_batch = any(overrides_batch_hooks(c, _TEST_BATCH_HOOKS) for c in callbacks.callbacks)
+    per_call = 1 if per_batch else EVAL_STEPS_PER_EXECUTION
+    callbacks.model.stop_evaluating = False
     callbacks.on_test_begin()
     with one_pass(make_reader, inp, read_all=num_steps is None) as reader:
         done = 0
         while num_steps is None or done < num_steps:
-            n = EVAL_STEPS_PER_EXECUTION if num_steps is None else min(EVAL_STEPS_PER_EXECUTION, num_steps - done)
+            n = per_call if num_steps is None else min(per_call, num_steps - done)
+            if known_steps is None or done < known_steps:
+                callbacks.on_test_batch_begin(done)
             ran = steps.evaluate(reader, n)
+            if ran:
+                callbacks.on_test_batch_end(done + ran - 1, steps.objective.results("test_step") if per_batch else {})
             done += ran
-            if ran < n:
+            if ran < n or callbacks.model.stop_evaluating:
                 break
     logs = steps.objective.results("test_step")
     callbacks.on_test_end(logs)
     return logs
+
+
+def run_predict(batches: Iterator[Any], callbacks, num_steps: int | None = None,
+                known_steps: int | None = None) -> list[Any]:
+    """The outputs of `batches`, one global batch after another (the first `num_steps`), with the predict hooks
+    called as `model.predict` calls them: each batch's outputs in `on_predict_batch_end`'s logs. `known_steps`
+    as in `run_eval`."""
+    outputs: list[Any] = []
+    callbacks.model.stop_predicting = False
+    callbacks.on_predict_begin()
+    while num_steps is None or len(outputs) < num_steps:
+        if known_steps is None or len(outputs) < known_steps:
+            callbacks.on_predict_batch_begin(len(outputs))
+        batch = next(batches, None)
+        if batch is None:
+            break
+        outputs.append(batch)
+        callbacks.on_predict_batch_end(len(outputs) - 1, {"outputs": batch})
+        if callbacks.model.stop_predicting:
+            break
+    callbacks.on_predict_end()
+    return outputs

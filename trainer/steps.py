@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import keras
 import tensorflow as tf
@@ -188,12 +187,10 @@ class Steps:
         """Runs up to `num_steps` evaluation steps; returns how many ran."""
         return reader.run(self._eval_loops, num_steps)
 
-    def predict(self, reader: Any, num_steps: int | None = None) -> list[Any]:
-        """The model's outputs (NumPy), one entry per global batch of `reader` (the first `num_steps`), in order."""
-        outputs = reader.predictions(self._predict_loops)
-        if num_steps is not None:
-            outputs = itertools.islice(outputs, num_steps)
-        return [tf.nest.map_structure(lambda t: t.numpy(), out) for out in outputs]
+    def predictions(self, reader: Any) -> Iterator[Any]:
+        """The model's outputs (NumPy), one global batch of `reader` after another, computed as they are asked for."""
+        for out in reader.predictions(self._predict_loops):
+            yield tf.nest.map_structure(lambda t: t.numpy(), out)
 
     # Replica context -------------------------------------------------------
 

@@ -329,8 +329,8 @@ class Trainer:
         with move:
             callback_list = keras.callbacks.CallbackList(callbacks, model=model)
             logs = loop.run_eval(compiled.eval_steps, self._readers(compiled.eval_strategy, batch), inp,
-                                 callback_list, num_steps=steps)
-        return logs if return_dict else logs_in_order(model, logs)
+                                 callback_list, num_steps=steps, known_steps=inp.num_steps(batch.global_batch_size))
+        return dict(sorted(logs.items())) if return_dict else logs_in_order(model, logs)  # sorted, as Keras's
 
     @_quiet_tf_info
     def predict(
@@ -347,8 +347,9 @@ class Trainer:
         """Returns the model's outputs as NumPy, one row per input row, in input order (as `model.predict`).
 
         `x` is arrays, a dataset, a generator or a PyDataset of features (the
-        features of `(x, y)` elements are used). `verbose` and `callbacks` are
-        accepted for Keras's signature; prediction calls no callbacks.
+        features of `(x, y)` elements are used). `callbacks` get the predict hooks as under
+        `model.predict`, each batch's outputs in `on_predict_batch_end`'s logs; `verbose` is
+        accepted for Keras's signature.
         """
         return self._through_model("predict", model, strategy, _passed(Trainer.predict, locals()))
 
@@ -356,7 +357,7 @@ class Trainer:
                  strategy: tf.distribute.Strategy, planned_batch: int | None = None) -> Any:
         """predict's engine, with the arguments Keras's own predict received."""
         del verbose
-        checks.check_callbacks(callbacks)
+        callbacks = checks.check_callbacks(callbacks)
         options.check_fit_args(batch_size=batch_size)
         steps = options.steps_arg("steps", steps, fix="Pass a positive number of steps, or None for all.")
         inp = data_lib.predict_input(x, model, **stages.workers(strategy, training=False))
@@ -369,8 +370,10 @@ class Trainer:
         with placement.move_in(model, strategy, self._in_scope.table(model, strategy), sample_x, targets=False):
             if is_parameter_server(strategy):
                 strategy = tf.distribute.get_strategy()  # inline on the coordinator
+            callback_list = keras.callbacks.CallbackList(callbacks, model=model)
             with loop.one_pass(self._readers(strategy, batch), inp, read_all=steps is None) as reader:
-                outputs = self._predict_steps(model, strategy).predict(reader, steps)
+                outputs = loop.run_predict(self._predict_steps(model, strategy).predictions(reader), callback_list,
+                                           num_steps=steps, known_steps=inp.num_steps(batch.global_batch_size))
         return tf.nest.map_structure(lambda *parts: np.concatenate(parts, axis=0), *outputs)
 
     @contextlib.contextmanager
