@@ -128,7 +128,8 @@ def test_keras_file_callbacks_work_on_one_worker(tmp_path):
 
 
 class _Recorder(keras.callbacks.Callback):
-    """Every test and predict hook with its batch and logs, as the callback sees them."""
+    """Every test and predict hook with its batch and logs, as the callback sees them (at the start of a pass,
+    the callback's params in place of a batch)."""
 
     def __init__(self):
         super().__init__()
@@ -139,7 +140,7 @@ class _Recorder(keras.callbacks.Callback):
         self.events.append((hook, batch, list(logs), logs))
 
     def on_test_begin(self, logs=None):
-        self._record("test_begin")
+        self._record("test_begin", sorted(self.params.items()))
 
     def on_test_batch_begin(self, batch, logs=None):
         self._record("test_batch_begin", batch)
@@ -151,7 +152,7 @@ class _Recorder(keras.callbacks.Callback):
         self._record("test_end", None, logs)
 
     def on_predict_begin(self, logs=None):
-        self._record("predict_begin")
+        self._record("predict_begin", sorted(self.params.items()))
 
     def on_predict_batch_begin(self, batch, logs=None):
         self._record("predict_batch_begin", batch)
@@ -164,7 +165,7 @@ class _Recorder(keras.callbacks.Callback):
 
 
 def _same_events(ours, theirs):
-    assert [e[:3] for e in ours] == [e[:3] for e in theirs]  # hooks, batches and log keys, in order
+    assert [e[:3] for e in ours] == [e[:3] for e in theirs]  # hooks, batches (params) and log keys, in order
     for (_, _, keys, mine), (_, _, _, keras_logs) in zip(ours, theirs):
         for key in keys:
             np.testing.assert_allclose(mine[key], keras_logs[key], rtol=1e-5, atol=1e-6)
@@ -176,10 +177,10 @@ def test_evaluate_and_predict_call_the_hooks_model_evaluate_and_predict_call(rep
     trainer = Trainer(strategy=mirrored(replicas) if replicas > 1 else "default", lr_scaling=None, verbose=0)
     model, reference = tiny_model(), tiny_model()
     ours, theirs = _Recorder(), _Recorder()
-    result = trainer.evaluate(model, x, y, batch_size=16, callbacks=[ours], return_dict=True)
+    result = trainer.evaluate(model, x, y, batch_size=16, callbacks=[ours], return_dict=True, verbose=0)
     expected = reference.evaluate(x, y, batch_size=16, callbacks=[theirs], return_dict=True, verbose=0)
     assert list(result) == list(expected)  # Keras's key order too
-    trainer.predict(model, x, batch_size=16, callbacks=[ours])
+    trainer.predict(model, x, batch_size=16, callbacks=[ours], verbose=0)
     reference.predict(x, batch_size=16, callbacks=[theirs], verbose=0)
     assert [e[0] for e in theirs.events].count("predict_batch_end") == 5
     _same_events(ours.events, theirs.events)

@@ -69,6 +69,13 @@ def _passed(method: Callable, values: dict[str, Any]) -> dict[str, Any]:
             if name not in ("self", "model", "strategy") and given(values[name], parameter.default)}
 
 
+def _one_pass_callbacks(callbacks: list, model: keras.Model, verbose: Any, steps: int | None,
+                        known_steps: int | None) -> keras.callbacks.CallbackList:
+    """`evaluate`'s or `predict`'s callbacks, with the params Keras's give them: one epoch of its steps."""
+    return keras.callbacks.CallbackList(callbacks, model=model, verbose="auto" if verbose is None else verbose,
+                                        epochs=1, steps=known_steps if steps is None else steps)
+
+
 def _no_unknown(method: str, unknown: dict[str, Any]) -> None:
     if unknown:
         raise TypeError(f"`{method}` got arguments Keras's {method} does not take. Received: {sorted(unknown)}. "
@@ -315,7 +322,6 @@ class Trainer:
                   callbacks=None, return_dict=False, strategy: tf.distribute.Strategy,
                   planned_batch: int | None = None, **unknown) -> float | list[float] | dict[str, float]:
         """evaluate's engine, with the arguments Keras's own evaluate received."""
-        del verbose
         _no_unknown("evaluate", unknown)
         callbacks = checks.check_callbacks(callbacks)
         options.check_fit_args(batch_size=batch_size)
@@ -327,9 +333,10 @@ class Trainer:
         model = checks.check_evaluate(model, inp, batch=batch)
         _, model, compiled, _, move = self._model_in_scope(model, strategy, inp)
         with move:
-            callback_list = keras.callbacks.CallbackList(callbacks, model=model)
+            known = inp.num_steps(batch.global_batch_size)
+            callback_list = _one_pass_callbacks(callbacks, model, verbose, steps, known)
             logs = loop.run_eval(compiled.eval_steps, self._readers(compiled.eval_strategy, batch), inp,
-                                 callback_list, num_steps=steps, known_steps=inp.num_steps(batch.global_batch_size))
+                                 callback_list, num_steps=steps, known_steps=known)
         return dict(sorted(logs.items())) if return_dict else logs_in_order(model, logs)  # sorted, as Keras's
 
     @_quiet_tf_info
@@ -356,7 +363,6 @@ class Trainer:
     def _predict(self, model, x, *, batch_size=None, verbose=None, steps=None, callbacks=None,
                  strategy: tf.distribute.Strategy, planned_batch: int | None = None) -> Any:
         """predict's engine, with the arguments Keras's own predict received."""
-        del verbose
         callbacks = checks.check_callbacks(callbacks)
         options.check_fit_args(batch_size=batch_size)
         steps = options.steps_arg("steps", steps, fix="Pass a positive number of steps, or None for all.")
@@ -370,10 +376,11 @@ class Trainer:
         with placement.move_in(model, strategy, self._in_scope.table(model, strategy), sample_x, targets=False):
             if is_parameter_server(strategy):
                 strategy = tf.distribute.get_strategy()  # inline on the coordinator
-            callback_list = keras.callbacks.CallbackList(callbacks, model=model)
+            known = inp.num_steps(batch.global_batch_size)
+            callback_list = _one_pass_callbacks(callbacks, model, verbose, steps, known)
             with loop.one_pass(self._readers(strategy, batch), inp, read_all=steps is None) as reader:
                 outputs = loop.run_predict(self._predict_steps(model, strategy).predictions(reader), callback_list,
-                                           num_steps=steps, known_steps=inp.num_steps(batch.global_batch_size))
+                                           num_steps=steps, known_steps=known)
         return tf.nest.map_structure(lambda *parts: np.concatenate(parts, axis=0), *outputs)
 
     @contextlib.contextmanager
