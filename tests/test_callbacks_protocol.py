@@ -202,3 +202,21 @@ def test_validation_calls_the_test_batch_hooks_and_stop_evaluating_ends_a_pass()
                      verbose=0)
     assert [e[1] for e in theirs.events if e[0] == "test_batch_end"] == [0, 1]
     _same_events(ours.events, theirs.events)
+
+
+def test_stop_predicting_ends_predict_with_the_batches_so_far_as_model_predict():
+    x, _, _ = tiny_data(72)
+
+    class StopAfterTwo(_Recorder):
+        def on_predict_batch_end(self, batch, logs=None):
+            super().on_predict_batch_end(batch, logs)
+            if batch == 1:
+                self.model.stop_predicting = True
+
+    ours, theirs = StopAfterTwo(), StopAfterTwo()
+    model = tiny_model()
+    predicted = Trainer(strategy=mirrored(2), verbose=0).predict(model, x, batch_size=16, callbacks=[ours], verbose=0)
+    expected = model.predict(x, batch_size=16, callbacks=[theirs], verbose=0)
+    assert len(expected) == 32
+    np.testing.assert_allclose(predicted, expected, rtol=1e-6)
+    _same_events(ours.events, theirs.events)
