@@ -28,6 +28,8 @@ import keras  # noqa: E402
 from tiny import tiny_data, tiny_model  # noqa: E402,F401  (re-exported for tests)
 
 TESTS = Path(__file__).parent
+# Keras's own tests and their helpers: tests/test_keras_suite.py runs them in processes of their own.
+collect_ignore = ["keras_suite"]
 
 
 def mirrored(num_replicas: int) -> tf.distribute.MirroredStrategy:

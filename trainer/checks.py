@@ -11,7 +11,7 @@ from typing import Any
 import keras
 
 from trainer import inputs as inputs_lib
-from trainer import models
+from trainer import _compat, models
 from trainer.model_checks import check_model_inputs
 from trainer.route import user_stacklevel
 
@@ -98,7 +98,7 @@ def check_warmup(warmup_epochs: float, warmup_steps: int, *, planned_steps: int,
 
 
 def _iterations(model) -> int:
-    optimizer = getattr(model, "optimizer", None) if isinstance(model, keras.Model) else None
+    optimizer = getattr(model, "optimizer", None) if _compat.is_model(model) else None
     return int(optimizer.iterations.numpy()) if optimizer is not None else 0
 
 
@@ -107,7 +107,7 @@ def _iterations(model) -> int:
 
 def _against_model(model, inputs, batch) -> Any:
     inputs = [i for i in inputs if i[0] is not None]
-    if isinstance(model, keras.Model):
+    if _compat.is_model(model):
         check_model_inputs(model, inputs, batch)
         return model
     if not callable(model):
@@ -115,7 +115,7 @@ def _against_model(model, inputs, batch) -> Any:
 
     def build_and_check():
         built = model()
-        if isinstance(built, keras.Model):
+        if _compat.is_model(built):
             check_model_inputs(built, inputs, batch)
         return built
 

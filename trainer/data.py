@@ -197,7 +197,7 @@ def features(inp: Input, model: Any) -> Input:
     if not isinstance(inp, (DatasetInput, BatchedInput)):
         return inp
     spec = inp.example_spec
-    inputs = getattr(model, "inputs", None) if isinstance(model, keras.Model) and model.built else None
+    inputs = getattr(model, "inputs", None) if _compat.is_model(model) and model.built else None
     if isinstance(spec, tuple) and inputs is not None and len(spec) == len(inputs) > 1:
         return inp
     return _features_only(inp)

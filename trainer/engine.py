@@ -74,7 +74,7 @@ def asked_jit(strategy: tf.distribute.Strategy, setting: bool | str, model: Any 
     """XLA as the settings ask for it (`jit_for` without the forward pass's all-reduces)."""
     if setting != "auto":
         return bool(setting)
-    if isinstance(model, keras.Model) and getattr(model, "compiled", False):
+    if _compat.is_model(model) and getattr(model, "compiled", False):
         return bool(model.jit_compile)
     return strategy_lib.runs_on_accelerators(strategy)
 
@@ -95,7 +95,7 @@ def synchronizes_in_forward_pass(strategy: tf.distribute.Strategy, model: Any, d
     shows whether the outputs carry masks). Then the forward and backward pass cannot be one XLA function
     nested in the replica's step, where MirroredStrategy cannot synchronize ("merge_call called while defining
     a new graph")."""
-    if not isinstance(model, keras.Model) or strategy.num_replicas_in_sync == 1:
+    if not _compat.is_model(model) or strategy.num_replicas_in_sync == 1:
         return False
     return models.global_batch_norm(model) > 0 or (data_batch is not None and models.outputs_masked(model, data_batch))
 

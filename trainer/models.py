@@ -50,7 +50,7 @@ def check_compiled(model: Any, arg: str = "model") -> None:
     called (a GAN compiles its own optimizers); any other needs an optimizer,
     and a loss (`check_loss`).
     """
-    if not isinstance(model, keras.Model):
+    if not _compat.is_model(model):
         raise TypeError(
             f"`{arg}` must be a keras.Model or a zero-argument function returning one. "
             f"Received: {arg} of type {type(model).__name__}."
@@ -100,7 +100,7 @@ def from_builder(model: ModelOrBuilder, strategy: tf.distribute.Strategy, seed: 
     Seeding makes a builder's initial weights reproducible; the user's global
     random generators are left as they were (`_compat.seeded`).
     """
-    if isinstance(model, keras.Model):
+    if _compat.is_model(model):
         return model
     with strategy.scope(), _dtype_policy(mixed_precision), _compat.seeded(seed):
         model = model()
@@ -114,7 +114,7 @@ def check_precision(model: ModelOrBuilder, mixed_precision: str | None) -> None:
     A dtype policy is fixed when the layers are made; a builder is called
     under it (`from_builder`), a model instance is trained as it was built.
     """
-    if mixed_precision is None or not isinstance(model, keras.Model) or mixed_precision in layer_policies(model):
+    if mixed_precision is None or not _compat.is_model(model) or mixed_precision in layer_policies(model):
         return
     raise ValueError(
         f"`mixed_precision='{mixed_precision}'` applies to the layers a builder makes, and `model` was built "
@@ -137,8 +137,8 @@ def fixed_batch_size(model: keras.Model) -> int | None:
 def stateful_layers(model: keras.Model) -> list[keras.layers.Layer]:
     """The layers that keep a state per batch row from one call to the next (stateful RNNs)."""
     found = []
-    for layer in model.layers:
-        if isinstance(layer, keras.Model):
+    for layer in _compat.sublayers(model):
+        if _compat.is_model(layer):
             found += stateful_layers(layer)
         elif getattr(layer, "stateful", False) or getattr(getattr(layer, "forward_layer", None), "stateful", False):
             found.append(layer)
@@ -207,8 +207,8 @@ def precision(model: keras.Model) -> str:
 
 
 def _weighted_layers(model: keras.Model):
-    for layer in model.layers:
-        inner = list(_weighted_layers(layer)) if isinstance(layer, keras.Model) else []
+    for layer in _compat.sublayers(model):
+        inner = list(_weighted_layers(layer)) if _compat.is_model(layer) else []
         if inner:
             yield from inner
         elif layer.weights:

@@ -24,7 +24,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from trainer import checks, class_weights, models, options, scaling
+from trainer import _compat, checks, class_weights, models, options, scaling
 from trainer import data as data_lib
 from trainer import engine as engine_lib
 from trainer import inputs as inputs_lib
@@ -105,7 +105,7 @@ def fit_data(call: FitCall, x, y, sample_weight, strategy: tf.distribute.Strateg
 def check_model(model: models.ModelOrBuilder, mixed_precision: str | None, *, compiled: bool = True) -> None:
     """A model (not a builder, which is checked once built) that is compiled, if `compiled`, and whose dtype
     policy agrees with the Trainer's `mixed_precision`."""
-    if compiled and isinstance(model, keras.Model):
+    if compiled and _compat.is_model(model):
         models.check_compiled(model)
     models.check_precision(model, mixed_precision)
 

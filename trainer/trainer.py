@@ -18,7 +18,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from trainer import checks, collectives, loop, malloc, models, options, placement, ps, scaling, stages
+from trainer import _compat, checks, collectives, loop, malloc, models, options, placement, ps, scaling, stages
 from trainer import data as data_lib
 from trainer import inputs as inputs_lib
 from trainer import engine as engine_lib
@@ -417,7 +417,7 @@ class Trainer:
         """
         strategy = self._call_strategy(strategy)
         run = getattr(self, "_" + method)
-        if not isinstance(model, keras.Model):
+        if not _compat.is_model(model):
             return run(model, strategy=strategy, **arguments)
         planned = None
         if (arguments.get("batch_size") is None and data_lib.is_arrays(arguments.get("x"))

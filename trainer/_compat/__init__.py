@@ -45,6 +45,7 @@ from .variables import (  # noqa: F401
     set_backing,
     set_optimizer_strategy,
     step_counter,
+    sublayers,
 )
 from .compiled import (  # noqa: F401
     compile_loss,
@@ -81,7 +82,7 @@ from .adapters import (  # noqa: F401
     keras_adapter,
     keras_view,
 )
-from .keras_methods import KERAS_METHODS, keras_methods_hooked  # noqa: F401
+from .keras_methods import KERAS_METHODS, is_model, keras_methods_hooked  # noqa: F401
 from .onednn import onednn_enabled  # noqa: F401
 from .strategies import collective_group_keys, collective_key_base, worker_cpu_replicas  # noqa: F401
 from .coordination import cluster_key, cluster_store_running, put_cluster_key  # noqa: F401

@@ -30,6 +30,14 @@ try:
     from keras.src.backend.tensorflow.trainer import TensorFlowTrainer as _TFTrainer
 except ImportError:  # pragma: no cover - no TensorFlow backend: nothing to route
     _TFTrainer = None
+# The base of every backend's trainer (keras/src/trainers/trainer.py, 3.8-3.15): what has Keras's own fit.
+from keras.src.trainers.trainer import Trainer as _KerasTrainer  # noqa: E402
+
+
+def is_model(obj) -> bool:
+    """Whether `obj` has Keras's own fit: a `keras.Model`, or any object that mixes in Keras's backend trainer
+    (Keras's own tests train `class ExampleModel(Trainer, layers.Dense)`), as opposed to a builder function."""
+    return isinstance(obj, _KerasTrainer)
 
 # fit, evaluate, predict, and the per-batch methods a model's own loop could call instead
 KERAS_METHODS = ("fit", "evaluate", "predict", "train_on_batch", "test_on_batch", "predict_on_batch")

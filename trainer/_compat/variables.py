@@ -128,6 +128,15 @@ def step_counter(optimizer) -> Any:
     return getattr(optimizer, "_iterations", optimizer.iterations)
 
 
+def sublayers(model) -> list:
+    """The layers directly inside `model`: a `keras.Model`'s `layers`; for a layer that mixes in Keras's trainer
+    (no `layers`), the layers it tracks (`Layer._flatten_layers`, 3.0-3.15)."""
+    layers = getattr(model, "layers", None)
+    if layers is not None:
+        return list(layers)
+    return list(model._flatten_layers(include_self=False, recursive=False))
+
+
 def all_layers(model: keras.Model) -> list:
     """The model and every layer inside it, nested ones included (`Layer._flatten_layers`, 3.0-3.15)."""
     flatten = getattr(model, "_flatten_layers", None)

@@ -1,0 +1,105 @@
+"""Keras's own tests of `fit`, run beneath the trainer: the download, and the pytest plugin each run loads.
+
+Keras's source distribution ships its test files. `keras_test_files` downloads
+the one for the installed Keras (once, into `.cache/`) and takes out the files
+the tier runs: `keras/src/trainers/trainer_test.py` and
+`keras/src/callbacks/*_test.py`. They are never copied into the repository.
+
+A run of them is `python -m pytest -p keras_plugin FILES` (with this folder on the path) with `KERAS_SUITE_MODE`
+set to "plain" (Keras alone) or to a replica count ("1", "2"): then each test
+runs inside `with Trainer(strategy=...).distribute():`, as a user's script
+would, so every `model.fit`, `evaluate`, `predict` and `*_on_batch` in it runs
+on the trainer. Each test's outcome goes to `KERAS_SUITE_RESULTS` as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import types
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CACHE = ROOT / ".cache" / "keras-tests"
+# The files of Keras's suite that test fit, evaluate, predict and the callbacks.
+MEMBERS = ("keras/src/trainers/trainer_test.py", "keras/src/callbacks/")
+
+
+def keras_test_files(version: str) -> list[Path]:
+    """The test files of Keras `version`'s source distribution that the tier runs, downloaded once."""
+    folder = CACHE / version
+    if not (folder / "done").exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-binary", ":all:", "--no-deps",
+                        "--dest", str(folder), f"keras=={version}"], check=True)
+        (archive,) = folder.glob("keras-*.tar.gz")
+        with tarfile.open(archive) as tar:
+            for member in tar.getmembers():
+                path = member.name.split("/", 1)[-1]
+                if member.isfile() and path.endswith("_test.py") and path.startswith(MEMBERS):
+                    member.name = path.rsplit("/", 2)[-2] + "/" + path.rsplit("/", 1)[-1]  # trainers/x_test.py
+                    tar.extract(member, folder, filter="data")
+        archive.unlink()
+        (folder / "done").write_text("")
+    return sorted(folder.glob("*/*_test.py"))
+
+
+# The plugin ------------------------------------------------------------------------
+
+_MODE = os.environ.get("KERAS_SUITE_MODE", "plain")
+_outcomes: dict[str, str] = {}
+_trainer = None
+
+
+def pytest_configure(config):
+    # Keras's root conftest.py registers these; the source distribution leaves it out.
+    config.addinivalue_line("markers", "requires_trainable_backend: Keras's marker")
+    config.addinivalue_line("markers", "multi_device: Keras's marker")
+    import keras  # noqa: F401  (first: Keras asks whether JAX is there as it imports)
+    import tensorflow as tf
+
+    try:
+        import jax  # noqa: F401
+    except ImportError:
+        # trainer_test.py imports jax at its top and uses it only on the JAX backend.
+        sys.modules["jax"] = types.ModuleType("jax")
+
+    if _MODE != "plain":
+        replicas = int(_MODE)
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
+
+
+def _the_trainer():
+    global _trainer
+    if _trainer is None:
+        from trainer import Trainer
+
+        _trainer = Trainer(strategy="default" if _MODE == "1" else "mirrored")
+    return _trainer
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    if _MODE == "plain":
+        yield
+        return
+    with _the_trainer().distribute():
+        yield
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" or report.outcome != "passed":
+        if report.nodeid not in _outcomes or _outcomes[report.nodeid] == "passed":
+            _outcomes[report.nodeid] = report.outcome
+
+
+def pytest_sessionfinish(session):
+    path = os.environ.get("KERAS_SUITE_RESULTS")
+    if path:
+        Path(path).write_text(json.dumps(_outcomes, indent=1, sort_keys=True))

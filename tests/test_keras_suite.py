@@ -1,0 +1,72 @@
+"""Keras's own tests of fit, evaluate, predict and the callbacks, beneath the trainer (tests/keras_suite/).
+
+The installed Keras's `trainers/trainer_test.py` and `callbacks/*_test.py`,
+from its source distribution, run three ways, each in its own process: Keras
+alone, then every test inside `with Trainer(...).distribute():` on one device
+and on 2 replicas. A test that passes on Keras alone must pass beneath the
+trainer, except those docs/keras_tests.md lists with the reason.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import pytest
+
+from keras_suite.keras_plugin import ROOT, keras_test_files
+
+pytestmark = pytest.mark.slow
+
+_LISTED = re.compile(r"^- `(?P<test>[^`]+)`(?: \((?P<modes>[^)]+)\))?", re.MULTILINE)
+
+
+def _listed(mode: str) -> set[str]:
+    """The tests docs/keras_tests.md lists as not passing beneath the trainer in `mode` ("1", "2")."""
+    text = (ROOT / "docs" / "keras_tests.md").read_text()
+    return {m["test"] for m in _LISTED.finditer(text)
+            if m["modes"] is None or f"{mode} replica" in m["modes"]}
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    return _run("plain", tmp_path_factory.mktemp("keras_suite"))
+
+
+def _run(mode: str, folder: Path) -> dict[str, str]:
+    files = keras_test_files(keras.__version__)
+    results = folder / f"{mode}.json"
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow", "KERAS_SUITE_MODE": mode,
+           "KERAS_SUITE_RESULTS": str(results), "TF_CPP_MIN_LOG_LEVEL": "2",
+           "PYTHONPATH": str(Path(__file__).parent / "keras_suite")}
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "keras_plugin", "-p", "no:cacheprovider", "-c", os.devnull,
+         "--rootdir", str(files[0].parent.parent), "--import-mode=importlib", "-W", "ignore::DeprecationWarning",
+         *map(str, files)],
+        env=env, cwd=folder, capture_output=True, text=True, timeout=1500)
+    return json.loads(results.read_text())
+
+
+def test_keras_suite_runs_on_keras_alone(plain):
+    passed = [test for test, outcome in plain.items() if outcome == "passed"]
+    assert len(passed) > 150, f"only {len(passed)} of Keras's tests passed on Keras alone: {plain}"
+
+
+@pytest.mark.parametrize("replicas", ["1", "2"])
+def test_keras_suite_passes_beneath_the_trainer(plain, replicas, tmp_path):
+    beneath = _run(replicas, tmp_path)
+    listed = _listed(replicas)
+    failing = sorted(test for test, outcome in plain.items()
+                     if outcome == "passed" and beneath.get(test) != "passed" and _short(test) not in listed)
+    assert not failing, f"{len(failing)} of Keras's tests pass on Keras alone but not on {replicas} replica(s): " \
+                        f"{failing}"
+    stale = sorted(listed - {_short(test) for test, outcome in beneath.items() if outcome != "passed"})
+    assert not stale, f"docs/keras_tests.md lists tests that now pass on {replicas} replica(s): {stale}"
+
+
+def _short(nodeid: str) -> str:
+    """`trainers/trainer_test.py::TestTrainer::test_fit_flow_eager` -> `TestTrainer::test_fit_flow_eager`."""
+    return nodeid.split("::", 1)[-1]
