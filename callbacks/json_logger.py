@@ -6,6 +6,8 @@ import json
 import os
 from typing import Any
 
+import numpy as np
+
 from ._cluster import replace_atomically
 from ._epoch_rows import EpochRowLogger
 
@@ -34,7 +36,7 @@ class JSONLogger(EpochRowLogger):
     def write_row(self, row: dict[str, Any]) -> None:
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(json.dumps(row, default=_listed) + "\n")
 
 
 def _parse(line: str, path: str, number: int, last: bool) -> dict[str, Any] | None:
@@ -53,4 +55,9 @@ def _parse(line: str, path: str, number: int, last: bool) -> dict[str, Any] | No
 
 def _dump(path: str, rows: list[dict[str, Any]]) -> None:
     with open(path, "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
+        f.writelines(json.dumps(r, default=_listed) + "\n" for r in rows)
+
+
+def _listed(value: Any) -> Any:
+    """A NumPy value in the logs (a metric's per-class array) as JSON: a list, or a number."""
+    return np.asarray(value).tolist()

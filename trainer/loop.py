@@ -306,7 +306,8 @@ def _train_epoch(run_steps: Callable[[int], tuple[int, bool]], model: keras.Mode
         n = context.plan.steps_of_one_shape(context.step, context.fusion.steps)
         if per_epoch is not None:
             n = min(n, per_epoch - context.step)
-        callbacks.on_train_batch_begin(context.step)
+        begin = context.step
+        callbacks.on_train_batch_begin(begin)
         start = time.perf_counter()
         ran, ended = run_steps(n)
         seconds = time.perf_counter() - start
@@ -315,7 +316,10 @@ def _train_epoch(run_steps: Callable[[int], tuple[int, bool]], model: keras.Mode
         context.examples_seen += context.examples_in(ran, context.step)
         context.step += ran
         if ran:
-            callbacks.on_train_batch_end(context.step - 1, objective.results() if batch_logs else None)
+            # A fixed steps_per_execution names its calls' last step as Keras's do, `begin + steps - 1`, even
+            # where a call ran fewer (the epoch's or the data's end); sized calls name the step they ended on.
+            last = begin + (ran if context.fusion.auto else max(ran, context.fusion.steps)) - 1
+            callbacks.on_train_batch_end(last, objective.results() if batch_logs else None)
         if ended or model.stop_training:
             break
 
@@ -325,14 +329,17 @@ def run_eval(steps: Steps, make_reader: MakeReader, inp, callbacks, num_steps: i
     """Evaluates over all of `inp` (or `num_steps` steps of it); exact results.
 
     Calls the test hooks as `model.evaluate` does. A callback with a test-batch
-    hook sees every batch, with the metrics so far; otherwise the hooks bracket
+    hook sees every batch, with the metrics so far (one that sets
+    `handles_fused_steps`, a progress bar, every call's last); otherwise the hooks bracket
     each call of `EVAL_STEPS_PER_EXECUTION` steps, as Keras's do with
     `steps_per_execution`. `known_steps`, the input's steps when known, only
     spares a batch-begin hook for a batch past the end, as Keras's (reading
     goes on until the data ends).
     """
     steps.objective.reset()
-    per_batch = any(overrides_batch_hooks(c, _TEST_BATCH_HOOKS) for c in callbacks.callbacks)
+    batch_logs = any(overrides_batch_hooks(c, _TEST_BATCH_HOOKS) for c in callbacks.callbacks)
+    per_batch = any(overrides_batch_hooks(c, _TEST_BATCH_HOOKS) and not getattr(c, "handles_fused_steps", False)
+                    for c in callbacks.callbacks)
     per_call = 1 if per_batch else EVAL_STEPS_PER_EXECUTION
     callbacks.model.stop_evaluating = False
     callbacks.on_test_begin()
@@ -344,7 +351,7 @@ def run_eval(steps: Steps, make_reader: MakeReader, inp, callbacks, num_steps: i
                 callbacks.on_test_batch_begin(done)
             ran = steps.evaluate(reader, n)
             if ran:
-                callbacks.on_test_batch_end(done + ran - 1, steps.objective.results("test_step") if per_batch else {})
+                callbacks.on_test_batch_end(done + ran - 1, steps.objective.results("test_step") if batch_logs else {})
             done += ran
             if ran < n or callbacks.model.stop_evaluating:
                 break

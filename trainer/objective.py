@@ -209,7 +209,10 @@ def _read(value: Any) -> Any:
 
 
 def _to_python(value: Any) -> Any:
+    """As Keras's logs give a value (`pythonify_logs`, 3.8-3.15): a float where it has one element, else the NumPy
+    array (a metric with a vector result, e.g. F1Score's per-class values)."""
+    value = keras.ops.convert_to_numpy(value)
     try:
         return float(value)
-    except TypeError:  # a metric with a non-scalar result, e.g. per-class values
-        return keras.ops.convert_to_numpy(value).tolist()
+    except (TypeError, ValueError):
+        return value

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from typing import Any, Callable, Iterator
 
 import keras
@@ -214,7 +215,10 @@ class Steps:
         x, y, sample_weight = unpack(share.batch)
         with draws.replica_rows(share.batch, share.placed, xla=self.xla):
             y_pred, masks, local, grads = self._grads(x, y, sample_weight, share.global_count, self._examples(share))
-        self.model.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+        if self.model.trainable_variables:
+            self.model.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+        else:  # Keras's words, at trace time as Keras's train_step says them; its metrics still update
+            warnings.warn("The model does not have any trainable weights.", stacklevel=2)
         return self._track(share, x, y, _with_masks(y_pred, masks), sample_weight, local)
 
     def eval_replica(self, share: feed_lib.Share):

@@ -70,10 +70,26 @@ def _passed(method: Callable, values: dict[str, Any]) -> dict[str, Any]:
 
 
 def _one_pass_callbacks(callbacks: list, model: keras.Model, verbose: Any, steps: int | None,
-                        known_steps: int | None) -> keras.callbacks.CallbackList:
-    """`evaluate`'s or `predict`'s callbacks, with the params Keras's give them: one epoch of its steps."""
+                        known_steps: int | None, *, progress: bool) -> keras.callbacks.CallbackList:
+    """`evaluate`'s or `predict`'s callbacks, with the params Keras's give them (one epoch of its steps), and
+    Keras's own progress bar where `progress`, as `model.evaluate` and `model.predict` show it."""
+    if progress:
+        bar = keras.callbacks.ProgbarLogger()
+        bar.handles_fused_steps = True  # it draws from the step index it is given, so calls may fuse steps
+        callbacks = callbacks + [bar]
     return keras.callbacks.CallbackList(callbacks, model=model, verbose="auto" if verbose is None else verbose,
                                         epochs=1, steps=known_steps if steps is None else steps)
+
+
+def _shows_progress(verbose: Any, trainer_verbose: int) -> bool:
+    """Whether evaluate or predict draws a progress bar: at Keras's "auto" (1) and 1 or 2, on the chief only;
+    unset, the Trainer's verbosity decides."""
+    resolved = trainer_verbose if verbose is None else verbose
+    return resolved not in (0, False) and cluster_info().is_chief
+
+
+# `model.fit`'s global batch for arrays when none is given (keras/src/trainers/trainer.py, 3.8-3.15).
+KERAS_BATCH_SIZE = 32
 
 
 def _no_unknown(method: str, unknown: dict[str, Any]) -> None:
@@ -264,9 +280,11 @@ class Trainer:
     def _fit(self, model, x=None, y=None, *, batch_size=None, epochs=1, verbose=None, callbacks=None,
              validation_split=0.0, validation_data=None, shuffle=None, class_weight=None, sample_weight=None,
              initial_epoch=0, steps_per_epoch=None, validation_steps=None, validation_batch_size=None,
-             validation_freq=1, strategy: tf.distribute.Strategy, planned_batch: int | None = None) -> History:
+             validation_freq=1, strategy: tf.distribute.Strategy, planned_batch: int | None = None,
+             guard: bool = True) -> History:
         """fit's engine, with the arguments Keras's own fit received (`fit` documents them); its stages in
-        order (trainer/stages.py), every check before anything changes."""
+        order (trainer/stages.py), every check before anything changes. `guard`: the Trainer's NaN guard may
+        join the callbacks (not under `distribute()`, where `model.fit`'s contract holds)."""
         call = stages.checked_fit_call(
             callbacks, strategy, batch_size=batch_size, validation_split=validation_split,
             validation_freq=validation_freq, validation_batch_size=validation_batch_size,
@@ -292,7 +310,7 @@ class Trainer:
             context = loop.TrainContext(strategy, strategy_cluster_info(strategy), plan, epochs=call.epochs,
                                         initial_epoch=call.initial_epoch, fusion=steps, lr_plan=lr_plan)
             stages.announce(plan, verbose=call.verbose, is_chief=context.is_chief)
-            return self._run_epochs(compiled, context, call, model, train, val, schedule)
+            return self._run_epochs(compiled, context, call, model, train, val, schedule, guard)
 
     @_quiet_tf_info
     def evaluate(
@@ -313,8 +331,8 @@ class Trainer:
 
         Takes what `model.evaluate` takes, with the model first, and returns what it returns: a float
         when there is one value, else a list in Keras's order (`model.metrics_names`); with
-        `return_dict=True`, {metric name: value}. `verbose` is accepted for Keras's signature;
-        evaluation prints nothing.
+        `return_dict=True`, {metric name: value}. `verbose` as Keras's ("auto" or 1: a progress bar; 0:
+        silent); unset, the Trainer's.
         """
         return self._through_model("evaluate", model, strategy, _passed(Trainer.evaluate, locals()))
 
@@ -334,7 +352,8 @@ class Trainer:
         _, model, compiled, _, move = self._model_in_scope(model, strategy, inp)
         with move:
             known = inp.num_steps(batch.global_batch_size)
-            callback_list = _one_pass_callbacks(callbacks, model, verbose, steps, known)
+            callback_list = _one_pass_callbacks(callbacks, model, verbose, steps, known,
+                                                progress=_shows_progress(verbose, self.verbose))
             logs = loop.run_eval(compiled.eval_steps, self._readers(compiled.eval_strategy, batch), inp,
                                  callback_list, num_steps=steps, known_steps=known)
         return dict(sorted(logs.items())) if return_dict else logs_in_order(model, logs)  # sorted, as Keras's
@@ -355,8 +374,8 @@ class Trainer:
 
         `x` is arrays, a dataset, a generator or a PyDataset of features (the
         features of `(x, y)` elements are used). `callbacks` get the predict hooks as under
-        `model.predict`, each batch's outputs in `on_predict_batch_end`'s logs; `verbose` is
-        accepted for Keras's signature.
+        `model.predict`, each batch's outputs in `on_predict_batch_end`'s logs. `verbose` as Keras's
+        ("auto" or 1: a progress bar; 0: silent); unset, the Trainer's.
         """
         return self._through_model("predict", model, strategy, _passed(Trainer.predict, locals()))
 
@@ -377,7 +396,8 @@ class Trainer:
             if is_parameter_server(strategy):
                 strategy = tf.distribute.get_strategy()  # inline on the coordinator
             known = inp.num_steps(batch.global_batch_size)
-            callback_list = _one_pass_callbacks(callbacks, model, verbose, steps, known)
+            callback_list = _one_pass_callbacks(callbacks, model, verbose, steps, known,
+                                                progress=_shows_progress(verbose, self.verbose))
             with loop.one_pass(self._readers(strategy, batch), inp, read_all=steps is None) as reader:
                 outputs = loop.run_predict(self._predict_steps(model, strategy).predictions(reader), callback_list,
                                            num_steps=steps, known_steps=known)
@@ -388,8 +408,14 @@ class Trainer:
         """Inside the block, every Keras model's own `fit`, `evaluate` and `predict` run on this trainer.
 
         A tool that calls `model.fit` (a KerasTuner search, a script's own
-        function) then trains under the trainer's strategy, batch plan and exact
+        function) then trains under the trainer's strategy and exact
         aggregation, with no line changed; on this thread only, until the block ends.
+        The calls keep `model.fit`'s contract: arrays without a `batch_size` get
+        Keras's global batch of 32 (unless the Trainer was given a batch), so the
+        learning rate stays as compiled, and the Trainer adds no callback that
+        changes what the user's see (no NaN guard: Keras's `TerminateOnNaN` is the
+        user's choice). What the block adds is the strategy, exact aggregation and
+        the plan, printed once per fit at verbose 1 or 2.
 
         ```python
         with trainer.distribute():
@@ -399,8 +425,12 @@ class Trainer:
         strategy_lib.check_strategy_name(strategy)
 
         def engine(method: str, model: keras.Model, arguments: dict[str, Any]) -> Any:
+            if (arguments.get("batch_size") is None and not self._batch_given
+                    and data_lib.is_arrays(arguments.get("x"))):
+                arguments = {**arguments, "batch_size": KERAS_BATCH_SIZE}
             run = _quiet_tf_info(getattr(self, "_" + method))
-            return run(model, strategy=self._call_strategy(strategy), **arguments)
+            keras_defaults = {"guard": False} if method == "fit" else {}
+            return run(model, strategy=self._call_strategy(strategy), **arguments, **keras_defaults)
 
         with route_lib.routed(route_lib.Route(engine)):
             yield self
@@ -524,11 +554,11 @@ class Trainer:
 
     def _run_epochs(self, compiled: engine_lib.Engine, context: loop.TrainContext, call: stages.FitCall,
                     model: keras.Model, train: inputs_lib.Input, val: inputs_lib.Input | None,
-                    schedule: stages.Schedule) -> History:
+                    schedule: stages.Schedule, guard: bool = True) -> History:
         """The epochs with the callbacks: steps read on this process's replicas, or scheduled under
         parameter-server training; returns the history."""
         history = History()
-        callback_list = self._callback_list(call.callbacks + [history], context, model, call.verbose)
+        callback_list = self._callback_list(call.callbacks + [history], context, model, call.verbose, guard)
         validation = None
         if val is not None:
             validation = loop.Validation(val, call.validation_freq, call.validation_steps,
@@ -549,9 +579,9 @@ class Trainer:
             compiled.seconds_per_step[schedule.batch.global_batch_size] = context.fusion.seconds_per_step
         return history
 
-    def _callback_list(self, callbacks: list, context: loop.TrainContext, model, verbose: int):
+    def _callback_list(self, callbacks: list, context: loop.TrainContext, model, verbose: int, guard: bool = True):
         """The user's callbacks plus the defaults, each given the TrainContext if it asks."""
-        callbacks = self._default_callbacks(callbacks, verbose)
+        callbacks = self._default_callbacks(callbacks, verbose, guard)
         for callback in callbacks:
             if hasattr(callback, "set_trainer_context"):
                 callback.set_trainer_context(context)
@@ -559,12 +589,12 @@ class Trainer:
             callbacks, model=model, verbose=verbose, epochs=context.epochs, steps=context.plan.steps_per_epoch
         )
 
-    def _default_callbacks(self, callbacks: list, verbose: int) -> list:
-        """NanGuard (unless turned off) and a ProgressBar for verbose 1 or 2, unless given."""
+    def _default_callbacks(self, callbacks: list, verbose: int, guard: bool = True) -> list:
+        """NanGuard (unless turned off, or not `guard`) and a ProgressBar for verbose 1 or 2, unless given."""
         from trainer.callbacks import NanGuard, ProgressBar  # callbacks/ builds on trainer/
 
         extra = []
-        if self.nan_guard and not any(isinstance(c, NanGuard) for c in callbacks):
+        if self.nan_guard and guard and not any(isinstance(c, NanGuard) for c in callbacks):
             if self._nan_guard is None:  # one for every fit: it keeps its traced reader of the variables
                 self._nan_guard = NanGuard()
             extra.append(self._nan_guard)
