@@ -211,6 +211,18 @@ def _features_only(inp: DatasetInput | BatchedInput) -> DatasetInput | BatchedIn
     return dataclasses.replace(inp, dataset=dataset, example_spec=_keras_x(inp.example_spec), first=first)
 
 
+def batch_rows(x: Any, arg: str) -> int:
+    """The rows of one batch of features given whole (`train_on_batch` and its kin): its first leaf's leading
+    dimension."""
+    leaves = [leaf for leaf in tf.nest.flatten(x, expand_composites=False) if leaf is not None]
+    shapes = [getattr(leaf, "shape", None) for leaf in leaves]
+    if not leaves or any(shape is None or len(shape) == 0 or shape[0] is None for shape in shapes):
+        raise ValueError(f"`{arg}` must be one batch of features with a leading example dimension. Received: {arg} "
+                         f"with shapes {[getattr(leaf, 'shape', type(leaf).__name__) for leaf in leaves][:8]}. Pass "
+                         "arrays or tensors with one row per example.")
+    return int(shapes[0][0])
+
+
 def is_arrays(x: Any) -> bool:
     """Whether `x` is data given as arrays (which fit batches), not a dataset, generator, PyDataset or function."""
     return x is not None and _form(x) == "arrays"
@@ -300,9 +312,13 @@ def _reject_nested_lists(part: Any, arg: str, name: str) -> None:
 
 
 def _as_array(value: Any) -> np.ndarray:
-    # float64 would double memory and be cast by every layer anyway.
-    array = np.asarray(value)
-    return array.astype(np.float32) if array.dtype == np.float64 else array
+    return as_float32(np.asarray(value))
+
+
+def as_float32(value: Any) -> Any:
+    """A float64 NumPy array as float32, anything else as it is: float64 would double memory and be cast by every
+    layer anyway."""
+    return value.astype(np.float32) if isinstance(value, np.ndarray) and value.dtype == np.float64 else value
 
 
 def _text_as_bytes(array: np.ndarray) -> np.ndarray:

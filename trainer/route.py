@@ -15,10 +15,12 @@ engine runs (a callback's own `model.evaluate`). `Trainer.distribute()` routes
 every model inside a `with` block, so that a tool which calls `model.fit` (a
 KerasTuner search) trains on the trainer without a line changed.
 
-A model's own method that trains without reaching Keras's (a loop of
-`train_on_batch`) is refused at its first step, naming the method, and one that
-returns without reaching it at all is reported: the trainer never trains on
-data the model's own method would have prepared otherwise.
+Keras's per-batch methods (`train_on_batch`, `test_on_batch`,
+`predict_on_batch`) are routed the same way: each global batch runs on the
+trainer's strategy, split over the replicas, so a custom loop of them (a GAN, a
+distillation) trains as on one device. A model's own method that returns
+without reaching any of Keras's is reported: the trainer never trains on data
+the model's own method would have prepared otherwise.
 """
 
 from __future__ import annotations
@@ -34,9 +36,6 @@ from typing import Any, Callable
 import keras
 
 from trainer import _compat
-
-# Keras's per-batch methods: under a route they would train or run on one device, outside the strategy.
-_BATCH_METHODS = ("train_on_batch", "test_on_batch", "predict_on_batch")
 
 
 @dataclasses.dataclass
@@ -96,20 +95,6 @@ def _dispatch(name: str, keras_method: Callable, model: keras.Model, args: tuple
     route = _current.get()
     if route is None or not route.takes(model) or kwargs.get("_use_cached_eval_dataset"):
         return keras_method(model, *args, **kwargs)
-    if name in _BATCH_METHODS and not route.method:
-        raise ValueError(
-            f"`{name}` runs one batch on one device, outside the strategy, which Trainer.distribute() can't "
-            f"distribute. Received: {type(model).__name__}.{name} inside `with trainer.distribute():`. Call it "
-            "outside the block, or train with model.fit inside it."
-        )
-    if name in _BATCH_METHODS:
-        method = route.method
-        raise ValueError(
-            f"`model` must reach Keras's own {method} for the trainer to run it. Received: a "
-            f"{type(model).__name__} whose {_owner(model, method)}.{method} calls {name}, which model.fit runs on "
-            f"one device and the trainer can't run on its strategy. Make it hand the data it prepares to "
-            f"super().{method}(...), or call trainer.{method} on that data."
-        )
     arguments = keras_method_arguments(keras_method, model, args, kwargs)
     route.reached += 1
     token = _current.set(None)  # what runs inside the engine (a callback's model.evaluate) is Keras's own

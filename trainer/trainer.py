@@ -403,6 +403,60 @@ class Trainer:
                                            num_steps=steps, known_steps=known)
         return tf.nest.map_structure(lambda *parts: np.concatenate(parts, axis=0), *outputs)
 
+    # Keras's per-batch methods, reached beneath a model's own code (`distribute()`, a routed call) ----------
+
+    def _train_on_batch(self, model, x, y=None, sample_weight=None, class_weight=None, return_dict=False, *,
+                        strategy: tf.distribute.Strategy, planned_batch: int | None = None) -> Any:
+        """`model.train_on_batch`: one optimizer step on the global batch, split over the replicas with each
+        weighed by its share (exact); the metrics over this batch alone, or accumulated since the last reset
+        where the installed Keras's do (`_compat.on_batch_resets_metrics`)."""
+        inp, batch = self._one_batch(strategy, x, y, sample_weight, class_weight=class_weight, training=True)
+        stages.check_model(model, self.mixed_precision)
+        _, model, compiled, _, move = self._model_in_scope(
+            model, strategy, inp, lr=engine_lib.LRSettings(None, batch.global_batch_size, batch, 0))
+        with move, loop.one_pass(self._readers(compiled.strategy, batch, shuffle=False), inp, read_all=True) as reader:
+            if _compat.on_batch_resets_metrics():
+                compiled.objective.reset()
+            compiled.steps.train(reader, 1)
+            logs = compiled.objective.results()
+        return dict(sorted(logs.items())) if return_dict else logs_in_order(model, logs)
+
+    def _test_on_batch(self, model, x, y=None, sample_weight=None, return_dict=False, *,
+                       strategy: tf.distribute.Strategy, planned_batch: int | None = None) -> Any:
+        """`model.test_on_batch`: the loss and metrics of one global batch, exact over its replicas (reset
+        before it as `train_on_batch`'s)."""
+        inp, batch = self._one_batch(strategy, x, y, sample_weight, training=False)
+        stages.check_model(model, self.mixed_precision)
+        _, model, compiled, _, move = self._model_in_scope(model, strategy, inp)
+        with move, loop.one_pass(self._readers(compiled.eval_strategy, batch, shuffle=False), inp,
+                                 read_all=True) as reader:
+            if _compat.on_batch_resets_metrics():
+                compiled.objective.reset()
+            compiled.eval_steps.evaluate(reader, 1)
+            logs = compiled.objective.results("test_step")
+        return dict(sorted(logs.items())) if return_dict else logs_in_order(model, logs)
+
+    def _predict_on_batch(self, model, x, *, strategy: tf.distribute.Strategy, planned_batch: int | None = None):
+        """`model.predict_on_batch`: the outputs of one global batch of features, split over the replicas."""
+        rows = data_lib.batch_rows(x, "x")
+        dataset = tf.data.Dataset.from_tensor_slices((tf.nest.map_structure(data_lib.as_float32, x),)).batch(rows)
+        return self._predict(model, dataset, verbose=0, strategy=strategy, planned_batch=rows)
+
+    def _one_batch(self, strategy, x, y, sample_weight, *, training: bool,
+                   class_weight=None) -> tuple[inputs_lib.Input, scaling.BatchPlan]:
+        """One global batch given to a `*_on_batch` method, as an input of one step, and its batch plan."""
+        rows = data_lib.batch_rows(x, "x")
+        data = (x, y, sample_weight)[:3 if sample_weight is not None else 2 if y is not None else 1]
+        dataset = tf.data.Dataset.from_tensor_slices(tf.nest.map_structure(data_lib.as_float32, data)).batch(rows)
+        workers = stages.workers(strategy, training=training)
+        if training:
+            inp, _ = data_lib.fit_inputs(dataset, None, None, arg="x", class_weight=class_weight, shuffle=False,
+                                         validation_split=0.0, validation_data=None, steps_per_epoch=None,
+                                         is_chief=strategy_cluster_info(strategy).is_chief, **workers)
+        else:
+            inp = data_lib.evaluate_input(dataset, None, None, arg="x", steps=None, **workers)
+        return inp, scaling.BatchPlan(rows, strategy.num_replicas_in_sync)
+
     @contextlib.contextmanager
     def distribute(self, strategy: str | tf.distribute.Strategy | None = None) -> Iterator[Trainer]:
         """Inside the block, every Keras model's own `fit`, `evaluate` and `predict` run on this trainer.
@@ -425,8 +479,8 @@ class Trainer:
         strategy_lib.check_strategy_name(strategy)
 
         def engine(method: str, model: keras.Model, arguments: dict[str, Any]) -> Any:
-            if (arguments.get("batch_size") is None and not self._batch_given
-                    and data_lib.is_arrays(arguments.get("x"))):
+            if (method in ("fit", "evaluate", "predict") and arguments.get("batch_size") is None
+                    and not self._batch_given and data_lib.is_arrays(arguments.get("x"))):
                 arguments = {**arguments, "batch_size": KERAS_BATCH_SIZE}
             run = _quiet_tf_info(getattr(self, "_" + method))
             keras_defaults = {"guard": False} if method == "fit" else {}

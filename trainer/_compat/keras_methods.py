@@ -86,3 +86,21 @@ def keras_methods_hooked(dispatch: Callable):
             if _hook_users == 0:
                 while _unhook:
                     _unhook.pop()()
+
+
+def on_batch_resets_metrics() -> bool:
+    """Whether Keras's `train_on_batch` and `test_on_batch` reset the metrics before their batch, so that each
+    call logs its own batch alone: Keras 3.15 does (`self.reset_metrics()`), 3.8 lets them accumulate across
+    calls. Read from the method itself, the one place that says it for the installed version."""
+    if _TFTrainer is None:  # pragma: no cover
+        return True
+    global _RESETS
+    if _RESETS is None:
+        try:
+            _RESETS = "reset_metrics()" in inspect.getsource(_TFTrainer.__dict__["train_on_batch"])
+        except (OSError, TypeError):  # pragma: no cover - no source shipped: the newer behaviour
+            _RESETS = True
+    return _RESETS
+
+
+_RESETS: bool | None = None
