@@ -39,12 +39,6 @@ def plan_batch(
     if per_replica_batch_size is not None:
         return BatchPlan(per_replica_batch_size * num_replicas, num_replicas)
     assert batch_size is not None, "validated in Trainer.__init__"
-    if batch_size < num_replicas:
-        raise ValueError(
-            f"`batch_size` must be at least the number of replicas ({num_replicas}), so "
-            f"that every replica gets an example. Received: batch_size={batch_size}. "
-            f"Pass batch_size>={num_replicas}, or per_replica_batch_size instead."
-        )
     return BatchPlan(batch_size, num_replicas)
 
 
