@@ -70,20 +70,6 @@ def _check_workers(x, num_workers, parameter_server=False, shuffle=False):
     return call
 
 
-class BatchByBatch(keras.Sequential):
-    """A model whose own fit trains batch by batch with train_on_batch."""
-
-    def fit(self, x=None, y=None, batch_size=32, **kwargs):
-        for start in range(0, len(x), batch_size):
-            self.train_on_batch(x[start:start + batch_size], y[start:start + batch_size])
-
-
-def batch_by_batch_model():
-    model = BatchByBatch([keras.Input((8,)), keras.layers.Dense(3)])
-    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
-
-
 def _inside_another_scope(c):
     """A call inside the scope of a strategy that is not the Trainer's."""
     with mirrored(2).scope():
@@ -218,8 +204,6 @@ ROWS = [
     ("warmup-epochs-beyond-training",
      lambda c: _fit(c, trainer=Trainer(strategy="default", batch_size=32, warmup_epochs=5, verbose=0), epochs=2),
      ValueError, "`warmup_epochs`", "warmup_epochs=5", r"Lower it to at most 14 steps"),
-    ("batch-below-replicas", lambda c: _fit(c, trainer=Trainer(strategy=mirrored(4), batch_size=3, verbose=0)),
-     ValueError, "`batch_size`", "batch_size=3", r"Pass batch_size>=4"),
     # fit's data: arrays
     ("feature-shape", lambda c: _fit(c, (c.x[:, :5], c.y)), ValueError, "`data` x", "(203, 5)",
      r"Reshape the data, or build the model with keras.Input\(\(5,\)\)"),
@@ -358,8 +342,6 @@ ROWS = [
      r"Call model.compile", lambda: uncompiled_model),
     ("not-a-model", lambda c: Trainer(strategy="default", verbose=0).fit(3, (c.x, c.y)), TypeError, "`model`",
      "model of type int", r"a zero-argument function returning one"),
-    ("fit-override-batch-by-batch", lambda c: c_fit_keras(c, c.x, c.y), ValueError, "`model`",
-     "BatchByBatch.fit calls train_on_batch", r"hand the data it prepares to super\(\)\.fit", batch_by_batch_model),
     # a strategy's scope
     ("strategy-inside-another-scope", _inside_another_scope, ValueError, "`strategy`", "strategy='one_device'",
      r"Call the trainer after the `with strategy.scope\(\):` block"),
@@ -651,7 +633,7 @@ def test_bad_input_is_refused_clearly_before_anything_changes(row, tmp_path, mon
 # command lines, which model.fit has not, and several workers, where model.fit does not run.
 TRAINER_ONLY = ("per-replica-", "batch-negative", "batch-float", "batch-string", "both-batch-", "lr-scaling",
                 "warmup-", "steps-per-execution", "jit-compile", "seed-", "strategy-", "tpu-", "tf-config-",
-                "batch-below-replicas", "generator-warmup-", "not-a-model", "checkpoint-", "backup-", "csv-", "json-",
+                "generator-warmup-", "not-a-model", "checkpoint-", "backup-", "csv-", "json-",
                 "tensorboard-", "plot-", "progress-", "launch-", "example-", "nan-guard-", "mixed-precision-",
                 "batch-norm-", "callback-keras-backup-and-restore-on-workers", "stateful-on-replicas",
                 "generator-on-workers", "shuffled-pydataset-on-workers", "pydataset-under-parameter-server")
@@ -665,7 +647,6 @@ DELIBERATE = {
     "validation-split-negative": "a negative `validation_split`",
     "class-weight-string-keys": "`class_weight` keys",
     "dict-key-among-the-inputs": "sort among the inputs' keys",
-    "fit-override-batch-by-batch": "`train_on_batch`",
 }
 
 

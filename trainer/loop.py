@@ -300,21 +300,30 @@ def end_epoch(epoch: int, objective, eval_steps: Steps, validation: Validation |
 
 def _train_epoch(run_steps: Callable[[int], tuple[int, bool]], model: keras.Model, objective,
                  context: TrainContext, callbacks, batch_logs: bool) -> None:
-    """Runs the epoch's step calls from `context.step` on, until it is full or its data ended."""
+    """Runs the epoch's step calls from `context.step` on, until it is full or its data ended.
+
+    The batch hooks bracket each call of `context.fusion.steps` steps, as
+    Keras's bracket each call of `steps_per_execution`; a call that reaches the
+    uneven last batch runs as two, one per batch shape (`steps_of_one_shape`),
+    which the hooks do not see.
+    """
     per_epoch = context.plan.steps_per_epoch
     while per_epoch is None or context.step < per_epoch:
-        n = context.plan.steps_of_one_shape(context.step, context.fusion.steps)
-        if per_epoch is not None:
-            n = min(n, per_epoch - context.step)
-        begin = context.step
+        n = context.fusion.steps if per_epoch is None else min(context.fusion.steps, per_epoch - context.step)
+        begin, ended = context.step, False
         callbacks.on_train_batch_begin(begin)
-        start = time.perf_counter()
-        ran, ended = run_steps(n)
-        seconds = time.perf_counter() - start
-        context.step_seconds += seconds
-        context.fusion.observe(ran, seconds)
-        context.examples_seen += context.examples_in(ran, context.step)
-        context.step += ran
+        while context.step < begin + n and not ended:
+            part = context.plan.steps_of_one_shape(context.step, begin + n - context.step)
+            start = time.perf_counter()
+            ran, ended = run_steps(part)
+            seconds = time.perf_counter() - start
+            context.step_seconds += seconds
+            context.fusion.observe(ran, seconds)
+            context.examples_seen += context.examples_in(ran, context.step)
+            context.step += ran
+            if ran < part:
+                break
+        ran = context.step - begin
         if ran:
             # A fixed steps_per_execution names its calls' last step as Keras's do, `begin + steps - 1`, even
             # where a call ran fewer (the epoch's or the data's end); sized calls name the step they ended on.
