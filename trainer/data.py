@@ -180,11 +180,15 @@ def _validation_input(validation_data: Any, train: Input) -> Input:
     return val
 
 
-def _keras_x(*element):
+def _keras_x(element):
     """The features of a dataset element, as Keras's predict reads them: x of (x,), (x, y) or (x, y, w)."""
-    if len(element) == 1:
-        element = element[0]
     return element[0] if isinstance(element, (tuple, list)) and 1 <= len(element) <= 3 else element
+
+
+def _keras_x_mapped(*components):
+    """`_keras_x` as `Dataset.map` calls it: a tuple element comes as its components, so one component is x
+    whether the element was x itself or (x,) (a tuple of several inputs stays whole)."""
+    return components[0] if len(components) <= 3 else components
 
 
 def features(inp: Input, model: Any) -> Input:
@@ -204,7 +208,7 @@ def features(inp: Input, model: Any) -> Input:
 
 
 def _features_only(inp: DatasetInput | BatchedInput) -> DatasetInput | BatchedInput:
-    dataset = inp.dataset.map(_keras_x)
+    dataset = inp.dataset.map(_keras_x_mapped)
     if isinstance(inp, DatasetInput):
         return DatasetInput(dataset)
     first = None if inp.first is None else _keras_x(inp.first)
@@ -313,6 +317,16 @@ def _reject_nested_lists(part: Any, arg: str, name: str) -> None:
 
 def _as_array(value: Any) -> np.ndarray:
     return as_float32(np.asarray(value))
+
+
+def as_slices(data: Any) -> Any:
+    """A batch given whole (`train_on_batch`), ready for `tf.data.Dataset.from_tensor_slices`: lists of inputs as
+    tuples (a list would be stacked into one tensor), float64 arrays as float32."""
+    if isinstance(data, (list, tuple)):
+        return tuple(as_slices(part) for part in data)
+    if isinstance(data, dict):
+        return {key: as_slices(value) for key, value in data.items()}
+    return as_float32(data)
 
 
 def as_float32(value: Any) -> Any:

@@ -269,17 +269,8 @@ def _cut(batch: Any, size: tf.Tensor, replica: tf.Tensor, replicas: int) -> Shar
     first = tf.where(whole, tf.constant(0, tf.int64), begin)
     last = tf.where(whole, size, end)
     global_count = tf.cast(size * tf.where(whole, tf.constant(replicas, tf.int64), 1), tf.float32)
-    return Share(tf.nest.map_structure(lambda t: rows(t, first, last), batch), global_count,
-                 (begin - first, end - first), (first, size))
-
-
-def rows(t: Any, begin: tf.Tensor, end: tf.Tensor) -> Any:
-    """`t[begin:end]` along the example dimension, for dense, ragged and sparse tensors (which Keras's fit takes as
-    features; a `tf.SparseTensor` has no slicing operator)."""
-    if isinstance(t, tf.SparseTensor):
-        rest = t.dense_shape[1:]
-        return tf.sparse.slice(t, tf.concat([[begin], tf.zeros_like(rest)], 0), tf.concat([[end - begin], rest], 0))
-    return t[begin:end]
+    return Share(tf.nest.map_structure(lambda t: t[first:last], batch), global_count, (begin - first, end - first),
+                 (first, size))
 
 
 class Cut(NamedTuple):
@@ -412,4 +403,4 @@ def tracked(share: Share, values: Any) -> Any:
     if share.tracked is None:
         return values
     begin, end = share.tracked
-    return tf.nest.map_structure(lambda t: rows(t, begin, end), values)
+    return tf.nest.map_structure(lambda t: t[begin:end], values)

@@ -252,11 +252,14 @@ def scale_learning_rate(model: keras.Model, strategy: tf.distribute.Strategy,
     and divided by it afterwards, so a change a callback made (ReduceLROnPlateau)
     is kept, unscaled. A schedule is wrapped in a `scaling.ScaledSchedule` for
     the call. A float16 model compiled without loss scaling (a reloaded one,
-    say) gets Keras's dynamic loss scaling (`LossScaleOptimizer`) around its
-    optimizer, which float16 gradients need to stay out of the underflow range.
+    say, whose container Keras reloads as float32) gets Keras's dynamic loss scaling (`LossScaleOptimizer`)
+    around its optimizer, which float16 gradients need to stay out of the underflow range. A model that is
+    float16 itself and has none was compiled with `auto_scale_loss=False`: Keras's compile wraps it otherwise,
+    and the user's choice stands.
     """
     optimizer = model.optimizer
-    if "mixed_float16" in layer_policies(model) and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+    if ("mixed_float16" in layer_policies(model) and model.dtype_policy.name != "mixed_float16"
+            and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)):
         with strategy.scope():
             model.optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
             model.optimizer.build(model.trainable_variables)

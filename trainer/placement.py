@@ -192,9 +192,9 @@ def build(model: keras.Model, data_batch: Any, *, targets: bool) -> None:
                                           data_batch)
     own_step = targets and overridden(model, "train_step")
     unbuilt = not all(layer.built for layer in _compat.all_layers(model))
-    if not targets:
+    if not targets:  # predict's batches are the features alone, as the model is called on them
         if unbuilt:
-            _compat.build_model_only(model, keras.utils.unpack_x_y_sample_weight(data_batch)[0])
+            _compat.build_model_only(model, data_batch)
         return
     if own_step and unbuilt:
         # What only the model's own step creates (the layers of a model without call(), an optimizer built in

@@ -75,8 +75,23 @@ def checked_fit_call(callbacks, strategy: tf.distribute.Strategy, *, batch_size,
     class_weights.check_class_weight(class_weight)
     epochs, steps_per_epoch = options.loop_args(epochs=epochs, initial_epoch=initial_epoch,
                                                 steps_per_epoch=steps_per_epoch)
+    epochs, steps_per_epoch = capped(epochs, steps_per_epoch)
+    validation_steps = capped(None, validation_steps)[1]
     return FitCall(callbacks, epochs, initial_epoch, steps_per_epoch, shuffle, verbosity(verbose),
                    validation_steps, validation_freq, validation_batch_size or batch_size)
+
+
+def capped(epochs: int | None, steps: int | None) -> tuple[int | None, int | None]:
+    """Epochs and steps within Keras's debugging caps (`keras.config.set_max_epochs`, `set_max_steps_per_epoch`),
+    with Keras's warnings, as every fit, evaluate and predict of Keras's applies them."""
+    max_epochs, max_steps = _compat.debug_limits()
+    if max_epochs and epochs is not None and max_epochs < epochs:
+        warnings.warn("Limiting epochs to %d" % max_epochs, stacklevel=route_lib.user_stacklevel())
+        epochs = max_epochs
+    if max_steps and (not steps or max_steps < steps):
+        warnings.warn("Limiting steps_per_epoch to %d" % max_steps, stacklevel=route_lib.user_stacklevel())
+        steps = max_steps
+    return epochs, steps
 
 
 def fit_data(call: FitCall, x, y, sample_weight, strategy: tf.distribute.Strategy, *, class_weight,

@@ -344,6 +344,7 @@ class Trainer:
         callbacks = checks.check_callbacks(callbacks)
         options.check_fit_args(batch_size=batch_size)
         steps = options.steps_arg("steps", steps, fix="Pass a positive number of steps, or None for all.")
+        steps = stages.capped(None, steps)[1]
         inp = data_lib.evaluate_input(x, y, sample_weight, arg=stages.data_arg(y, sample_weight), steps=steps,
                                       **stages.workers(strategy, training=False))
         stages.check_model(model, self.mixed_precision)
@@ -385,6 +386,7 @@ class Trainer:
         callbacks = checks.check_callbacks(callbacks)
         options.check_fit_args(batch_size=batch_size)
         steps = options.steps_arg("steps", steps, fix="Pass a positive number of steps, or None for all.")
+        steps = stages.capped(None, steps)[1]
         inp = data_lib.predict_input(x, model, **stages.workers(strategy, training=False))
         stages.check_model(model, self.mixed_precision, compiled=False)
         batch, _ = self._batch_plan(strategy, inp, batch_size, planned_batch)
@@ -439,7 +441,7 @@ class Trainer:
     def _predict_on_batch(self, model, x, *, strategy: tf.distribute.Strategy, planned_batch: int | None = None):
         """`model.predict_on_batch`: the outputs of one global batch of features, split over the replicas."""
         rows = data_lib.batch_rows(x, "x")
-        dataset = tf.data.Dataset.from_tensor_slices((tf.nest.map_structure(data_lib.as_float32, x),)).batch(rows)
+        dataset = tf.data.Dataset.from_tensor_slices(data_lib.as_slices((x,))).batch(rows)
         return self._predict(model, dataset, verbose=0, strategy=strategy, planned_batch=rows)
 
     def _one_batch(self, strategy, x, y, sample_weight, *, training: bool,
@@ -447,7 +449,7 @@ class Trainer:
         """One global batch given to a `*_on_batch` method, as an input of one step, and its batch plan."""
         rows = data_lib.batch_rows(x, "x")
         data = (x, y, sample_weight)[:3 if sample_weight is not None else 2 if y is not None else 1]
-        dataset = tf.data.Dataset.from_tensor_slices(tf.nest.map_structure(data_lib.as_float32, data)).batch(rows)
+        dataset = tf.data.Dataset.from_tensor_slices(data_lib.as_slices(data)).batch(rows)
         workers = stages.workers(strategy, training=training)
         if training:
             inp, _ = data_lib.fit_inputs(dataset, None, None, arg="x", class_weight=class_weight, shuffle=False,

@@ -14,3 +14,15 @@ def _keras_version() -> tuple[int, ...]:
 
 
 KERAS_VERSION = _keras_version()  # (major, minor)
+
+
+def debug_limits() -> tuple[int | None, int | None]:
+    """Keras's debugging caps on every fit: `keras.config.set_max_epochs` and `set_max_steps_per_epoch`
+    (keras/src/backend/config.py, 3.10-3.15; absent before, where nothing is capped)."""
+    from keras.src.backend import config
+
+    def read(name: str) -> int | None:
+        getter = getattr(config, name, None)
+        return getter() if getter is not None else None
+
+    return read("max_epochs"), read("max_steps_per_epoch")
