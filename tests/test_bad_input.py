@@ -70,6 +70,12 @@ def _check_workers(x, num_workers, parameter_server=False, shuffle=False):
     return call
 
 
+def _train_on_batch_of_a_scalar(c):
+    """`train_on_batch` on one number, inside Trainer.distribute()."""
+    with Trainer(strategy="default", verbose=0).distribute():
+        c.model.train_on_batch(np.float32(1.0), c.y[:1])
+
+
 def _inside_another_scope(c):
     """A call inside the scope of a strategy that is not the Trainer's."""
     with mirrored(2).scope():
@@ -340,6 +346,8 @@ ROWS = [
      r"Call model.compile\(optimizer=..., loss=...\)", lossless_model),
     ("uncompiled-builder", lambda c: _fit(c), ValueError, "`model()`", "uncompiled Sequential",
      r"Call model.compile", lambda: uncompiled_model),
+    ("train-on-batch-scalar", _train_on_batch_of_a_scalar, ValueError, "`x`", "shapes [()]",
+     r"Pass arrays or tensors with one row per example"),
     ("not-a-model", lambda c: Trainer(strategy="default", verbose=0).fit(3, (c.x, c.y)), TypeError, "`model`",
      "model of type int", r"a zero-argument function returning one"),
     # a strategy's scope
@@ -477,6 +485,7 @@ def _kcall(method, x, *rest, **kwargs):
 X, Y, W = (lambda c: c.x), (lambda c: c.y), (lambda c: c.w)
 KERAS_SIDE = {
     "epochs-float": _kfit(X, Y, epochs=2.5),
+    "train-on-batch-scalar": lambda c: _k(c).train_on_batch(np.float32(1.0), c.y[:1]),
     "callback-not-a-callback": _kfit(X, Y, callbacks=[keras.callbacks.History(), object()]),
     "evaluate-callback-not-a-callback": _kcall("evaluate", X, Y, callbacks=["log"]),
     "feature-shape": _kfit(lambda c: c.x[:, :5], Y),

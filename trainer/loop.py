@@ -346,7 +346,10 @@ def run_eval(steps: Steps, make_reader: MakeReader, inp, callbacks, num_steps: i
     goes on until the data ends).
     """
     steps.objective.reset()
-    batch_logs = any(overrides_batch_hooks(c, _TEST_BATCH_HOOKS) for c in callbacks.callbacks)
+    # Reading the metrics is a collective across workers, so whether to read them may not depend on a callback that
+    # only the chief has (its progress bar, `reads_batch_logs = False`: it shows the pass's logs at its end).
+    batch_logs = any(overrides_batch_hooks(c, _TEST_BATCH_HOOKS) and getattr(c, "reads_batch_logs", True)
+                     for c in callbacks.callbacks)
     per_batch = any(overrides_batch_hooks(c, _TEST_BATCH_HOOKS) and not getattr(c, "handles_fused_steps", False)
                     for c in callbacks.callbacks)
     per_call = 1 if per_batch else EVAL_STEPS_PER_EXECUTION

@@ -76,6 +76,7 @@ def _one_pass_callbacks(callbacks: list, model: keras.Model, verbose: Any, steps
     if progress:
         bar = keras.callbacks.ProgbarLogger()
         bar.handles_fused_steps = True  # it draws from the step index it is given, so calls may fuse steps
+        bar.reads_batch_logs = False  # the chief's alone: the metrics are read for it at the pass's end only
         callbacks = callbacks + [bar]
     return keras.callbacks.CallbackList(callbacks, model=model, verbose="auto" if verbose is None else verbose,
                                         epochs=1, steps=known_steps if steps is None else steps)
