@@ -103,17 +103,7 @@ def test_a_fit_that_takes_no_batch_size_gets_none():
         def fit(self, x, y, epochs=1):  # as model.fit would be called on it: no batch_size
             return super().fit(x, y, batch_size=16, epochs=epochs, shuffle=False, verbose=0)
 
-    def make():
-        keras.utils.set_random_seed(0)
-        model = Narrow([keras.Input((8,)), keras.layers.Dense(3)])
-        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        return model
-
-    reference, model = make(), make()
-    reference.fit(x, y, epochs=2)
-    Trainer(strategy=mirrored(2), lr_scaling=None, verbose=0).fit(model, x, y, epochs=2)
-    for a, b in zip(model.get_weights(), reference.get_weights()):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    _assert_trains_as_model_fit(Narrow, x, y, epochs=2)
 
 
 def test_a_fit_that_trains_batch_by_batch_runs_each_batch_on_the_strategy():
@@ -124,15 +114,20 @@ def test_a_fit_that_trains_batch_by_batch_runs_each_batch_on_the_strategy():
             for start in range(0, len(x), batch_size):
                 self.train_on_batch(x[start:start + batch_size], y[start:start + batch_size])
 
+    _assert_trains_as_model_fit(OwnLoop, x, y, batch_size=48)
+
+
+def _assert_trains_as_model_fit(model_class, x, y, **kwargs):
+    """A `model_class` Sequential's own fit, called by Trainer.fit on 2 replicas, ends at model.fit's weights."""
     def make():
         keras.utils.set_random_seed(0)
-        model = OwnLoop([keras.Input((8,)), keras.layers.Dense(3)])
+        model = model_class([keras.Input((8,)), keras.layers.Dense(3)])
         model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         return model
 
     reference, model = make(), make()
-    reference.fit(x, y, batch_size=48)
-    Trainer(strategy=mirrored(2), lr_scaling=None, verbose=0).fit(model, x, y, batch_size=48)
+    reference.fit(x, y, **kwargs)
+    Trainer(strategy=mirrored(2), lr_scaling=None, verbose=0).fit(model, x, y, **kwargs)
     for a, b in zip(model.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
