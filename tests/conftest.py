@@ -28,8 +28,29 @@ import keras  # noqa: E402
 from tiny import tiny_data, tiny_model  # noqa: E402,F401  (re-exported for tests)
 
 TESTS = Path(__file__).parent
+# Two tiers. The default (`make test`, what CI runs) runs every check on the layouts that carry it; the full
+# tier (TRAINER_TESTS=full, `make test-full`) repeats checks on more replica counts, workers, oneDNN settings
+# and scale layouts. A test or parameter only the full tier runs carries the `full` marker.
+FULL = os.environ.get("TRAINER_TESTS") == "full"
 # Keras's own tests and their helpers: tests/test_keras_suite.py runs them in processes of their own.
 collect_ignore = ["keras_suite"]
+
+
+# The longest files, longest first: pytest-xdist hands out whole files (--dist loadfile) in collection order, and
+# one of these started last would run on alone at the end.
+LONGEST = ["test_keras_suite.py", "test_keras_parity.py", "test_keras_hub.py", "test_last_batch.py",
+           "test_multiworker.py", "test_backup.py", "test_ecosystem.py", "test_parameter_server.py"]
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST)))  # stable: the rest keep their order
+    if FULL:
+        return
+    skip = pytest.mark.skip(reason="the full tier's: TRAINER_TESTS=full (make test-full) runs it")
+    for item in items:
+        if "full" in item.keywords:
+            item.add_marker(skip)
 
 
 def mirrored(num_replicas: int) -> tf.distribute.MirroredStrategy:

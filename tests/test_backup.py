@@ -39,7 +39,9 @@ def uninterrupted(tmp_path_factory):
 
 @pytest.mark.parametrize("how, expected_status, resume_step", [
     ("kill", -signal.SIGKILL, 8),  # killed before the backup due at step 12: resumes from step 8
-    ("term", 128 + signal.SIGTERM, 8),  # SIGTERM at step 6: saved at the end of that call (step 8)
+    # SIGTERM at step 6: saved at the end of that call (step 8). The full tier's (TRAINER_TESTS=full): CI's tier
+    # runs a SIGTERM's backup on two workers (test_multiworker.py) and under Slurm (test_slurm.py).
+    pytest.param("term", 128 + signal.SIGTERM, 8, marks=pytest.mark.full),
 ])
 @pytest.mark.slow
 def test_interrupted_run_resumes_to_the_same_weights(tmp_path, uninterrupted, how, expected_status, resume_step):
@@ -100,7 +102,7 @@ def test_a_mid_epoch_backup_is_refused_on_another_global_batch_before_anything_c
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("form", ["batched", "pydataset"])
+@pytest.mark.parametrize("form", ["batched", pytest.param("pydataset", marks=pytest.mark.full)])
 def test_batched_forms_resume_mid_epoch_to_the_same_weights(tmp_path, form):
     """A batched dataset and a PyDataset resume at the saved step: the skipped batches are read and dropped."""
     reference = tmp_path / "uninterrupted"

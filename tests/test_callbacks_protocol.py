@@ -173,17 +173,21 @@ def _same_events(ours, theirs):
 
 
 @pytest.mark.parametrize("replicas", [1, 2])
-def test_evaluate_and_predict_call_the_hooks_model_evaluate_and_predict_call(replicas):
+@pytest.mark.parametrize("steps_per_execution", [1, 3])
+def test_evaluate_and_predict_call_the_hooks_model_evaluate_and_predict_call(replicas, steps_per_execution):
+    # With compile(steps_per_execution=3), Keras's hooks bracket calls of 3 batches: begin at 0 and 3, end at 2
+    # and 5 (the call that met the data's end), a call's outputs joined in on_predict_batch_end's logs.
     x, y, _ = tiny_data(72)  # batches of 16: four whole and one of 8
     trainer = Trainer(strategy=mirrored(replicas) if replicas > 1 else "default", lr_scaling=None, verbose=0)
-    model, reference = tiny_model(), tiny_model()
+    model, reference = (tiny_model(steps_per_execution=steps_per_execution) for _ in range(2))
     ours, theirs = _Recorder(), _Recorder()
     result = trainer.evaluate(model, x, y, batch_size=16, callbacks=[ours], return_dict=True, verbose=0)
     expected = reference.evaluate(x, y, batch_size=16, callbacks=[theirs], return_dict=True, verbose=0)
     assert list(result) == list(expected)  # Keras's key order too
     trainer.predict(model, x, batch_size=16, callbacks=[ours], verbose=0)
     reference.predict(x, batch_size=16, callbacks=[theirs], verbose=0)
-    assert [e[0] for e in theirs.events].count("predict_batch_end") == 5
+    ends = [e[1] for e in theirs.events if e[0] == "predict_batch_end"]
+    assert ends == ([0, 1, 2, 3, 4] if steps_per_execution == 1 else [2, 5])
     _same_events(ours.events, theirs.events)
 
 

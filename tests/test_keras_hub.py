@@ -24,7 +24,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import TESTS
+from conftest import FULL, TESTS
 
 keras_hub = pytest.importorskip(
     "keras_hub", reason="keras-hub is in the 'ecosystem' extra (pip install -e '.[test,ecosystem]'); it needs "
@@ -70,6 +70,9 @@ GRAIN = {**ENV, "HUB_PIPELINE": "grain"}
 LAYOUTS = {"1": (hub_models.CASES, ["1"], {}), "2": (hub_models.CASES, ["2"], {}), "3": (hub_models.CASES, ["3"], {}),
            "workers": (WORKER_CASES, [], {"launch": True}), "grain1": (GRAIN_CASES, ["1"], {"env": GRAIN}),
            "grain2": (GRAIN_CASES, ["2"], {"env": GRAIN})}
+# CI's tier: a text classifier, a causal LM and an image classifier on 1 and 2 replicas. The full tier
+# (TRAINER_TESTS=full) runs every task, on 3 replicas and 2 workers too, and through grain's pipeline.
+CI, CI_CASES = ["1", "2"], ["text_classifier", "causal_lm", "image_classifier"]
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +83,8 @@ def runs(tmp_path_factory):
         layouts = LAYOUTS
     except ImportError:  # without grain, KerasHub batches with tf.data: the grain layouts skip
         layouts = {name: layout for name, layout in LAYOUTS.items() if not name.startswith("grain")}
+    if not FULL:
+        layouts = {name: (CI_CASES, args, options) for name, (_, args, options) in layouts.items() if name in CI}
     folders = {name: tmp_path_factory.mktemp(f"hub{name}") for name in layouts}
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         futures = [pool.submit(_run, folders[name], cases, *args, **options)
@@ -89,17 +94,19 @@ def runs(tmp_path_factory):
     return folders
 
 
-@pytest.mark.parametrize("case", list(hub_models.CASES))
+@pytest.mark.parametrize("case", [case if case in CI_CASES else pytest.param(case, marks=pytest.mark.full)
+                                  for case in hub_models.CASES])
 def test_a_task_gives_model_fits_numbers_on_one_device(runs, case):
     _assert_same(_load(runs["1"], case, "trainer"), _load(runs["1"], case, "keras"), 1e-5)
 
 
-@pytest.mark.parametrize("replicas", [2, 3])
+@pytest.mark.parametrize("replicas", [2, pytest.param(3, marks=pytest.mark.full)])
 def test_tasks_give_one_devices_numbers_on_several_replicas(runs, replicas):
-    for case in hub_models.EXACT_ON_REPLICAS:
+    for case in hub_models.EXACT_ON_REPLICAS if FULL else CI_CASES:
         _assert_same(_load(runs[str(replicas)], case, "trainer"), _load(runs["1"], case, "keras"), 1e-4)
 
 
+@pytest.mark.full
 def test_tasks_give_one_devices_numbers_on_two_workers(runs):
     for case in WORKER_CASES:
         reference = _load(runs["1"], case, "keras")
@@ -108,6 +115,7 @@ def test_tasks_give_one_devices_numbers_on_two_workers(runs):
         _assert_same(worker1, worker0, 0)  # the workers agree exactly
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_tasks_that_batch_arrays_with_grain_give_model_fits_numbers(runs, replicas):
     if "grain1" not in runs:

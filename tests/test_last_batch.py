@@ -22,7 +22,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import TESTS
+from conftest import FULL, TESTS
 from trainer import feed
 
 pytestmark = pytest.mark.slow  # subprocesses, layouts or whole trainings: not in the everyday tier
@@ -35,6 +35,9 @@ CNNS = ["cnn", "cnn_syncbn"]  # oneDNN's kernels differ from TensorFlow's own in
 RUNS = [(("none", 1), "1", FAMILIES), (("mirrored", 1), "1", CNNS), (("mirrored", 2), "1", FAMILIES),
         (("mirrored", 3), "1", FAMILIES), (("none", 1), "0", FAMILIES), (("mirrored", 3), "0", FAMILIES),
         (("mirrored", 1), "0", CNNS), (("mirrored", 2), "0", CNNS), (("accelerator", 3), "1", FAMILIES)]
+# CI's tier: the references, and 3 replicas (8 as 3+3+2, 5 as 2+2+1) with oneDNN on and off. The full tier
+# (TRAINER_TESTS=full) adds 1 and 2 replicas and the accelerator reader.
+CI = [run for run in RUNS if run[0] in [("none", 1), ("mirrored", 3)]]
 
 
 def _run(layout, onednn, families, path):
@@ -53,11 +56,13 @@ def runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("last_batch")
     # Two at a time: most of each run is single-threaded tracing.
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {run[:2]: pool.submit(_run, *run, folder / f"{run[0][0]}{run[0][1]}_{run[1]}.npz") for run in RUNS}
+        futures = {run[:2]: pool.submit(_run, *run, folder / f"{run[0][0]}{run[0][1]}_{run[1]}.npz")
+                   for run in (RUNS if FULL else CI)}
         return {run: future.result() for run, future in futures.items()}
 
 
-@pytest.mark.parametrize("run", [run for run in RUNS if run[0][0] != "none"],
+@pytest.mark.parametrize("run", [pytest.param(run, marks=() if run in CI else pytest.mark.full)
+                                 for run in RUNS if run[0][0] != "none"],
                          ids=lambda run: f"{run[0][1]}replicas-onednn{run[1]}-{len(run[2])}families"
                          + ("-accelerator" if run[0][0] == "accelerator" else ""))
 def test_uneven_last_batches_give_the_one_device_numbers(runs, run):

@@ -56,6 +56,7 @@ def test_two_workers_match_the_single_process_run(tmp_path, reference):
         assert [json.loads(line)["epoch"] for line in f] == [0, 1]
 
 
+@pytest.mark.full  # the full tier's scale layouts (TRAINER_TESTS=full)
 def test_four_workers_of_two_replicas_match_the_single_process_run(tmp_path, reference):
     """trainer-launch --workers 4, each worker with 2 logical CPUs (2 GPUs per machine, simulated): 8 replicas
     in sync, and the last batch of 43 splits 6 + 6 + 6 + 5 x 5 over them."""
@@ -71,6 +72,7 @@ def test_four_workers_of_two_replicas_match_the_single_process_run(tmp_path, ref
     assert_same_run(*results[0], reference)
 
 
+@pytest.mark.full  # the full tier's scale layouts (TRAINER_TESTS=full)
 def test_four_nodes_match_the_single_process_run(tmp_path, reference):
     """Four launchers as four nodes on localhost, one worker each (the chief on node 0)."""
     outs, statuses = _nodes(tmp_path, nnodes="4", count=4, timeout=400)
@@ -80,6 +82,7 @@ def test_four_nodes_match_the_single_process_run(tmp_path, reference):
         assert_same_run(*_load(tmp_path, f"worker{i}"), reference)
 
 
+@pytest.mark.full  # the full tier's scale layouts (TRAINER_TESTS=full)
 def test_eight_replicas_in_one_process_match_the_single_device_run(tmp_path, reference):
     """8 CPU replicas of one process: the last batch of 43 splits 6 + 6 + 6 + 5 x 5."""
     proc = subprocess.run([sys.executable, SCRIPT, str(tmp_path), "mirrored"], capture_output=True, text=True,
@@ -160,6 +163,7 @@ def test_two_nodes_match_the_single_process_run(tmp_path, reference):
     assert_same_run(*_load(tmp_path, "worker1"), reference)
 
 
+@pytest.mark.full  # the full tier's scale layouts (TRAINER_TESTS=full)
 def test_a_node_gone_mid_epoch_stops_the_job_and_the_rerun_resumes(tmp_path, reference):
     """Node 1's launcher and worker die at epoch 1, step 8 (its machine gone): node 0 stops with a message
     naming it and leaves no process; running both nodes again resumes from the backup."""

@@ -56,6 +56,7 @@ def test_evaluation_is_exact_on_the_coordinator(results):
     np.testing.assert_allclose(ps["evaluate"]["accuracy"], np.mean(logits.argmax(axis=1) == y), rtol=1e-6)
 
 
+@pytest.mark.full  # the full tier's scale layout (TRAINER_TESTS=full)
 def test_three_workers_and_two_ps_tasks_count_every_step_and_evaluate_exactly(tmp_path, results):
     """A larger parameter-server cluster (issue 40's scale): 3 workers and 2 ps tasks take every scheduled
     step, and the coordinator's evaluation is exact for the weights it ends with."""
@@ -125,6 +126,7 @@ def test_a_variable_partitioner_splits_the_instance_over_the_ps_tasks_with_the_u
         np.testing.assert_allclose(split_arrays[key], value, rtol=1e-6, atol=1e-7, err_msg=key)
 
 
+@pytest.mark.full  # the full tier's (TRAINER_TESTS=full)
 def test_parameter_server_training_over_two_nodes(tmp_path, results):
     """trainer-launch on two nodes (launchers on localhost): the chief and a worker on node 0, a worker and
     the ps task on node 1; it trains as the one-machine cluster does, and node 1 stops when the chief is done."""

@@ -30,7 +30,7 @@ def reference():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("replicas", [1, 2])
+@pytest.mark.parametrize("replicas", [pytest.param(1, marks=pytest.mark.full), 2])  # 1: the full tier's
 @pytest.mark.parametrize("runner", ["own", "user"])
 @pytest.mark.parametrize("where", ["inside", "after"])
 def test_the_guides_pattern_gives_model_fits_numbers(reference, replicas, runner, where):

@@ -106,6 +106,7 @@ def _state(slurm, job):
                           text=True).stdout.strip()
 
 
+@pytest.mark.full  # the full tier's (TRAINER_TESTS=full): a minute each
 def test_a_requeued_job_saves_on_sigterm_and_resumes_exactly(slurm, reference, tmp_path):
     """A job submitted as examples/slurm/fashion_mnist.sbatch submits it (--requeue, a log appended to,
     TRAINER_BACKUP_DIR): both tasks wait at epoch 1, step 8, as in a long run, and `scontrol requeue` (what a
@@ -146,6 +147,7 @@ def test_srun_of_one_task_is_one_process(slurm, reference, tmp_path):
     assert_same_run(*single, reference)
 
 
+@pytest.mark.full  # the full tier's (TRAINER_TESTS=full): a minute each
 def test_the_examples_sbatch_script_trains_on_two_tasks(slurm, tmp_path):
     # examples/slurm/fashion_mnist.sbatch as a user submits it, on this one-node cluster's CPUs.
     log = tmp_path / "job.out"
@@ -164,6 +166,7 @@ def test_the_examples_sbatch_script_trains_on_two_tasks(slurm, tmp_path):
     assert out.startswith("Training plan")  # nothing of TensorFlow's start-up, from either task
 
 
+@pytest.mark.full  # the full tier's (TRAINER_TESTS=full): a minute each
 def test_parameter_server_training_under_srun_of_trainer_launch(slurm, tmp_path):
     # Task 0 runs the script as the chief, task 2 serves as the ps task and task 1 as the worker; the servers
     # end when the chief's script has ended, so srun returns.

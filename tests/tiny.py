@@ -14,7 +14,7 @@ def tiny_data(n: int = 203, seed: int = 0):
 
 
 def tiny_model(lr: float = 0.05, optimizer: str = "sgd", seed: int = 0, regularized: bool = True,
-               **optimizer_options) -> keras.Model:
+               steps_per_execution: int = 1, **optimizer_options) -> keras.Model:
     """A compiled two-layer classifier with L2 regularization (unless not `regularized`) and fixed initial weights.
 
     `optimizer_options` go to the optimizer (`global_clipnorm=...`, `gradient_accumulation_steps=...`).
@@ -35,5 +35,6 @@ def tiny_model(lr: float = 0.05, optimizer: str = "sgd", seed: int = 0, regulari
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
         weighted_metrics=[keras.metrics.SparseCategoricalCrossentropy(from_logits=True, name="wce")],
+        steps_per_execution=steps_per_execution,
     )
     return model

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import threading
 import time
 from typing import Any, Callable, ContextManager, Iterator, Protocol
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from trainer import _compat
@@ -338,10 +340,11 @@ def run_eval(steps: Steps, make_reader: MakeReader, inp, callbacks, num_steps: i
     """Evaluates over all of `inp` (or `num_steps` steps of it); exact results.
 
     Calls the test hooks as `model.evaluate` does. A callback with a test-batch
-    hook sees every batch, with the metrics so far (one that sets
-    `handles_fused_steps`, a progress bar, every call's last); otherwise the hooks bracket
-    each call of `EVAL_STEPS_PER_EXECUTION` steps, as Keras's do with
-    `steps_per_execution`. `known_steps`, the input's steps when known, only
+    hook sees each call of the model's compiled `steps_per_execution` (every
+    batch, by default), named `begin` and `begin + steps - 1`, with the metrics
+    so far (one that sets `handles_fused_steps`, a progress bar, every call's
+    last); otherwise the hooks bracket each call of `EVAL_STEPS_PER_EXECUTION`
+    steps. `known_steps`, the input's steps when known, only
     spares a batch-begin hook for a batch past the end, as Keras's (reading
     goes on until the data ends).
     """
@@ -352,7 +355,7 @@ def run_eval(steps: Steps, make_reader: MakeReader, inp, callbacks, num_steps: i
                      for c in callbacks.callbacks)
     per_batch = any(overrides_batch_hooks(c, _TEST_BATCH_HOOKS) and not getattr(c, "handles_fused_steps", False)
                     for c in callbacks.callbacks)
-    per_call = 1 if per_batch else EVAL_STEPS_PER_EXECUTION
+    per_call = keras_steps_per_call(callbacks.model) if per_batch else EVAL_STEPS_PER_EXECUTION
     callbacks.model.stop_evaluating = False
     callbacks.on_test_begin()
     with one_pass(make_reader, inp, read_all=num_steps is None) as reader:
@@ -363,7 +366,8 @@ def run_eval(steps: Steps, make_reader: MakeReader, inp, callbacks, num_steps: i
                 callbacks.on_test_batch_begin(done)
             ran = steps.evaluate(reader, n)
             if ran:
-                callbacks.on_test_batch_end(done + ran - 1, steps.objective.results("test_step") if batch_logs else {})
+                last = done + (n if per_batch else ran) - 1  # Keras's name for a call that met the data's end
+                callbacks.on_test_batch_end(last, steps.objective.results("test_step") if batch_logs else {})
             done += ran
             if ran < n or callbacks.model.stop_evaluating:
                 break
@@ -375,20 +379,30 @@ def run_eval(steps: Steps, make_reader: MakeReader, inp, callbacks, num_steps: i
 def run_predict(batches: Iterator[Any], callbacks, num_steps: int | None = None,
                 known_steps: int | None = None) -> list[Any]:
     """The outputs of `batches`, one global batch after another (the first `num_steps`), with the predict hooks
-    called as `model.predict` calls them: each batch's outputs in `on_predict_batch_end`'s logs. `known_steps`
-    as in `run_eval`."""
+    called as `model.predict` calls them: once per call of the model's compiled `steps_per_execution` (every
+    batch, by default), named `begin` and `begin + steps - 1`, the call's outputs in `on_predict_batch_end`'s
+    logs. `known_steps` as in `run_eval`."""
+    per_call = keras_steps_per_call(callbacks.model)
     outputs: list[Any] = []
     callbacks.model.stop_predicting = False
     callbacks.on_predict_begin()
     while num_steps is None or len(outputs) < num_steps:
-        if known_steps is None or len(outputs) < known_steps:
-            callbacks.on_predict_batch_begin(len(outputs))
-        batch = next(batches, None)
-        if batch is None:
+        begin = len(outputs)
+        n = per_call if num_steps is None else min(per_call, num_steps - begin)
+        if known_steps is None or begin < known_steps:
+            callbacks.on_predict_batch_begin(begin)
+        call = list(itertools.islice(batches, n))
+        if not call:
             break
-        outputs.append(batch)
-        callbacks.on_predict_batch_end(len(outputs) - 1, {"outputs": batch})
-        if callbacks.model.stop_predicting:
+        outputs.extend(call)
+        joined = call[0] if len(call) == 1 else tf.nest.map_structure(lambda *parts: np.concatenate(parts), *call)
+        callbacks.on_predict_batch_end(begin + n - 1, {"outputs": joined})
+        if len(call) < n or callbacks.model.stop_predicting:
             break
     callbacks.on_predict_end()
     return outputs
+
+
+def keras_steps_per_call(model) -> int:
+    """The steps of one call of Keras's own loops: the model's compiled `steps_per_execution` (1 by default)."""
+    return int(getattr(model, "steps_per_execution", 1) or 1)

@@ -135,7 +135,7 @@ def fusion(setting: int | str, compiled: engine_lib.Engine, batch: scaling.Batch
     from trainer import loop
 
     source = ""
-    compiled_steps = int(getattr(compiled.steps.model, "steps_per_execution", 1) or 1)
+    compiled_steps = loop.keras_steps_per_call(compiled.steps.model)
     if setting == "auto" and compiled_steps > 1:
         setting, source = compiled_steps, f"steps_per_execution={compiled_steps} from the model's compile()"
     chosen = StepFusion.for_fit(
