@@ -327,9 +327,10 @@ def _train_epoch(run_steps: Callable[[int], tuple[int, bool]], model: keras.Mode
                 break
         ran = context.step - begin
         if ran:
-            # A fixed steps_per_execution names its calls' last step as Keras's do, `begin + steps - 1`, even
-            # where a call ran fewer (the epoch's or the data's end); sized calls name the step they ended on.
-            last = begin + (ran if context.fusion.auto else max(ran, context.fusion.steps)) - 1
+            # A fixed steps_per_execution names its calls as Keras's do (`_compat.batch_end_index`), even where a
+            # call ran fewer (the epoch's or the data's end); sized calls name the step they ended on.
+            fixed = not context.fusion.auto
+            last = _compat.batch_end_index(begin, max(ran, context.fusion.steps)) if fixed else begin + ran - 1
             callbacks.on_train_batch_end(last, objective.results() if batch_logs else None)
         if ended or model.stop_training:
             break
@@ -341,7 +342,7 @@ def run_eval(steps: Steps, make_reader: MakeReader, inp, callbacks, num_steps: i
 
     Calls the test hooks as `model.evaluate` does. A callback with a test-batch
     hook sees each call of the model's compiled `steps_per_execution` (every
-    batch, by default), named `begin` and `begin + steps - 1`, with the metrics
+    batch, by default), named as Keras's (`_compat.batch_end_index`), with the metrics
     so far (one that sets `handles_fused_steps`, a progress bar, every call's
     last); otherwise the hooks bracket each call of `EVAL_STEPS_PER_EXECUTION`
     steps. `known_steps`, the input's steps when known, only
@@ -366,7 +367,7 @@ def run_eval(steps: Steps, make_reader: MakeReader, inp, callbacks, num_steps: i
                 callbacks.on_test_batch_begin(done)
             ran = steps.evaluate(reader, n)
             if ran:
-                last = done + (n if per_batch else ran) - 1  # Keras's name for a call that met the data's end
+                last = _compat.batch_end_index(done, n) if per_batch else done + ran - 1
                 callbacks.on_test_batch_end(last, steps.objective.results("test_step") if batch_logs else {})
             done += ran
             if ran < n or callbacks.model.stop_evaluating:
@@ -380,7 +381,7 @@ def run_predict(batches: Iterator[Any], callbacks, num_steps: int | None = None,
                 known_steps: int | None = None) -> list[Any]:
     """The outputs of `batches`, one global batch after another (the first `num_steps`), with the predict hooks
     called as `model.predict` calls them: once per call of the model's compiled `steps_per_execution` (every
-    batch, by default), named `begin` and `begin + steps - 1`, the call's outputs in `on_predict_batch_end`'s
+    batch, by default), named as Keras's (`_compat.batch_end_index`), the call's outputs in `on_predict_batch_end`'s
     logs. `known_steps` as in `run_eval`."""
     per_call = keras_steps_per_call(callbacks.model)
     outputs: list[Any] = []
@@ -396,7 +397,7 @@ def run_predict(batches: Iterator[Any], callbacks, num_steps: int | None = None,
             break
         outputs.extend(call)
         joined = call[0] if len(call) == 1 else tf.nest.map_structure(lambda *parts: np.concatenate(parts), *call)
-        callbacks.on_predict_batch_end(begin + n - 1, {"outputs": joined})
+        callbacks.on_predict_batch_end(_compat.batch_end_index(begin, n), {"outputs": joined})
         if len(call) < n or callbacks.model.stop_predicting:
             break
     callbacks.on_predict_end()

@@ -30,7 +30,7 @@ function. The rest of the trainer imports them from here (`_compat.name`):
 
 from __future__ import annotations
 
-from .version import KERAS_VERSION, debug_limits  # noqa: F401
+from .version import KERAS_VERSION, batch_end_index, debug_limits  # noqa: F401
 from .masks import get_keras_mask, set_keras_mask  # noqa: F401
 from .slurm import expand_hostlist, expand_tasks_per_node  # noqa: F401
 from .variables import (  # noqa: F401

@@ -26,3 +26,10 @@ def debug_limits() -> tuple[int | None, int | None]:
         return getter() if getter is not None else None
 
     return read("max_epochs"), read("max_steps_per_epoch")
+
+
+def batch_end_index(begin: int, steps: int) -> int:
+    """The batch index Keras's loops give `on_*_batch_end` for a call of `steps` steps from `begin`: the call's
+    last step from Keras 3.11 on (its epoch iterator yields `begin, end`), the step it began at before
+    (keras/src/backend/tensorflow/trainer.py, 3.8-3.10: `on_train_batch_end(step, logs)`)."""
+    return begin + steps - 1 if KERAS_VERSION >= (3, 11) else begin
