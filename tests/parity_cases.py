@@ -708,6 +708,18 @@ CASES: dict[str, Case] = {
     "compile_steps_per_execution": Case(lambda: _compiled(_dense(), metrics=["mae"], steps_per_execution=3),
                                         _regression),
     "compile_jit_compile": Case(lambda: _compiled(_dense(), metrics=["mae"], jit_compile=True), _regression),
+    # steps_per_epoch as Keras's epoch iterator counts it (trainer/passes.py): one stream whose pass's end ends an
+    # epoch (4 batches in epochs of 3 read 3, 1, 3, 1; in epochs of 6, 4 each), and calls of steps_per_execution
+    # that run past it (epochs of 1 with calls of 2 read 2).
+    "steps_per_epoch_below_the_arrays": Case(lambda: _compiled(_dense(), metrics=["mae"]), _regression,
+                                             fit_kwargs={"steps_per_epoch": 3, "epochs": 4}),
+    "steps_per_epoch_below_a_dataset": Case(lambda: _compiled(_dense(), metrics=["mae"]), _regression,
+                                            form="dataset", fit_kwargs={"steps_per_epoch": 3, "epochs": 4}),
+    "steps_per_epoch_beyond_a_dataset": Case(lambda: _compiled(_dense(), metrics=["mae"]), _regression,
+                                             form="dataset", fit_kwargs={"steps_per_epoch": 6, "epochs": 3}),
+    "steps_per_execution_past_steps_per_epoch": Case(
+        lambda: _compiled(_dense(), metrics=["mae"], steps_per_execution=2), _regression,
+        fit_kwargs={"steps_per_epoch": 1, "epochs": 3}),
     # evaluate's and predict's Keras arguments (every row also compares evaluate's default return: a list or
     # a float).
     "evaluate_predict_steps": Case(lambda: _compiled(_dense(), metrics=["mae"]), _regression,

@@ -794,17 +794,20 @@ def _warnings_of(call) -> set[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["dataset", "steps-beyond-arrays", "more-arrays-than-inputs"])
+@pytest.mark.parametrize("case", ["dataset", "steps-beyond-arrays", "more-arrays-than-inputs",
+                                  "dataset-of-unknown-length", "steps-beyond-a-dataset"])
 def test_fit_warns_as_model_fit_warns(case):
     x, y, w = tiny_data()
     data = {"dataset": (lambda: _ds(x, y).batch(32), None, {}),
+            "dataset-of-unknown-length": (lambda: _ds(x, y).batch(32).filter(lambda *_: True), None, {}),
+            "steps-beyond-a-dataset": (lambda: _ds(x, y).batch(32), None, {"steps_per_epoch": 10}),
             "steps-beyond-arrays": (lambda: x, y, {"steps_per_epoch": 10}),
             "more-arrays-than-inputs": (lambda: [x, x], y, {})}[case]
     features, targets, kwargs = data
     model = tiny_model()
-    expected = _warnings_of(lambda: model.fit(features(), targets, batch_size=32, epochs=1, verbose=0, **kwargs))
+    expected = _warnings_of(lambda: model.fit(features(), targets, batch_size=32, epochs=2, verbose=0, **kwargs))
     trainer = Trainer(strategy="default", batch_size=32, verbose=0)
-    seen = _warnings_of(lambda: trainer.fit(tiny_model(), features(), targets, epochs=1, **kwargs))
+    seen = _warnings_of(lambda: trainer.fit(tiny_model(), features(), targets, epochs=2, **kwargs))
     assert seen == expected
     assert expected or case == "dataset"  # Keras 3.8 gives no warning for a dataset with shuffle=True
 

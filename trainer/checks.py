@@ -11,7 +11,7 @@ from typing import Any
 import keras
 
 from trainer import inputs as inputs_lib
-from trainer import _compat, models
+from trainer import _compat, models, passes
 from trainer.model_checks import check_model_inputs
 from trainer.route import user_stacklevel
 
@@ -36,9 +36,7 @@ def steps_within_arrays(train, steps_per_epoch: int | None, global_batch_size: i
         return steps_per_epoch
     if steps_per_epoch <= train.num_steps(global_batch_size):
         return steps_per_epoch
-    warnings.warn("Your input ran out of data; interrupting training. Make sure that your dataset or generator can "
-                  "generate at least `steps_per_epoch * epochs` batches. You may need to use the `.repeat()` function "
-                  "when building your dataset.", stacklevel=user_stacklevel())
+    warnings.warn(passes.RAN_OUT, stacklevel=user_stacklevel())
     return None
 
 

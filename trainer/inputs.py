@@ -3,9 +3,9 @@
 `trainer/data.py` checks what the user passed and wraps it as one of these
 kinds; from then on the trainer asks the kind, never its type:
 
-| Kind | Global batch | Split across workers | Split across replicas | Each epoch | Mid-epoch resume |
+| Kind | Global batch | Split across workers | Split across replicas | Each pass | Mid-epoch resume |
 |---|---|---|---|---|---|
-| `ArrayInput` | fit's `batch_size` | each worker gathers its replicas' slices | contiguous slices | reshuffled from `seed` and the epoch | exact: skips steps |
+| `ArrayInput` | fit's `batch_size` | each worker gathers its replicas' slices | contiguous slices | reshuffled from `seed` and the pass | exact: skips steps |
 | `DatasetInput` | batched here | every worker reads all, keeps its share (DATA) | contiguous shares | read again from its start | exact: skips examples |
 | `BatchedInput` | the user's batches | every worker reads all, keeps its share (DATA) | contiguous shares | read again; Keras's spare iterator | exact: skips batches |
 | `FunctionInput` | the function's | by its `input_context` | a pipeline per replica | read again | restarts the epoch |
@@ -66,13 +66,9 @@ class _Input:
     def _sharding(self, num_workers: int) -> tuple[str, str]:
         raise NotImplementedError
 
-    def restarts_each_epoch(self, steps_per_epoch: int | None) -> bool:
-        """Whether each epoch reads a fresh pass (else one reader serves the whole fit).
-
-        A dataset is read from its start each epoch, unless `steps_per_epoch`
-        makes it one stream that epochs cut.
-        """
-        return steps_per_epoch is None
+    # Whether each pass over the input gets a reader of its own (`loop.ReaderSteps`); arrays read all the
+    # passes of a fit through one, which shuffles each.
+    reader_per_pass = True
 
     def resume(self, steps_per_epoch: int | None) -> str:
         """Why a run resumed mid-fit reads other batches than the uninterrupted run would ("" if it can't)."""
@@ -90,7 +86,7 @@ class _Input:
 class ArrayInput(_Input):
     """In-memory arrays: a nested structure with `num_examples` rows per leaf.
 
-    The trainer shuffles them each epoch from `seed`, cuts global batches, and
+    The trainer shuffles them each pass from `seed`, cuts global batches, and
     splits each into contiguous per-replica slices; a worker reads only its
     own replicas' slices. The global order depends on the seed alone, and the
     last partial batch is kept.
@@ -111,9 +107,7 @@ class ArrayInput(_Input):
         """The first `n` examples, to build the model on."""
         return tf.nest.map_structure(lambda a: tf.convert_to_tensor(a[:n]), self.arrays)
 
-    def restarts_each_epoch(self, steps_per_epoch: int | None) -> bool:
-        # One pass covers all epochs, unless steps_per_epoch cuts epochs short (each then starts a new shuffle).
-        return steps_per_epoch is not None
+    reader_per_pass = False
 
     def reader(self, readers: Readers, epoch: int | None = None, start_step: int = 0, until: int | None = None):
         """Epochs `epoch` to `until` (one by default), each shuffled from the seed; without `epoch`, input order
@@ -159,9 +153,9 @@ class _DatasetKind(_Input):
         return policy.name, reason
 
     def resume(self, steps_per_epoch: int | None) -> str:
-        if not self.restarts_each_epoch(steps_per_epoch):
-            return ("steps_per_epoch cuts one stream of the dataset into epochs, and a resumed run reads the "
-                    "stream from its start")
+        if steps_per_epoch is not None and self.num_steps(1) is None:
+            return ("steps_per_epoch cuts one stream of the dataset into epochs, and the dataset's length is "
+                    "unknown, so a resumed run reads the stream from its start")
         shuffles = _compat.dataset_shuffles(self.dataset)
         if any(reshuffles for reshuffles, _ in shuffles):
             return ("the dataset reshuffles each time it is read (shuffle's reshuffle_each_iteration), and a "

@@ -16,6 +16,7 @@ import dataclasses
 import itertools
 import threading
 import time
+import warnings
 from typing import Any, Callable, ContextManager, Iterator, Protocol
 
 import keras
@@ -24,6 +25,8 @@ import tensorflow as tf
 
 from trainer import _compat
 from trainer.fusion import StepFusion
+from trainer import route as route_lib
+from trainer.passes import RAN_OUT, Passes
 from trainer.plan import Plan
 from trainer.steps import Steps
 from trainer.cluster import ClusterInfo
@@ -134,12 +137,13 @@ class StepSource(Protocol):
 
     steps: Steps  # the train steps (their model, warmup)
     objective: Any  # whose results are the train logs
+    passes: Passes  # where each epoch reads, as Keras's epoch iterator cuts the input
 
     def begin(self) -> None:
         """Called once, after `on_train_begin`."""
 
-    def epoch(self, epoch: int, first_step: int) -> ContextManager[Callable[[int], tuple[int, bool]]]:
-        """Around one epoch: gives `run(n) -> (steps run, whether the epoch's data ended)`."""
+    def epoch(self, epoch: int, first_step: int) -> ContextManager[Callable[[int], int]]:
+        """Around one epoch, begun in `passes`: gives `run(n) -> steps run` (fewer when the data ran out)."""
 
     def end(self) -> None:
         """Called once, after `on_train_end`."""
@@ -148,18 +152,17 @@ class StepSource(Protocol):
 class ReaderSteps:
     """Steps read from the input on this process's replicas (every strategy but parameter-server training).
 
-    A reader is made per epoch when the input restarts each epoch; else one
-    reader serves all epochs, and when its data runs out before an epoch is
-    full (a dataset with steps_per_epoch) it starts again and fills the epoch.
+    Arrays are read through one reader across epochs, which shuffles each pass;
+    other inputs get a reader for each pass that `passes` begins.
     """
 
-    def __init__(self, steps: Steps, make_reader: MakeReader, inp: Any, *, restart_each_epoch: bool, epochs: int):
+    def __init__(self, steps: Steps, make_reader: MakeReader, inp: Any, *, passes: Passes, epochs: int):
         self.steps, self.make_reader, self.inp = steps, make_reader, inp
-        self.restart_each_epoch, self.epochs = restart_each_epoch, epochs
+        self.passes, self.epochs = passes, epochs
         self.objective = steps.objective
         self._held: list = []  # the reader, alone, so that `release` can destroy it off the main thread
         self._epoch = 0
-        self._fresh_and_empty = False  # a reader made for this epoch that has not given a step yet
+        self._fresh_and_empty = False  # a reader made for this pass that has not given a step yet
 
     def begin(self) -> None:
         pass
@@ -168,33 +171,30 @@ class ReaderSteps:
     def epoch(self, epoch: int, first_step: int):
         self.inp.epoch_begin()
         self._epoch = epoch
-        if not self._held or self.restart_each_epoch:
-            until = epoch + 1 if self.restart_each_epoch else self.epochs
-            self._new_reader(epoch=epoch, start_step=first_step, until=until)
+        placed = self.passes.begin_epoch(epoch, first_step)
+        if not self._held or (placed and self.inp.reader_per_pass):
+            # Arrays: one reader for the passes the remaining epochs can read (at most one new pass each).
+            self._new_reader(epoch=self.passes.index, start_step=self.passes.step,
+                             until=self.passes.index + self.epochs - epoch)
         try:
             yield self.run
         except BaseException:
             self.inp.epoch_end(read_all=False)  # stops a PyDataset's worker threads or processes
             raise
-        release(self.inp.epoch_end(read_all=self.restart_each_epoch))
+        if self.passes.spent and self.inp.reader_per_pass:
+            release(self._held)
+        release(self.inp.epoch_end(read_all=self.passes.steps_per_epoch is None))
 
-    def run(self, num_steps: int) -> tuple[int, bool]:
+    def run(self, num_steps: int) -> int:
         ran = self.steps.train(self._held[0], num_steps)
         if ran:
             self._fresh_and_empty = False
-        if ran == num_steps:
-            return ran, False
-        if self._fresh_and_empty:
+        elif self._fresh_and_empty:
             raise ValueError(
                 f"`data` produced no batches in epoch {self._epoch}. Pass a non-empty dataset, "
                 "or one that repeats when steps_per_epoch is set."
             )
-        if self.restart_each_epoch:  # one pass is the epoch
-            release(self._held)
-            return ran, True
-        # One stream for all epochs (a dataset with steps_per_epoch): it starts again, and fills this epoch.
-        self._new_reader(epoch=self._epoch, start_step=0, until=self.epochs)
-        return ran, False
+        return ran
 
     def _new_reader(self, **where) -> None:
         release(self._held)
@@ -243,7 +243,7 @@ def _run_epochs(source: StepSource, context: TrainContext, callbacks: keras.call
             objective.reset()
             callbacks.on_epoch_begin(epoch)
             with source.epoch(epoch, first_step) as run_steps:
-                _train_epoch(run_steps, model, objective, context, callbacks, batch_logs)
+                _train_epoch(run_steps, source.passes, model, objective, context, callbacks, batch_logs)
             logs = end_epoch(epoch, objective, eval_steps, validation, callbacks)
             if model.stop_training:
                 break
@@ -300,40 +300,43 @@ def end_epoch(epoch: int, objective, eval_steps: Steps, validation: Validation |
     return logs
 
 
-def _train_epoch(run_steps: Callable[[int], tuple[int, bool]], model: keras.Model, objective,
+def _train_epoch(run_steps: Callable[[int], int], passes: Passes, model: keras.Model, objective,
                  context: TrainContext, callbacks, batch_logs: bool) -> None:
-    """Runs the epoch's step calls from `context.step` on, until it is full or its data ended.
+    """Runs the epoch's step calls from `context.step` on, while `passes` gives the epoch steps.
 
     The batch hooks bracket each call of `context.fusion.steps` steps, as
     Keras's bracket each call of `steps_per_execution`; a call that reaches the
     uneven last batch runs as two, one per batch shape (`steps_of_one_shape`),
     which the hooks do not see.
     """
-    per_epoch = context.plan.steps_per_epoch
-    while per_epoch is None or context.step < per_epoch:
-        n = context.fusion.steps if per_epoch is None else min(context.fusion.steps, per_epoch - context.step)
-        begin, ended = context.step, False
+    fixed = not context.fusion.auto
+    begin = context.step  # the call's first step, as Keras counts it: S a call for a fixed steps_per_execution S
+    while n := passes.call_steps(context.step, context.fusion.steps):
+        first = context.step
         callbacks.on_train_batch_begin(begin)
-        while context.step < begin + n and not ended:
-            part = context.plan.steps_of_one_shape(context.step, begin + n - context.step)
+        while context.step < first + n:
+            part = context.plan.steps_of_one_shape(passes.step, first + n - context.step)
             start = time.perf_counter()
-            ran, ended = run_steps(part)
+            ran = run_steps(part)
             seconds = time.perf_counter() - start
             context.step_seconds += seconds
             context.fusion.observe(ran, seconds)
-            context.examples_seen += context.examples_in(ran, context.step)
+            context.examples_seen += context.examples_in(ran, passes.step)
             context.step += ran
+            passes.ran(ran, part)
             if ran < part:
                 break
-        ran = context.step - begin
+        ran = context.step - first
         if ran:
             # A fixed steps_per_execution names its calls as Keras's do (`_compat.batch_end_index`), even where a
             # call ran fewer (the epoch's or the data's end); sized calls name the step they ended on.
-            fixed = not context.fusion.auto
             last = _compat.batch_end_index(begin, max(ran, context.fusion.steps)) if fixed else begin + ran - 1
             callbacks.on_train_batch_end(last, objective.results() if batch_logs else None)
-        if ended or model.stop_training:
+        begin += context.fusion.steps if fixed else ran
+        if model.stop_training:
             break
+    if passes.cut_short(context.step):
+        warnings.warn(RAN_OUT, stacklevel=route_lib.user_stacklevel())
 
 
 def run_eval(steps: Steps, make_reader: MakeReader, inp, callbacks, num_steps: int | None = None,

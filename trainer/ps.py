@@ -22,6 +22,7 @@ import tensorflow as tf
 from trainer import _compat
 from trainer import feed as feed_lib
 from trainer.inputs import Input
+from trainer.passes import Passes
 from trainer.steps import Steps, step_function
 from trainer.tracing import graph_function
 
@@ -47,14 +48,15 @@ class ScheduledSteps:
     resets after the epoch's train logs are read.
     """
 
-    def __init__(self, coordinator, steps: Steps, eval_steps: Steps, iterator, steps_per_epoch: int | None):
-        if steps_per_epoch is None:
+    def __init__(self, coordinator, steps: Steps, eval_steps: Steps, iterator, passes: Passes):
+        if passes.epoch_steps is None:
             raise ValueError(
                 "Parameter-server training needs a known epoch length. Received data of unknown size. "
                 "Pass steps_per_epoch to fit()."
             )
         self.coordinator, self.steps, self.eval_steps, self.iterator = coordinator, steps, eval_steps, iterator
         self.objective = eval_steps.objective
+        self.passes = passes  # every worker repeats its shard: the pass never ends, and an epoch is a step count
         self._counter = None
         self._iterations = 0
 
@@ -73,11 +75,11 @@ class ScheduledSteps:
 
     @contextlib.contextmanager
     def epoch(self, epoch: int, first_step: int):
-        del epoch, first_step  # every worker repeats its shard: an epoch is a step count
+        self.passes.begin_epoch(epoch, first_step)
         yield self.run
 
-    def run(self, num_steps: int) -> tuple[int, bool]:
-        """Schedules `num_steps` steps and waits for them; returns (steps run, False: the data never ends)."""
+    def run(self, num_steps: int) -> int:
+        """Schedules `num_steps` steps and waits for them; returns them (the data never ends)."""
         results = [self.coordinator.schedule(self._scheduled_step, args=(self.iterator,)) for _ in range(num_steps)]
         self.coordinator.join()  # also re-raises a failed step's error here
         for result in results:
@@ -86,7 +88,7 @@ class ScheduledSteps:
         self._iterations += num_steps
         self._counter.assign(self._iterations)
         self.steps.sync_warmup()  # a float LR's warmup moves once per call here
-        return num_steps, False
+        return num_steps
 
     def end(self) -> None:
         pass

@@ -27,6 +27,7 @@ from trainer import strategy as strategy_lib
 from trainer.cluster import cluster_info, is_parameter_server, strategy_cluster_info
 from trainer.history import History
 from trainer.model_steps import logs_in_order
+from trainer.passes import Passes
 from trainer.plan import strategy_label
 from trainer.steps import Steps
 
@@ -625,12 +626,14 @@ class Trainer:
             coordinator = self._coordinator(compiled.strategy)
             iterator = ps.per_worker_iterator(compiled.strategy, coordinator, train, schedule.batch.global_batch_size,
                                               num_workers=context.plan.num_workers)
-            source = ps.ScheduledSteps(coordinator, compiled.steps, compiled.eval_steps, iterator,
-                                       context.plan.steps_per_epoch)
+            passes = Passes.starting_at(call.initial_epoch, context.plan.steps_per_epoch, None)
+            source = ps.ScheduledSteps(coordinator, compiled.steps, compiled.eval_steps, iterator, passes)
         else:
             readers = self._readers(compiled.strategy, schedule.batch, call.shuffle)
-            source = loop.ReaderSteps(compiled.steps, readers, train, epochs=context.epochs,
-                                      restart_each_epoch=train.restarts_each_epoch(schedule.user_steps))
+            passes = Passes.starting_at(call.initial_epoch, schedule.user_steps,
+                                        train.num_steps(schedule.batch.global_batch_size),
+                                        loop.keras_steps_per_call(compiled.steps.model))
+            source = loop.ReaderSteps(compiled.steps, readers, train, passes=passes, epochs=context.epochs)
         loop.run_epochs(source, context, callback_list, validation, compiled.eval_steps)
         if context.fusion.auto and context.fusion.seconds_per_step is not None:
             compiled.seconds_per_step[schedule.batch.global_batch_size] = context.fusion.seconds_per_step
