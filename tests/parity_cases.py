@@ -601,6 +601,33 @@ def _sentences():
     return x, np.array([[len(s) / 10.0] for s in x], "float32"), None
 
 
+class BagOfWords(keras.Model):
+    """The mean embedding of each example's own tokens, from a ragged batch of token ids (subclassed: Keras 3.8's
+    Input has no ragged=True)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.embedding, self.head = keras.layers.Embedding(20, 4), keras.layers.Dense(1)
+
+    def call(self, ids):
+        import tensorflow as tf
+
+        return self.head(tf.reduce_mean(self.embedding(ids), axis=1))
+
+
+def _ragged_bag_of_words():
+    return _compiled(BagOfWords(), metrics=["mae"])
+
+
+def _token_ids():
+    """Each example a list of 1 to 5 token ids, as a tf.RaggedTensor given as x (not in a dataset)."""
+    import tensorflow as tf
+
+    rng = _rng(8)
+    ids = [list(rng.randint(1, 20, rng.randint(1, 6))) for _ in range(N)]
+    return tf.ragged.constant(ids, dtype=tf.int64), np.array([[len(i) / 5.0] for i in ids], "float32"), None
+
+
 def _classifier():
     return _compiled(_dense(3), keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
 
@@ -692,6 +719,8 @@ CASES: dict[str, Case] = {
     # ignored (Keras warns that the structures differ for a model built on a dict, and feeds its values in
     # sorted key order: here the extra keys sort after the inputs'; test_bad_input has keys that sort among them).
     "dict_inputs_by_key": Case(_dict_inputs, _columns),
+    # Token ids of different lengths, a tf.RaggedTensor given as x, as model.fit takes it (issue 51).
+    "ragged_token_ids": Case(_ragged_bag_of_words, _token_ids),
     "dict_inputs_more_columns": Case(_dict_inputs, lambda: _columns("weight", "zip")),
     "list_inputs_columns_by_name": Case(_list_inputs, lambda: _columns("0_index")),
     # fit's Keras arguments.

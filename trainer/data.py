@@ -315,7 +315,9 @@ def _reject_nested_lists(part: Any, arg: str, name: str) -> None:
         )
 
 
-def _as_array(value: Any) -> np.ndarray:
+def _as_array(value: Any) -> Any:
+    if isinstance(value, tf.RaggedTensor):  # rows of different lengths: read through tf.data (`ArrayInput.reader`)
+        return value
     return as_float32(np.asarray(value))
 
 
@@ -337,6 +339,8 @@ def as_float32(value: Any) -> Any:
 
 def _text_as_bytes(array: np.ndarray) -> np.ndarray:
     """Features that are text (str arrays, or object arrays of str), as UTF-8 bytes: TensorFlow's tf.string."""
+    if not isinstance(array, np.ndarray):  # a tf.RaggedTensor
+        return array
     if array.dtype.kind == "U" or (array.dtype == object and array.size and all(
             isinstance(v, (str, bytes)) for v in array.flat)):
         encode = np.vectorize(lambda v: v.encode("utf-8") if isinstance(v, str) else v, otypes=[object])
@@ -346,7 +350,7 @@ def _text_as_bytes(array: np.ndarray) -> np.ndarray:
 
 def _common_length(arrays: Any, arg: str) -> int:
     leaves = tf.nest.flatten(arrays)
-    lengths = [len(a) if a.ndim else -1 for a in leaves]
+    lengths = [int(a.nrows()) if isinstance(a, tf.RaggedTensor) else len(a) if a.ndim else -1 for a in leaves]
     if any(n < 0 for n in lengths):
         raise ValueError(
             f"Every array in `{arg}` needs a leading example dimension. Received: {arg} with "

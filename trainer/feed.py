@@ -345,14 +345,23 @@ class DistributedBatches:
 
     For replicas on accelerators (whose pipelines prefetch to the device),
     dataset functions, and datasets that set a shard policy of their own.
+
+    `ragged`: the batches hold `tf.RaggedTensor`s, whose shapes change from
+    step to step; a collective whose shape changes inside a call's loop aborts
+    (see trainer/steps.py), so each step runs in a call of its own, as
+    `GlobalBatches` runs a step whose shapes differ from the last.
     """
 
-    def __init__(self, iterator: Any):
-        self.iterator = iterator
+    def __init__(self, iterator: Any, *, ragged: bool = False):
+        self.iterator, self.ragged = iterator, ragged
 
     def run(self, loops, num_steps: int) -> int:
         """Runs up to `num_steps` steps through `loops.distributed`; returns how many ran."""
-        ran = int(loops.distributed(self.iterator, tf.constant(num_steps)))
+        if not self.ragged:
+            return int(loops.distributed(self.iterator, tf.constant(num_steps)))
+        ran = 0
+        while ran < num_steps and int(loops.distributed(self.iterator, tf.constant(1))):
+            ran += 1
         return ran
 
     def predictions(self, loops) -> Iterator[Any]:
@@ -361,18 +370,37 @@ class DistributedBatches:
             yield loops.replica_batch(batch)
 
 
+def has_ragged(element_spec: Any) -> bool:
+    """Whether elements of `element_spec` hold `tf.RaggedTensor`s."""
+    return any(isinstance(spec, tf.RaggedTensorSpec) for spec in tf.nest.flatten(element_spec))
+
+
 def shape_key(batch: Any) -> tf.Tensor:
     """Every dimension of every tensor in `batch`, as one int32 vector (the leading ones only if a rank is unknown)."""
     leaves = tf.nest.flatten(batch)
     if any(t.shape.rank is None for t in leaves):
-        return tf.stack([tf.shape(t)[0] for t in leaves])
-    return tf.concat([tf.shape(t) for t in leaves], axis=0)
+        return tf.stack([_rows(t) for t in leaves])
+    return tf.concat([_dims(t) for t in leaves], axis=0)
 
 
 def shape_key_length(element_spec: Any) -> int:
     """The length of `shape_key` for batches of `element_spec`."""
     ranks = [spec.shape.rank for spec in tf.nest.flatten(element_spec)]
-    return len(ranks) if None in ranks else sum(ranks)
+    if None in ranks:
+        return len(ranks)
+    return sum(1 + spec.shape.rank - spec.ragged_rank if isinstance(spec, tf.RaggedTensorSpec) else spec.shape.rank
+               for spec in tf.nest.flatten(element_spec))
+
+
+def _rows(t: Any) -> tf.Tensor:
+    return tf.cast(t.nrows(), tf.int32) if isinstance(t, tf.RaggedTensor) else tf.shape(t)[0]
+
+
+def _dims(t: Any) -> tf.Tensor:
+    """A tensor's dimensions; a ragged one's rows and the dimensions of its values."""
+    if isinstance(t, tf.RaggedTensor):
+        return tf.concat([[_rows(t)], tf.shape(t.flat_values)], axis=0)
+    return tf.shape(t)
 
 
 def handed_share(element: Any) -> Share:

@@ -399,12 +399,23 @@ def run_predict(batches: Iterator[Any], callbacks, num_steps: int | None = None,
         if not call:
             break
         outputs.extend(call)
-        joined = call[0] if len(call) == 1 else tf.nest.map_structure(lambda *parts: np.concatenate(parts), *call)
-        callbacks.on_predict_batch_end(_compat.batch_end_index(begin, n), {"outputs": joined})
+        callbacks.on_predict_batch_end(_compat.batch_end_index(begin, n), {"outputs": joined(call)})
         if len(call) < n or callbacks.model.stop_predicting:
             break
     callbacks.on_predict_end()
     return outputs
+
+
+def joined(batches: list[Any]) -> Any:
+    """The outputs of several batches as one, as Keras joins them: arrays concatenated, and ragged outputs as one
+    `tf.RaggedTensor`."""
+    if len(batches) == 1:
+        return batches[0]
+
+    def join(*parts):
+        return tf.concat(parts, axis=0) if isinstance(parts[0], tf.RaggedTensor) else np.concatenate(parts, axis=0)
+
+    return tf.nest.map_structure(join, *batches)
 
 
 def keras_steps_per_call(model) -> int:

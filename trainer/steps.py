@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import warnings
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import keras
 import tensorflow as tf
@@ -83,6 +83,30 @@ def _on_replica_batch(replica_fn):
         return replica_fn(feed_lib.handed_share(batch))
 
     return on_replica_batch
+
+
+class RaggedParts(NamedTuple):
+    """A `tf.RaggedTensor` output as the dense parts that replicas' outputs are gathered by (`strategy.gather`
+    concatenates each part in replica order, which concatenates the ragged rows)."""
+
+    flat_values: tf.Tensor
+    nested_row_lengths: tuple
+
+    @classmethod
+    def of(cls, value: Any) -> Any:
+        return cls(value.flat_values, value.nested_row_lengths()) if isinstance(value, tf.RaggedTensor) else value
+
+    @classmethod
+    def joined(cls, value: Any) -> Any:
+        """`value` with its RaggedParts made ragged again."""
+        if isinstance(value, cls):
+            return tf.RaggedTensor.from_nested_row_lengths(value.flat_values, value.nested_row_lengths,
+                                                           validate=False)
+        if isinstance(value, dict):
+            return {key: cls.joined(v) for key, v in value.items()}
+        if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+            return type(value)(cls.joined(v) for v in value)
+        return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,7 +215,7 @@ class Steps:
     def predictions(self, reader: Any) -> Iterator[Any]:
         """The model's outputs (NumPy), one global batch of `reader` after another, computed as they are asked for."""
         for out in reader.predictions(self._predict_loops):
-            yield tf.nest.map_structure(lambda t: t.numpy(), out)
+            yield tf.nest.map_structure(lambda t: t if isinstance(t, tf.RaggedTensor) else t.numpy(), out)
 
     # Replica context -------------------------------------------------------
 
@@ -427,7 +451,7 @@ class Steps:
             outputs = self.model.predict_step((batch,) if isinstance(batch, (tuple, list)) else batch)
         else:
             outputs = self.model(share.batch, training=False)
-        return feed_lib.tracked(share, outputs)
+        return tf.nest.map_structure(RaggedParts.of, feed_lib.tracked(share, outputs))
 
     def _predict_step(self, batch, global_batches: bool):
         def predict(x):
@@ -445,4 +469,4 @@ class Steps:
         return self._gathered(self.strategy.run(predict, args=(fetched,)))
 
     def _gathered(self, per_replica):
-        return tf.nest.map_structure(lambda t: self.strategy.gather(t, axis=0), per_replica)
+        return RaggedParts.joined(tf.nest.map_structure(lambda t: self.strategy.gather(t, axis=0), per_replica))

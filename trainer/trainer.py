@@ -405,7 +405,7 @@ class Trainer:
             with loop.one_pass(self._readers(strategy, batch), inp, read_all=steps is None) as reader:
                 outputs = loop.run_predict(self._predict_steps(model, strategy).predictions(reader), callback_list,
                                            num_steps=steps, known_steps=known)
-        return tf.nest.map_structure(lambda *parts: np.concatenate(parts, axis=0), *outputs)
+        return loop.joined(outputs)
 
     # Keras's per-batch methods, reached beneath a model's own code (`distribute()`, a routed call) ----------
 
