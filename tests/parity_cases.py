@@ -628,6 +628,15 @@ def _token_ids():
     return tf.ragged.constant(ids, dtype=tf.int64), np.array([[len(i) / 5.0] for i in ids], "float32"), None
 
 
+def _sparse_features():
+    """Bag-of-words counts over 12 words, mostly zeros, as a tf.SparseTensor given as x."""
+    import tensorflow as tf
+
+    rng = _rng(9)
+    counts = ((rng.rand(N, 12) < 0.2) * rng.randint(1, 4, (N, 12))).astype("float32")
+    return tf.sparse.from_dense(counts), (counts @ rng.rand(12, 1) / 4).astype("float32"), None
+
+
 def _classifier():
     return _compiled(_dense(3), keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
 
@@ -721,6 +730,10 @@ CASES: dict[str, Case] = {
     "dict_inputs_by_key": Case(_dict_inputs, _columns),
     # Token ids of different lengths, a tf.RaggedTensor given as x, as model.fit takes it (issue 51).
     "ragged_token_ids": Case(_ragged_bag_of_words, _token_ids),
+    # Sparse features, a tf.SparseTensor given as x: its Dense gives sparse gradients (issue 51).
+    "sparse_features": Case(lambda: _compiled(keras.Sequential([keras.Input((12,), sparse=True), keras.layers.Dense(3),
+                                                                keras.layers.Dense(1)]), metrics=["mae"]),
+                            _sparse_features),
     "dict_inputs_more_columns": Case(_dict_inputs, lambda: _columns("weight", "zip")),
     "list_inputs_columns_by_name": Case(_list_inputs, lambda: _columns("0_index")),
     # fit's Keras arguments.

@@ -228,3 +228,46 @@ def test_stop_predicting_ends_predict_with_the_batches_so_far_as_model_predict()
     assert len(expected) == 32
     np.testing.assert_allclose(predicted, expected, rtol=1e-6)
     _same_events(ours.events, theirs.events)
+
+
+class CountsItsCalls(keras.Model):
+    """Keras's own test model of current state (callback_test.py): its call counts itself in a variable."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = keras.layers.Dense(3)
+        self.calls = self.add_variable(shape=(), initializer="zeros", trainable=False)
+
+    def call(self, x):
+        self.calls.assign(self.calls + 1)
+        return self.head(x)
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_a_callback_reads_a_variable_with_int_and_float_as_on_one_device(replicas):
+    # On replicas the model's variables are MirroredVariables for the call, which have no int() or float() of
+    # their own (so Keras's own fit in a MirroredStrategy's scope fails on them).
+    x, y, _ = tiny_data(64)
+
+    class Reads(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.seen.append((int(self.model.calls), float(self.model.optimizer.learning_rate)))
+
+    runs, conversions = [], (keras.Variable.__int__, keras.Variable.__float__)
+    for side in ("keras", "trainer"):
+        keras.utils.set_random_seed(0)
+        model, reads = CountsItsCalls(), Reads()
+        model.compile(keras.optimizers.SGD(0.05), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        if side == "keras":
+            model.fit(x, y, batch_size=16, epochs=2, shuffle=False, callbacks=[reads], verbose=0)
+        else:
+            trainer = Trainer(strategy=mirrored(replicas) if replicas > 1 else "default", lr_scaling=None, verbose=0)
+            trainer.fit(model, x, y, batch_size=16, epochs=2, shuffle=False, callbacks=[reads])
+        runs.append((reads.seen, int(model.calls)))
+    assert runs[1] == runs[0]
+    assert runs[0][0][-1][0] == 8  # 4 steps an epoch, one call each
+    assert (keras.Variable.__int__, keras.Variable.__float__) == conversions  # put back after the call

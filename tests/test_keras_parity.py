@@ -48,7 +48,7 @@ UNEVEN = ["class_weighted_loss", "activity_regularizer", "add_loss_mean", "maski
           "distiller_teacher_in_compute_loss", "fitted_twice", "custom_objects_with_required_arguments",
           "lambda_layer", "saved_and_reloaded", "train_step_returns_loss_tensors", "endpoint_layer_loss",
           "embedding_mask_zero_xla", "steps_per_epoch_below_the_arrays", "steps_per_epoch_below_a_dataset",
-          "ragged_token_ids", *RANDOM]
+          "ragged_token_ids", "sparse_features", *RANDOM]
 # (replicas in each process, how the processes run): "" one process; "accelerator" one process whose CPU
 # replicas read as GPUs and TPUs do (TensorFlow's distributed iterator: TRAINER_ACCELERATOR_READER=1);
 # "workers" two processes under trainer-launch, each with its replicas ("workers-accelerator": 2 replicas
@@ -60,20 +60,21 @@ ACCELERATOR = ["dense_l2_mae", "batched_dataset", "batched_dataset_drop_remainde
                "evaluate_predict_steps_dataset", "embedding_mask_zero_tagger", "masking_timedistributed",
                "two_outputs_dict", "train_step_guide_custom_model", "gan_two_optimizers", "vae_no_call",
                "endpoint_layer_loss", "steps_per_epoch_below_a_dataset", "steps_per_execution_past_steps_per_epoch",
-               "ragged_token_ids", *RANDOM]
+               "ragged_token_ids", "sparse_features", *RANDOM]
 # On 8 replicas through the accelerator reader, the last batch of 5 is handed whole to each replica.
 SMALL_LAST_BATCH = ["dropout_noise_layers", "mixed_random_and_batch_norm", "batch_norm_own_train_step"]
 LAYOUTS = {(1, ""): ALL, (2, ""): ALL, (3, ""): UNEVEN, (8, ""): RANDOM, (2, "accelerator"): ACCELERATOR,
            (3, "accelerator"): [c for c in ACCELERATOR if c in UNEVEN], (8, "accelerator"): SMALL_LAST_BATCH,
            (1, "workers"): RANDOM, (2, "workers-accelerator"): [*RANDOM, "embedding_mask_zero_tagger",
-                                                                 "batched_dataset", "ragged_token_ids"]}
+                                                                 "batched_dataset", "ragged_token_ids",
+                                                                 "sparse_features"]}
 # CI's tier runs every row on 1 and 2 replicas, and a few rows on 3 and 8 replicas, through the accelerator
 # reader and on two workers: a loss weighted by class and by time step, the model's own steps, random draws
-# and BatchNormalization, a generator, masks, steps_per_epoch over a dataset and ragged x. The full tier
-# (TRAINER_TESTS=full) runs every row of every layout.
+# and BatchNormalization, a generator, masks, steps_per_epoch over a dataset, ragged and sparse x. The full
+# tier (TRAINER_TESTS=full) runs every row of every layout.
 FEW = ["class_weighted_loss", "per_timestep_sample_weight", "gan_two_optimizers", "dropout_noise_layers",
        "batch_norm_momentum", "generator", "embedding_mask_zero_tagger", "steps_per_epoch_below_a_dataset",
-       "ragged_token_ids"]
+       "ragged_token_ids", "sparse_features"]
 CI = {layout: cases if layout in [(1, ""), (2, "")] else
       [c for c in cases if c in FEW] if layout in [(3, ""), (8, ""), (2, "accelerator"), (2, "workers-accelerator")]
       else [] for layout, cases in LAYOUTS.items()}
@@ -171,7 +172,7 @@ def test_the_table_covers_each_item_of_the_issue():
                  # issue 51: steps_per_epoch as Keras's epoch iterator counts it
                  "steps_per_epoch_below_the_arrays", "steps_per_epoch_below_a_dataset",
                  "steps_per_epoch_beyond_a_dataset", "steps_per_execution_past_steps_per_epoch",
-                 "ragged_token_ids",
+                 "ragged_token_ids", "sparse_features",
                  # issue 32: the user's own instance, built outside any scope, whatever it is
                  "vae_no_call", "distiller_teacher_in_compute_loss", "custom_objects_with_required_arguments",
                  "lambda_layer", "fitted_twice", "saved_and_reloaded",

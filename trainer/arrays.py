@@ -139,3 +139,34 @@ def _fill_variable(array: np.ndarray) -> tf.Variable:
         end = min(begin + rows, len(array))
         variable.scatter_update(tf.IndexedSlices(array[begin:end], tf.range(begin, end)))
     return variable
+
+
+def row_slice(t: Any, begin: tf.Tensor, end: tf.Tensor) -> Any:
+    """Rows `begin` to `end` of a tensor: dense, ragged or sparse."""
+    if isinstance(t, tf.SparseTensor):
+        begin, end, rest = tf.cast(begin, tf.int64), tf.cast(end, tf.int64), t.dense_shape[1:]
+        return tf.sparse.slice(t, tf.concat([[begin], tf.zeros_like(rest)], 0), tf.concat([[end - begin], rest], 0))
+    return t[begin:end]
+
+
+def num_rows(array: Any) -> int:
+    """Rows of an array, ragged or sparse tensor; -1 for a scalar."""
+    if isinstance(array, tf.RaggedTensor):
+        return int(array.nrows())
+    if isinstance(array, tf.SparseTensor):
+        return int(array.dense_shape[0]) if array.shape.rank else -1
+    return len(array) if array.ndim else -1
+
+
+def gather_rows(t: Any, rows: tf.Tensor) -> Any:
+    """The rows `rows` (distinct) of a tensor, in that order: dense, ragged or sparse."""
+    if not isinstance(t, tf.SparseTensor):
+        return tf.gather(t, rows)
+    # Each entry's row moves to the row's position in `rows`; entries of rows not asked for are dropped.
+    position = tf.tensor_scatter_nd_update(tf.fill([t.dense_shape[0]], tf.constant(-1, tf.int64)), rows[:, None],
+                                           tf.range(tf.size(rows, tf.int64)))
+    new_row = tf.gather(position, t.indices[:, 0])
+    kept = new_row >= 0
+    indices = tf.concat([new_row[kept][:, None], tf.boolean_mask(t.indices, kept)[:, 1:]], axis=1)
+    shape = tf.concat([[tf.size(rows, tf.int64)], t.dense_shape[1:]], axis=0)
+    return tf.sparse.reorder(tf.SparseTensor(indices, tf.boolean_mask(t.values, kept), shape))

@@ -30,6 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from trainer import _compat, class_weights
+from trainer import arrays as arrays_lib
 from trainer.data_checks import check_data, subject
 from trainer.inputs import ArrayInput, BatchedInput, DatasetInput, FunctionInput, Input
 from trainer.route import user_stacklevel
@@ -260,8 +261,8 @@ def split_validation(inp: Input, validation_split: float, arg: str) -> tuple[Arr
             f"{split_at}. Received: validation_split={validation_split}. Pass a fraction that leaves at least one "
             "example for training and one for validation."
         )
-    train = tf.nest.map_structure(lambda a: a[:split_at], inp.arrays)
-    val = tf.nest.map_structure(lambda a: a[split_at:], inp.arrays)
+    train = tf.nest.map_structure(lambda a: arrays_lib.row_slice(a, 0, split_at), inp.arrays)
+    val = tf.nest.map_structure(lambda a: arrays_lib.row_slice(a, split_at, inp.num_examples), inp.arrays)
     return ArrayInput(train, split_at), ArrayInput(val, inp.num_examples - split_at)
 
 
@@ -316,7 +317,7 @@ def _reject_nested_lists(part: Any, arg: str, name: str) -> None:
 
 
 def _as_array(value: Any) -> Any:
-    if isinstance(value, tf.RaggedTensor):  # rows of different lengths: read through tf.data (`ArrayInput.reader`)
+    if isinstance(value, (tf.RaggedTensor, tf.SparseTensor)):  # read through tf.data (`ArrayInput.reader`)
         return value
     return as_float32(np.asarray(value))
 
@@ -339,7 +340,7 @@ def as_float32(value: Any) -> Any:
 
 def _text_as_bytes(array: np.ndarray) -> np.ndarray:
     """Features that are text (str arrays, or object arrays of str), as UTF-8 bytes: TensorFlow's tf.string."""
-    if not isinstance(array, np.ndarray):  # a tf.RaggedTensor
+    if not isinstance(array, np.ndarray):  # a ragged or sparse tensor
         return array
     if array.dtype.kind == "U" or (array.dtype == object and array.size and all(
             isinstance(v, (str, bytes)) for v in array.flat)):
@@ -350,7 +351,7 @@ def _text_as_bytes(array: np.ndarray) -> np.ndarray:
 
 def _common_length(arrays: Any, arg: str) -> int:
     leaves = tf.nest.flatten(arrays)
-    lengths = [int(a.nrows()) if isinstance(a, tf.RaggedTensor) else len(a) if a.ndim else -1 for a in leaves]
+    lengths = [arrays_lib.num_rows(a) for a in leaves]
     if any(n < 0 for n in lengths):
         raise ValueError(
             f"Every array in `{arg}` needs a leading example dimension. Received: {arg} with "

@@ -87,8 +87,8 @@ def _check_sample_weight(weights: Any, arg: str, *, per_example: bool) -> None:
 
 
 def _check_array(array: np.ndarray, name: str, part: str, arg: str) -> None:
-    if isinstance(array, tf.RaggedTensor):  # its values, checked as an array of them
-        array = array.flat_values.numpy()
+    if isinstance(array, (tf.RaggedTensor, tf.SparseTensor)):  # its values, checked as an array of them
+        array = (array.flat_values if isinstance(array, tf.RaggedTensor) else array.values).numpy()
     if array.dtype == object:
         raise TypeError(
             f"{subject(arg, name)} must be a numeric array. Received: {name} with dtype=object and shape "

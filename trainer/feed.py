@@ -52,7 +52,7 @@ import tensorflow as tf
 
 from trainer import strategy as strategy_lib
 from trainer.cluster import is_parameter_server
-from trainer.arrays import OrderFn, computed_slices, uniform_rows
+from trainer.arrays import OrderFn, computed_slices, row_slice, uniform_rows
 
 
 ACCELERATOR_READER = "TRAINER_ACCELERATOR_READER"  # "1": CPU replicas read as accelerators do (tests)
@@ -269,8 +269,8 @@ def _cut(batch: Any, size: tf.Tensor, replica: tf.Tensor, replicas: int) -> Shar
     first = tf.where(whole, tf.constant(0, tf.int64), begin)
     last = tf.where(whole, size, end)
     global_count = tf.cast(size * tf.where(whole, tf.constant(replicas, tf.int64), 1), tf.float32)
-    return Share(tf.nest.map_structure(lambda t: t[first:last], batch), global_count, (begin - first, end - first),
-                 (first, size))
+    return Share(tf.nest.map_structure(lambda t: row_slice(t, first, last), batch), global_count,
+                 (begin - first, end - first), (first, size))
 
 
 class Cut(NamedTuple):
@@ -323,14 +323,16 @@ class GlobalBatches:
     def __init__(self, dataset: tf.data.Dataset):
         self.iterator = iter(dataset)
         self.held = tf.experimental.Optional.empty(self.iterator.element_spec)
+        self.composite = has_composite(dataset.element_spec)  # see `DistributedBatches`
 
     def run(self, loops, num_steps: int) -> int:
         """Runs up to `num_steps` steps through `loops.global_batches`; returns how many ran."""
         ran = 0
         while ran < num_steps:
-            executed, self.held = loops.global_batches(self.iterator, self.held, tf.constant(num_steps - ran))
+            wanted = 1 if self.composite else num_steps - ran
+            executed, self.held = loops.global_batches(self.iterator, self.held, tf.constant(wanted))
             ran += int(executed)
-            if not self.held.has_value():  # the steps ran, or the data ended
+            if not self.held.has_value() and (not self.composite or not executed):  # the steps ran, or the data ended
                 break
         return ran
 
@@ -346,18 +348,19 @@ class DistributedBatches:
     For replicas on accelerators (whose pipelines prefetch to the device),
     dataset functions, and datasets that set a shard policy of their own.
 
-    `ragged`: the batches hold `tf.RaggedTensor`s, whose shapes change from
-    step to step; a collective whose shape changes inside a call's loop aborts
-    (see trainer/steps.py), so each step runs in a call of its own, as
-    `GlobalBatches` runs a step whose shapes differ from the last.
+    `composite`: the batches hold ragged or sparse tensors, whose shapes (and
+    those of the sparse gradients they give, e.g. an Embedding's) change from
+    step to step and from replica to replica; a collective whose shape changes
+    inside a call's loop aborts (see trainer/steps.py), so each step runs in a
+    call of its own.
     """
 
-    def __init__(self, iterator: Any, *, ragged: bool = False):
-        self.iterator, self.ragged = iterator, ragged
+    def __init__(self, iterator: Any, *, composite: bool = False):
+        self.iterator, self.composite = iterator, composite
 
     def run(self, loops, num_steps: int) -> int:
         """Runs up to `num_steps` steps through `loops.distributed`; returns how many ran."""
-        if not self.ragged:
+        if not self.composite:
             return int(loops.distributed(self.iterator, tf.constant(num_steps)))
         ran = 0
         while ran < num_steps and int(loops.distributed(self.iterator, tf.constant(1))):
@@ -370,9 +373,9 @@ class DistributedBatches:
             yield loops.replica_batch(batch)
 
 
-def has_ragged(element_spec: Any) -> bool:
-    """Whether elements of `element_spec` hold `tf.RaggedTensor`s."""
-    return any(isinstance(spec, tf.RaggedTensorSpec) for spec in tf.nest.flatten(element_spec))
+def has_composite(element_spec: Any) -> bool:
+    """Whether elements of `element_spec` hold ragged or sparse tensors."""
+    return any(isinstance(spec, (tf.RaggedTensorSpec, tf.SparseTensorSpec)) for spec in tf.nest.flatten(element_spec))
 
 
 def shape_key(batch: Any) -> tf.Tensor:
@@ -400,6 +403,8 @@ def _dims(t: Any) -> tf.Tensor:
     """A tensor's dimensions; a ragged one's rows and the dimensions of its values."""
     if isinstance(t, tf.RaggedTensor):
         return tf.concat([[_rows(t)], tf.shape(t.flat_values)], axis=0)
+    if isinstance(t, tf.SparseTensor):
+        return tf.cast(t.dense_shape, tf.int32)
     return tf.shape(t)
 
 
@@ -431,4 +436,4 @@ def tracked(share: Share, values: Any) -> Any:
     if share.tracked is None:
         return values
     begin, end = share.tracked
-    return tf.nest.map_structure(lambda t: t[begin:end], values)
+    return tf.nest.map_structure(lambda t: row_slice(t, begin, end), values)

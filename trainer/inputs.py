@@ -105,28 +105,29 @@ class ArrayInput(_Input):
 
     def sample(self, n: int) -> Any:
         """The first `n` examples, to build the model on."""
-        return tf.nest.map_structure(lambda a: a[:n] if _ragged(a) else tf.convert_to_tensor(a[:n]), self.arrays)
+        return tf.nest.map_structure(
+            lambda a: arrays_lib.row_slice(a, 0, n) if _composite(a) else tf.convert_to_tensor(a[:n]), self.arrays)
 
     @property
     def reader_per_pass(self) -> bool:
-        return self.ragged
+        return self.composite
 
     @property
-    def ragged(self) -> bool:
-        """Whether a leaf is a `tf.RaggedTensor` (rows of different lengths): a step can't gather it from a host
-        copy, so a tf.data pipeline gathers its batches (`ragged_batches`)."""
-        return any(_ragged(a) for a in tf.nest.flatten(self.arrays))
+    def composite(self) -> bool:
+        """Whether a leaf is a ragged or sparse tensor: a step can't gather it from a host copy, so a tf.data
+        pipeline gathers its batches (`composite_batches`)."""
+        return any(_composite(a) for a in tf.nest.flatten(self.arrays))
 
     def reader(self, readers: Readers, epoch: int | None = None, start_step: int = 0, until: int | None = None):
         """Epochs `epoch` to `until` (one by default), each shuffled from the seed; without `epoch`, input order
-        once (ragged arrays: one pass a reader)."""
+        once (ragged or sparse arrays: one pass a reader)."""
         order = readers.order(self.num_examples, per_epoch=epoch is not None)
-        if self.ragged:
-            batches = self.ragged_batches(order(epoch or 0), readers.global_batch_size, start_step)
+        if self.composite:
+            batches = self.composite_batches(order(epoch or 0), readers.global_batch_size, start_step)
             if readers.in_step:
                 return feed.GlobalBatches(batches)
             return feed.DistributedBatches(iter(readers.strategy.distribute_datasets_from_function(
-                lambda context: feed.cut_shares(batches, context))), ragged=True)
+                lambda context: feed.cut_shares(batches, context))), composite=True)
         epochs = range(1) if epoch is None else range(epoch, until or epoch + 1)
         if readers.in_step:
             return feed.ArrayFeed(self.arrays, order, global_batch_size=readers.global_batch_size,
@@ -137,12 +138,13 @@ class ArrayInput(_Input):
         return feed.DistributedBatches(iter(readers.strategy.distribute_datasets_from_function(
             lambda context: fn(context).map(feed.Cut))))
 
-    def ragged_batches(self, order: np.ndarray, global_batch_size: int, start_step: int) -> tf.data.Dataset:
+    def composite_batches(self, order: np.ndarray, global_batch_size: int, start_step: int) -> tf.data.Dataset:
         """The global batches of one pass in `order`, from step `start_step`: each gathered from the arrays, as
         Keras's array adapter gathers them."""
         arrays = self.arrays
         rows = tf.data.Dataset.from_tensor_slices(order.astype(np.int64)).batch(global_batch_size).skip(start_step)
-        return rows.map(lambda r: tf.nest.map_structure(lambda a: tf.gather(a, r), arrays)).prefetch(tf.data.AUTOTUNE)
+        return rows.map(lambda r: tf.nest.map_structure(lambda a: arrays_lib.gather_rows(a, r), arrays)).prefetch(
+            tf.data.AUTOTUNE)
 
     def host(self) -> Any:
         """The arrays as host variables, made once per input (`arrays.host_copy`)."""
@@ -361,8 +363,9 @@ def shard_policy(dataset: tf.data.Dataset, num_workers: int) -> tuple[Any, str]:
     return policy_enum.DATA, "every worker reads the data and keeps its share of each batch (exact for any source)"
 
 
-def _ragged(array: Any) -> bool:
-    return isinstance(array, tf.RaggedTensor)
+def _composite(array: Any) -> bool:
+    """Whether `array` is a ragged or sparse tensor, which tf.data gathers (`ArrayInput.composite_batches`)."""
+    return isinstance(array, (tf.RaggedTensor, tf.SparseTensor))
 
 
 def _worker_index() -> tf.Tensor:
@@ -409,7 +412,7 @@ class Readers:
         if start_step == 0:
             for known, dataset in self._distributed:
                 if known is inp:
-                    return feed.DistributedBatches(iter(dataset), ragged=feed.has_ragged(inp.example_spec))
+                    return feed.DistributedBatches(iter(dataset), composite=feed.has_composite(inp.example_spec))
         if cut:
             batches = inp.global_batches(self.global_batch_size, start_step)
             dataset = self.strategy.distribute_datasets_from_function(lambda context: feed.cut_shares(batches, context))
@@ -421,4 +424,4 @@ class Readers:
                 inp.global_batches(self.global_batch_size, start_step).with_options(options))
         if start_step == 0:
             self._distributed.append((inp, dataset))
-        return feed.DistributedBatches(iter(dataset), ragged=feed.has_ragged(inp.example_spec))
+        return feed.DistributedBatches(iter(dataset), composite=feed.has_composite(inp.example_spec))

@@ -112,7 +112,7 @@ def _check_keys(feed: _compat.DictFeed, x: dict, arg: str) -> None:
 
 
 def _check_feature(leaf: Any, name: str, tensor: Any, arg: str) -> None:
-    is_array = isinstance(leaf, (np.ndarray, tf.RaggedTensor))  # rows of data, not a dataset's per-element spec
+    is_array = isinstance(leaf, (np.ndarray, tf.RaggedTensor, tf.SparseTensor))  # rows, not a per-element spec
     shape = tuple(leaf.shape[1:]) if is_array else tuple(leaf.shape)
     got_string = leaf.dtype.kind in "US" if isinstance(leaf, np.ndarray) else leaf.dtype == tf.string
     wants_string = tensor.dtype == "string"

@@ -38,6 +38,7 @@ import keras
 import tensorflow as tf
 
 from trainer import _compat
+from trainer.arrays import row_slice
 from trainer.model_steps import ModelSteps
 from trainer.tracing import graph_function
 
@@ -55,7 +56,7 @@ def slice_rows(values: Any, begin: tf.Tensor, end: tf.Tensor) -> Any:
     def cut(t):
         if t is None:
             return None
-        part = t[begin:end]
+        part = row_slice(t, begin, end)
         mask = _compat.get_keras_mask(t)
         if mask is not None:
             _compat.set_keras_mask(part, mask[begin:end])

@@ -71,6 +71,7 @@ class Move:
     table: Backings
     stay: set[int] = dataclasses.field(default_factory=set)
     undo: list[Callable[[], None]] = dataclasses.field(default_factory=list)
+    reads: contextlib.ExitStack = dataclasses.field(default_factory=contextlib.ExitStack)
 
     def describe(self) -> str:
         """For the plan: what moved, in words ("" when the model was in the scope already)."""
@@ -83,10 +84,14 @@ class Move:
                 "after the call; nothing is re-created")
 
     def __enter__(self) -> Move:
+        self.reads.enter_context(_compat.scalar_reads())  # a callback's int(variable) reads as on one device
         return self
 
     def __exit__(self, error_type, error, traceback) -> None:
-        self.back(local=error is not None)
+        try:
+            self.back(local=error is not None)
+        finally:
+            self.reads.close()
 
     def back(self, local: bool = False) -> None:
         """Every variable in the scope returns home with its value; the model is then as `model.fit` leaves it.

@@ -41,6 +41,7 @@ from .variables import (  # noqa: F401
     model_state,
     optimizer_strategy,
     reindex,
+    scalar_reads,
     schedule_of,
     set_backing,
     set_optimizer_strategy,

@@ -8,7 +8,10 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from keras.src.backend.common.variables import Variable as _KerasVariable
+
 from .compiled import compile_loss, compile_metrics, loss_tracker
+from .patches import Patches
 
 # A model's state, and the variables behind it ------------------------------------
 #
@@ -29,6 +32,30 @@ def backing(variable: keras.Variable) -> Any:
 
 def set_backing(variable: keras.Variable, value: tf.Variable) -> None:
     variable._value = value
+
+
+# int() and float() of a scalar Keras variable read its backing (`KerasVariable.__int__`, `__float__`; 3.8-3.15),
+# and a MirroredVariable has neither, though its numpy() reads the value the replicas agree on. While a model is
+# in a strategy's scope for a call, a callback's `int(model.some_counter)` reads as on one device.
+_SCALAR_ORIGINALS: dict[str, Any] = {}
+
+
+def _read_as(name: str, convert: Any) -> Any:
+    def method(self):
+        if self.ndim == 0 and isinstance(backing(self), tf.distribute.DistributedValues):
+            return convert(self.numpy())
+        return _SCALAR_ORIGINALS[name](self)
+
+    return method
+
+
+_SCALAR_READS = Patches([("int", _KerasVariable, "__int__", _read_as("int", int)),
+                         ("float", _KerasVariable, "__float__", _read_as("float", float))], _SCALAR_ORIGINALS)
+
+
+def scalar_reads():
+    """While inside: `int()` and `float()` of a scalar Keras variable in a strategy's scope work as on one device."""
+    return _SCALAR_READS.installed()
 
 
 def optimizer_strategy(optimizer: Any) -> Any:
