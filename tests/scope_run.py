@@ -1,8 +1,9 @@
 """TensorFlow's guide pattern: a model built and compiled in the user's `with strategy.scope():`, trained.
 
 Usage: scope_run.py REPLICAS RUNNER WHERE. RUNNER is keras (model.fit, the
-reference), own (a Trainer with its own "mirrored" or "auto" strategy) or user
-(the user's strategy object passed as strategy=); WHERE is inside (the call in
+reference), own (a Trainer with its own "mirrored" or "auto" strategy), user
+(a Trainer given the user's strategy object) or shared (one Trainer made at the
+top, given each strategy as `trainer.fit(model, ..., strategy=strategy)`); WHERE is inside (the call in
 the scope) or after (after the `with` block). As keras.io's guide does, a
 first model trains and evaluates, then `run_training` twice makes a new
 MirroredStrategy, restores the last checkpoint with `keras.models.load_model` in
@@ -26,7 +27,8 @@ import numpy as np  # noqa: E402
 
 from trainer import Trainer  # noqa: E402
 
-trainer = Trainer(strategy="mirrored" if REPLICAS > 1 else "auto", verbose=0) if RUNNER == "own" else None
+trainer = (Trainer(strategy="mirrored" if REPLICAS > 1 else "auto", verbose=0) if RUNNER == "own"
+           else Trainer(verbose=0) if RUNNER == "shared" else None)
 rng = np.random.default_rng(0)
 x, y = rng.random((203, 16)).astype("float32"), rng.integers(0, 10, 203)
 train = tf.data.Dataset.from_tensor_slices((x[:150], y[:150])).batch(16)
@@ -45,6 +47,8 @@ def get_compiled_model():
 def call(method, model, strategy, *args, **kwargs):
     if RUNNER == "keras":
         return getattr(model, method)(*args, **kwargs, verbose=0)
+    if RUNNER == "shared":
+        return getattr(trainer, method)(model, *args, strategy=strategy, **kwargs)
     runner = trainer or Trainer(strategy=strategy, verbose=0)
     return getattr(runner, method)(model, *args, **kwargs)
 

@@ -151,3 +151,28 @@ def test_a_cpu_worker_gets_one_replica_per_logical_cpu_of_its_own(monkeypatch):
     monkeypatch.setattr(tf.config, "list_logical_devices", lambda kind=None: cluster)
     assert _compat.strategies._own_cpu_count("/job:worker/task:1") == 2
     assert _compat.strategies._own_cpu_count("/job:ps/task:1") == 1
+
+
+def test_a_fresh_mirrored_strategy_numbers_its_collective_instances_from_the_key_given():
+    """`number_instances_from` (CollectiveKeys._instance_key_table): a strategy that has launched no collective
+    hands out instance keys from the number given; one that has launched one keeps TensorFlow's numbering."""
+    fresh = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    keys = fresh.extended._collective_keys
+    group = keys.get_group_key(["/job:localhost/replica:0/task:0/device:CPU:0",
+                                "/job:localhost/replica:0/task:0/device:CPU:1"])
+    device = "/job:localhost/replica:0/task:0/device:CPU:0"
+    assert _compat.number_instances_from(fresh, 5_000_000)
+    assert keys.get_instance_key(group, device) == 5_000_000
+    assert not _compat.number_instances_from(fresh, 7_000_000)  # it has handed out a key: its numbering stays
+    assert keys.get_instance_key(group, device) == 5_000_001
+    assert not _compat.number_instances_from(tf.distribute.get_strategy(), 5_000_000)  # not a MirroredStrategy
+
+
+def test_a_process_without_a_multi_worker_strategy_serves_no_cluster():
+    """`collectives_serve_a_cluster` (context's `_collective_ops_server_def`): set by a MultiWorkerMirroredStrategy
+    (tests/test_multiworker.py's tutorial test makes one in a process of its own), not by a MirroredStrategy."""
+    from tensorflow.python.eager import context
+
+    tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    assert hasattr(context.context(), "_collective_ops_server_def")
+    assert not _compat.collectives_serve_a_cluster()

@@ -252,3 +252,31 @@ def test_uneven_last_batches_of_datasets_on_two_workers_match_one_process(tmp_pa
             for name, value in run["evaluate"].items():
                 np.testing.assert_allclose(result[key]["evaluate"][name], value, rtol=1e-5, err_msg=f"{key} {name}")
             np.testing.assert_allclose(weights[key], reference_weights[key], rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+@pytest.mark.parametrize("mode", ["fit", "distribute"])
+def test_tensorflows_multi_worker_tutorial_trains_on_two_workers(tmp_path, mode):
+    """The tutorial's strategy made first, its model built in the strategy's scope (keras-team/keras#20585: Keras 3's
+    own fit fails there), moved to `Trainer(strategy=strategy).fit` and to `Trainer().distribute()`: the Trainer
+    takes the user's strategy instead of making a second one in the process, and the workers end equal."""
+    from trainer.launch import cluster_spec, free_ports
+    from trainer.supervise import tf_config
+
+    cluster = cluster_spec(2, 0, free_ports(2))
+    procs = [subprocess.Popen([sys.executable, str(TESTS / "tutorial_run.py"), mode, str(tmp_path / f"{i}.json")],
+                              env={**ENV, "TF_CONFIG": tf_config(cluster, "worker", i)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    try:
+        outs = [proc.communicate(timeout=300)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    assert [proc.returncode for proc in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    runs = [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(2)]
+    assert runs[0] == runs[1]  # the workers agree exactly: history, weights, steps
+    assert list(runs[0]["history"]) == ["accuracy", "loss"] and runs[0]["iterations"] == 210
+    assert runs[0]["history"]["loss"][-1] < runs[0]["history"]["loss"][0]
+    if mode == "fit":  # Trainer(strategy="multi_worker") with a model built outside the scope: refused first
+        assert runs[0]["refusal"].startswith("`strategy` must be the MultiWorkerMirroredStrategy this process runs"), \
+            runs[0]["refusal"]

@@ -1,7 +1,10 @@
 """TensorFlow's guide pattern trains through the trainer: a model built and compiled in the user's
 `with strategy.scope():`, called inside that scope or after it, with the Trainer's own strategy or the user's
-strategy object, then restored with `keras.models.load_model` in a new MirroredStrategy's scope and trained again
-(tests/scope_run.py). Every variant gives model.fit's numbers on one device."""
+strategy object (one Trainer per strategy, or one given each strategy per call), then restored with
+`keras.models.load_model` in a new MirroredStrategy's scope and trained again (tests/scope_run.py). Every variant gives
+model.fit's numbers on one device. Strategies over the same devices run one after another in any order
+(tests/user_strategies_run.py), and a model built in a strategy's scope trains on it under "auto", as under
+model.fit."""
 
 import keras
 import numpy as np
@@ -31,8 +34,8 @@ def reference():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("replicas", [pytest.param(1, marks=pytest.mark.full), 2])  # 1: the full tier's
-@pytest.mark.parametrize("runner", ["own", "user"])
-@pytest.mark.parametrize("where", ["inside", "after"])
+@pytest.mark.parametrize("runner,where", [("own", "inside"), ("own", "after"), ("user", "inside"), ("user", "after"),
+                                          ("shared", "inside")])
 def test_the_guides_pattern_gives_model_fits_numbers(reference, replicas, runner, where):
     _assert_same_runs(run_python(SCRIPT, str(replicas), runner, where), reference)
 
@@ -64,3 +67,40 @@ def test_auto_inside_a_users_scope_takes_that_strategy():
         model = tiny_model()
         Trainer(verbose=0).fit(model, x, y, callbacks=[Seen()])
     assert seen == [users]
+
+
+def test_auto_takes_the_strategy_a_model_was_built_in_as_model_fit_does():
+    # keras.io's guide builds the model in a strategy's scope and fits after it: model.fit runs on that strategy.
+    x, y, _ = tiny_data()
+    users = mirrored(2)
+    with users.scope():
+        model = tiny_model()
+    seen = []
+
+    class Seen(keras.callbacks.Callback):
+        def set_trainer_context(self, context):
+            seen.append(context.strategy)
+
+    Trainer(verbose=0).fit(model, x, y, callbacks=[Seen()])
+    assert seen == [users]
+    Trainer(strategy=mirrored(3), verbose=0).fit(model, x, y, callbacks=[Seen()])  # a strategy given still wins
+    assert seen[1] is not users and seen[1].num_replicas_in_sync == 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("first,second", [("trainer-predict", "trainer"), ("keras-fit", "trainer"),
+                                          ("trainer-fit", "keras")])
+def test_strategies_over_the_same_devices_run_one_after_another_in_any_order(first, second):
+    # Each MirroredStrategy numbers its collectives from the same keys; the trainer gives one it runs on before
+    # its first collective keys of its own. Before, a trainer's fit after its predict on another strategy aborted
+    # ("Collective instance 100 expected type 2 and data_type 3 but got type 0 and data_type 1").
+    script = TESTS / "user_strategies_run.py"
+    result = run_python(script, first, second)
+    run = result["second"]
+    # The trainer gives model.fit's numbers on one device; Keras's own fit, those it gives with no run before it.
+    want = result["one_device"] if second == "trainer" else run_python(script, "none", "keras")["second"]
+    assert list(run["history"]) == list(want["history"])
+    for key, values in want["history"].items():
+        np.testing.assert_allclose(run["history"][key], values, rtol=1e-5, err_msg=key)
+    for a, b in zip(run["weights"], want["weights"], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

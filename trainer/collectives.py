@@ -4,12 +4,17 @@ Every MirroredStrategy numbers its collective groups from 1. Two of them over
 different devices, used in one process (a second `fit` in a notebook, say),
 both launch group 1 with different sizes, and TensorFlow then aborts every
 collective of the process ("is joining a group with size 4, but that group has
-size 2"). Strategies the trainer builds get a range of keys of their own; a
-strategy passed in whose keys clash with one already used is refused before it
-runs anything.
+size 2"). Two over the same devices (keras.io's guide makes a new one for each
+training run) share group 1 and number its collective instances alike, and one
+whose calls launch collectives in another order than the other's aborts too
+("Collective instance 100 expected type 2 and data_type 3 but got type 0").
+Strategies the trainer builds get a range of keys of their own, and so does a
+user's strategy the trainer runs on before it has run a collective; one passed
+in whose keys clash with keys already used is refused before it runs anything.
 
 TensorFlow has no public way to choose the keys: `_compat.collective_key_base`
-sets the class attribute its own tests use, and `_compat.collective_group_keys`
+sets the class attribute its own tests use, `_compat.number_instances_from`
+moves a fresh strategy's instance counters, and `_compat.collective_group_keys`
 reads the keys a strategy took. If a TensorFlow version lacks them, strategies
 are built as usual and not checked.
 """
@@ -25,6 +30,8 @@ from trainer import _compat
 
 _KEYS_PER_STRATEGY = 1000  # a strategy takes one group key per device set it reduces over
 _bases = itertools.count(1)
+_INSTANCES_PER_STRATEGY = 1_000_000  # collective instances a strategy may trace (int32 keys: over 2,000 strategies)
+_next_range = 1  # the next range of instance keys to give a strategy that has launched no collective
 _lock = threading.Lock()
 _used: dict[int, str] = {}  # group key -> the devices that used it, in this process
 
@@ -35,9 +42,11 @@ def mirrored_strategy(devices: list[str], cross_device_ops=None) -> tf.distribut
         return tf.distribute.MirroredStrategy(devices=devices, cross_device_ops=cross_device_ops)
 
 
-def check_group_keys(strategy: tf.distribute.Strategy) -> None:
-    """Raises ValueError if `strategy` would reuse a group key that other devices used in this process."""
+def claim_group_keys(strategy: tf.distribute.Strategy) -> None:
+    """Gives `strategy` collective instance keys of its own if it has launched no collective yet; raises
+    ValueError if it would reuse a group key that other devices used in this process."""
     groups = _compat.collective_group_keys(strategy)
+    global _next_range
     with _lock:
         for key, devices in groups.items():
             if _used.get(key, devices) != devices:
@@ -50,3 +59,5 @@ def check_group_keys(strategy: tf.distribute.Strategy) -> None:
                     "cross_device_ops=tf.distribute.ReductionToOneDevice(), or use one device layout per process."
                 )
         _used.update(groups)
+        if _compat.number_instances_from(strategy, _INSTANCES_PER_STRATEGY * _next_range):
+            _next_range += 1

@@ -170,18 +170,47 @@ def _central_storage(devices: list[str] | None = None) -> tf.distribute.Strategy
     return tf.distribute.experimental.CentralStorageStrategy(compute_devices=devices or _compute_devices())
 
 
+class AnotherMultiWorker(ValueError):
+    """A multi-worker strategy asked for in a process that runs one made elsewhere (TensorFlow runs one)."""
+
+
+# The MultiWorkerMirroredStrategy this module made, with its options: TensorFlow runs one per process, so every
+# Trainer of the process shares it.
+_made_multi_worker: dict[tuple, tf.distribute.Strategy] = {}
+
+
 def _multi_worker(communication: str = "auto", timeout_seconds: float | None = DEFAULT_COLLECTIVE_TIMEOUT):
     if communication not in _COMMUNICATION:
         raise ValueError(
             f"Unknown `communication`. Received: communication={communication!r}. Pass one of {sorted(_COMMUNICATION)}."
+        )
+    wanted = (communication, timeout_seconds)
+    for made_with, made in _made_multi_worker.items():
+        if made_with != wanted:
+            raise ValueError(
+                "This process runs a MultiWorkerMirroredStrategy already, and TensorFlow runs one per process. "
+                f"Received: communication={communication!r}, timeout_seconds={timeout_seconds!r}, where the one "
+                f"running has communication={made_with[0]!r}, timeout_seconds={made_with[1]!r}. Pass the same "
+                "options, or use one process per configuration."
+            )
+        return made
+    if _compat.collectives_serve_a_cluster():
+        raise AnotherMultiWorker(
+            "`strategy` must be the MultiWorkerMirroredStrategy this process runs already: TensorFlow runs one "
+            "per process, and a second one aborts the first's collectives. Received: a Trainer that would make "
+            "its own, in a process where `tf.distribute.MultiWorkerMirroredStrategy()` was made before. Pass it: "
+            "Trainer(strategy=strategy), or build the model in its `with strategy.scope():` and keep the "
+            "Trainer's strategy 'auto' (the model then trains on it, as under model.fit)."
         )
     options = tf.distribute.experimental.CommunicationOptions(
         implementation=_COMMUNICATION[communication], timeout_seconds=timeout_seconds
     )
     try:
         with _compat.worker_cpu_replicas():  # a worker's logical CPUs are replicas, as under MirroredStrategy
-            return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=_slurm_resolver(),
+            made = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=_slurm_resolver(),
                                                              communication_options=options)
+        _made_multi_worker[wanted] = made
+        return made
     except RuntimeError as err:
         if "program startup" not in str(err):
             raise
@@ -256,6 +285,22 @@ def ambient_strategy() -> tf.distribute.Strategy | None:
     if tf.distribute.has_strategy() and tf.distribute.in_cross_replica_context():
         return tf.distribute.get_strategy()
     return None
+
+
+def model_home(model: Any) -> tf.distribute.Strategy | None:
+    """The strategy in whose scope a Keras model was made, which its own `fit` runs on (Keras's
+    `distribute_strategy`); None for one made outside any scope, or anything but a model."""
+    home = getattr(model, "distribute_strategy", None)
+    if not isinstance(home, tf.distribute.Strategy) or home is tf.distribute.get_strategy():
+        return None
+    return home
+
+
+def takes(setting: Any, strategy: tf.distribute.Strategy) -> bool:
+    """Whether a Trainer's strategy setting runs on `strategy` as it is, rather than on one of its own: "auto"
+    takes any, and "multi_worker" takes a MultiWorkerMirroredStrategy (TensorFlow runs one per process)."""
+    return setting == "auto" or (setting == "multi_worker"
+                                 and isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy))
 
 
 def same_layout(a: tf.distribute.Strategy, b: tf.distribute.Strategy) -> bool:

@@ -213,8 +213,12 @@ class Trainer:
         self.tune_malloc = tune_malloc
         self._strategies: dict[Any, tf.distribute.Strategy] = {}
         self._coordinators: list[tuple[tf.distribute.Strategy, Any]] = []
-        # Resolve now: multi-worker strategies must be created before TensorFlow runs any op.
-        self._resolve_strategy(None)
+        # Resolve now: multi-worker strategies must be created before TensorFlow runs any op. Where the process
+        # runs one made elsewhere, a model built in its scope trains on it (`_call_strategy`); other calls refuse.
+        try:
+            self._resolve_strategy(None)
+        except strategy_lib.AnotherMultiWorker:
+            pass
         self._engines: list[engine_lib.Engine] = []
         self._in_scope = models.InScope()  # the in-scope backings this Trainer made for the user's models
         self._nan_guard = None  # the default NanGuard, made at the first fit
@@ -488,7 +492,7 @@ class Trainer:
                 arguments = {**arguments, "batch_size": KERAS_BATCH_SIZE}
             run = _quiet_tf_info(getattr(self, "_" + method))
             keras_defaults = {"guard": False} if method == "fit" else {}
-            return run(model, strategy=self._call_strategy(strategy), **arguments, **keras_defaults)
+            return run(model, strategy=self._call_strategy(strategy, model), **arguments, **keras_defaults)
 
         with route_lib.routed(route_lib.Route(engine)):
             yield self
@@ -503,7 +507,7 @@ class Trainer:
         given, so that a model's own method that batches them (a KerasHub
         task) makes the Trainer's batches.
         """
-        strategy = self._call_strategy(strategy)
+        strategy = self._call_strategy(strategy, model)
         run = getattr(self, "_" + method)
         if not _compat.is_model(model):
             return run(model, strategy=strategy, **arguments)
@@ -520,22 +524,30 @@ class Trainer:
 
         return route_lib.call_model(model, method, arguments, engine)
 
-    def _call_strategy(self, strategy) -> tf.distribute.Strategy:
-        """The strategy a call runs on: fit's, else the Trainer's, else the one whose scope the call sits in.
+    def _call_strategy(self, strategy, model: Any = None) -> tf.distribute.Strategy:
+        """The strategy a call runs on: fit's, else the Trainer's, else the one whose scope the call sits in,
+        else the one the model was built in.
 
-        TensorFlow runs one strategy's scope at a time. Inside a user's
-        `with strategy.scope():` the Trainer's "auto" takes that strategy, as
-        `model.fit` does, and so does a name the strategy fits (a "mirrored"
-        Trainer inside a MirroredStrategy's scope over the same devices); any
-        other strategy is refused before anything runs.
+        As under `model.fit`, the Trainer's "auto" takes the strategy of the
+        user's `with strategy.scope():` the call sits in, else the one whose
+        scope the model was built in; "multi_worker" takes such a
+        MultiWorkerMirroredStrategy (TensorFlow runs one per process). TensorFlow
+        runs one strategy's scope at a time: inside a user's scope, a name the
+        strategy fits (a "mirrored" Trainer inside a MirroredStrategy's scope
+        over the same devices) takes it too, and any other strategy is refused
+        before anything runs.
         """
-        resolved = self._resolve_strategy(strategy)
+        setting = self.strategy if strategy is None else strategy
         ambient = strategy_lib.ambient_strategy()
+        given = ambient or strategy_lib.model_home(model)
+        if given is not None and strategy_lib.takes(setting, given):
+            collectives.claim_group_keys(given)
+            return given
+        resolved = self._resolve_strategy(strategy)
         if ambient is None or ambient is resolved:
             return resolved
-        setting = self.strategy if strategy is None else strategy
-        if setting == "auto" or (isinstance(setting, str) and strategy_lib.same_layout(ambient, resolved)):
-            collectives.check_group_keys(ambient)
+        if isinstance(setting, str) and strategy_lib.same_layout(ambient, resolved):
+            collectives.claim_group_keys(ambient)
             return ambient
         raise ValueError(
             f"`strategy` must be the strategy whose scope this call sits in: TensorFlow runs one strategy's scope "
@@ -550,7 +562,7 @@ class Trainer:
         if not isinstance(key, tf.distribute.Strategy) and key not in self._strategies:
             self._strategies[key] = strategy_lib.resolve_strategy(key)  # one instance per name
         resolved = key if isinstance(key, tf.distribute.Strategy) else self._strategies[key]
-        collectives.check_group_keys(resolved)
+        collectives.claim_group_keys(resolved)
         return resolved
 
     def _batch_plan(self, strategy: tf.distribute.Strategy, inp: inputs_lib.Input | None = None,

@@ -85,5 +85,11 @@ from .adapters import (  # noqa: F401
 )
 from .keras_methods import KERAS_METHODS, is_model, keras_methods_hooked, on_batch_resets_metrics  # noqa: F401
 from .onednn import onednn_enabled  # noqa: F401
-from .strategies import collective_group_keys, collective_key_base, worker_cpu_replicas  # noqa: F401
+from .strategies import (  # noqa: F401
+    collective_group_keys,
+    collective_key_base,
+    collectives_serve_a_cluster,
+    number_instances_from,
+    worker_cpu_replicas,
+)
 from .coordination import cluster_key, cluster_store_running, put_cluster_key  # noqa: F401

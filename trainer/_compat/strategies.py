@@ -7,6 +7,11 @@ import contextlib
 
 import tensorflow as tf
 
+try:  # tensorflow/python/distribute/cross_device_utils.py (2.4-2.21, checked 2026-11-27)
+    from tensorflow.python.distribute import cross_device_utils as _cross_device_utils
+except ImportError:  # pragma: no cover - then strategies keep TensorFlow's numbering
+    _cross_device_utils = None
+
 @contextlib.contextmanager
 def collective_key_base(base: int):
     """MirroredStrategies made inside number their collective group keys from `base`.
@@ -37,6 +42,43 @@ def collective_group_keys(strategy: tf.distribute.Strategy) -> dict[int, str]:
         return {}
     known = getattr(getattr(extended, "_collective_keys", None), "_known_groups", None) or {}
     return {key: devices for devices, key in known.items()}
+
+
+def collectives_serve_a_cluster() -> bool:
+    """Whether this process already joined a cluster's collectives: a MultiWorkerMirroredStrategy was made here.
+
+    `context.context()._collective_ops_server_def`, which `enable_collective_ops` sets
+    (tensorflow/python/eager/context.py, 2.4-2.21). TensorFlow runs one such strategy per process: a second
+    re-enables the collectives, and its keys clash with the first's ("Collective instance 110 expected
+    type 1 and data_type 1 but got type 1 and data_type 9").
+    """
+    from tensorflow.python.eager import context
+
+    return getattr(context.context(), "_collective_ops_server_def", None) is not None
+
+
+def number_instances_from(strategy: tf.distribute.Strategy, first: int) -> bool:
+    """Makes a MirroredStrategy that has launched no collective yet number its collective instances from `first`;
+    whether it did.
+
+    `extended._collective_keys` is a `CollectiveKeys` whose `_instance_key_table` holds, per group key and
+    device, the next instance key to hand out, from `INSTANCE_KEY_START_NUMBER` (cross_device_utils.py,
+    2.4-2.21). A strategy that has handed out keys keeps its numbering: functions traced on it hold them.
+    """
+    if not isinstance(strategy, tf.distribute.MirroredStrategy):
+        return False
+    keys = getattr(strategy.extended, "_collective_keys", None)
+    table = getattr(keys, "_instance_key_table", None)
+    start = getattr(_cross_device_utils, "INSTANCE_KEY_START_NUMBER", None)
+    if not table or start is None:
+        return False
+    with keys._lock:
+        if any(key != start for devices in table.values() for key in devices.values()):
+            return False
+        for devices in table.values():
+            for device in devices:
+                devices[device] = first
+    return True
 
 
 try:  # tensorflow/python/distribute/collective_all_reduce_strategy.py (2.18-2.21, checked 2026-11-26)

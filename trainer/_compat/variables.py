@@ -74,14 +74,17 @@ def schedule_of(optimizer: Any) -> Any:
 
 
 def reindex(optimizer: Any) -> None:
-    """Rebuilds the optimizer's index of its variables, which is keyed by their backing variables."""
+    """Rebuilds the optimizer's index of its variables, which is keyed by their backing variables.
+
+    The index is a new dict: the optimizer tracks the old one in a wrapper that TensorFlow's SavedModel
+    refuses to save once the dict is changed past it (its `clear()` is not intercepted), which broke
+    `model.export` after a call on replicas.
+    """
     variables = getattr(optimizer, "_trainable_variables", None)
     index = getattr(optimizer, "_trainable_variables_indices", None)
     if variables is None or index is None or not getattr(optimizer, "built", False):
         return
-    index.clear()
-    for i, variable in enumerate(variables):
-        index[optimizer._var_key(variable)] = i
+    optimizer._trainable_variables_indices = {optimizer._var_key(v): i for i, v in enumerate(variables)}
 
 
 def forget_traced_functions(model: keras.Model) -> None:
