@@ -1,8 +1,9 @@
 """Runs tests/parity_cases.py through model.fit on one device and Trainer.fit on N replicas.
 
-Usage: parity_run.py REPLICAS CASE[,CASE...] [OUT]. With OUT, pickles each
+Usage: parity_run.py REPLICAS CASE[,CASE...] [OUT [CASE,...]]. With OUT, pickles each
 case's runs there (model.fit's only on 1 replica: it is the same on every
-layout) for test_keras_parity to compare; without, prints one JSON line: for
+layout; the cases after OUT get model.fit's run alone, the reference of other
+layouts) for test_keras_parity to compare; without, prints one JSON line: for
 each case, what differs from model.fit ("problems"), or the error. Under
 trainer-launch (TF_CONFIG set) each worker runs the trainer's side only, with
 REPLICAS replicas of its own, and writes OUT.worker<i>.
@@ -184,13 +185,15 @@ def main():
     """With OUT, pickles each case's runs for test_keras_parity to compare (model.fit's on 1 replica only);
     without, compares here and prints what differs."""
     out = sys.argv[3] if len(sys.argv) > 3 else None
+    reference_only = sys.argv[4].split(",") if len(sys.argv) > 4 and sys.argv[4] else []
     results = {}
-    for name in sys.argv[2].split(","):
+    for name in [*sys.argv[2].split(","), *reference_only]:
         case = parity_cases.CASES[name]
         with tempfile.TemporaryDirectory() as folder:
             try:
                 reference = _keras_run(case, folder) if out is None or (REPLICAS == 1 and not WORKER) else None
-                run = {"keras": reference, "trainer": _trainer_run(case, folder), "keras_under_strategy": None}
+                trained = None if name in reference_only else _trainer_run(case, folder)
+                run = {"keras": reference, "trainer": trained, "keras_under_strategy": None}
                 if case.keras_differs_on_replicas and REPLICAS == 2:  # on 3, Keras crashes on the 2+2+1 split
                     run["keras_under_strategy"] = _keras_under_strategy(case)
                 results[name] = run

@@ -11,7 +11,7 @@ instance built outside any scope, with the same seed, global batch and data,
 on 1, 2 and 3 replicas, 8 for random layers and BatchNormalization, the
 same through the reader that GPUs use, and on 2 workers (one process per
 layout, tests/parity_run.py), with a last batch split unevenly (CI's tier runs
-every row on 1 and 2 replicas and a few on the others: `CI`); history, final
+every row on 2 replicas and some on the others: `CI`); history, final
 weights, the stepped optimizers' state, evaluate and predict must agree to 1e-5,
 and history must have model.fit's keys, no more. Both runs make the same
 calls, `model.fit(x, y, batch_size=8, ...)` and `trainer.fit(model, x, y,
@@ -68,18 +68,27 @@ LAYOUTS = {(1, ""): ALL, (2, ""): ALL, (3, ""): UNEVEN, (8, ""): RANDOM, (2, "ac
            (1, "workers"): RANDOM, (2, "workers-accelerator"): [*RANDOM, "embedding_mask_zero_tagger",
                                                                  "batched_dataset", "ragged_token_ids",
                                                                  "sparse_features"]}
-# CI's tier runs every row on 1 and 2 replicas, and a few rows on 3 and 8 replicas, through the accelerator
-# reader and on two workers: a loss weighted by class and by time step, the model's own steps, random draws
-# and BatchNormalization, a generator, masks, steps_per_epoch over a dataset, ragged and sparse x. The full
-# tier (TRAINER_TESTS=full) runs every row of every layout.
+# CI's tier runs every row on 2 replicas, the hooked ones (COMPAT) and a few others on one device, and a few rows
+# on 3 and 8 replicas, through the accelerator reader and on two workers: a loss weighted by class and by time
+# step, the model's own steps, random draws and BatchNormalization, a generator, masks, steps_per_epoch over a
+# dataset, ragged and sparse x. The full tier (TRAINER_TESTS=full) runs every row of every layout.
 FEW = ["class_weighted_loss", "per_timestep_sample_weight", "gan_two_optimizers", "dropout_noise_layers",
        "batch_norm_momentum", "generator", "embedding_mask_zero_tagger", "steps_per_epoch_below_a_dataset",
        "ragged_token_ids", "sparse_features"]
-CI = {layout: cases if layout in [(1, ""), (2, "")] else
+# Rows that go through Keras's private code the trainer hooks (trainer/_compat/: clipping, accumulation, EMA, the
+# compiled loss and metrics, masks, random draws, BatchNormalization's moments), and the model's own steps.
+COMPAT = ["clipnorm", "global_clipnorm", "clipvalue", "gradient_accumulation", "ema_overwrite",
+          "train_step_global_clipnorm", "train_step_gradient_accumulation", "add_loss_mean", "activity_regularizer",
+          "masking_timedistributed", "metric_names", "test_step_override", "compute_metrics_override",
+          "train_step_guide_custom_model", "dict_inputs_by_key", "compile_steps_per_execution", "random_layers_xla",
+          "mixed_random_and_batch_norm", "vae_no_call"]
+# On one device CI's tier runs these and FEW: every row is compared with model.fit on one device on 2 replicas.
+ONE_DEVICE = [c for c in ALL if c in FEW or c in COMPAT]
+CI = {layout: ONE_DEVICE if layout == (1, "") else cases if layout == (2, "") else
       [c for c in cases if c in FEW] if layout in [(3, ""), (8, ""), (2, "accelerator"), (2, "workers-accelerator")]
       else [] for layout, cases in LAYOUTS.items()}
-if os.environ.get("PARITY_LAYOUTS") == "core":  # the oldest versions' tier (.ci/oldest): every row on one device
-    LAYOUTS = CI = {(1, ""): ALL, (2, ""): [c for c in ALL if c in FEW]}
+if os.environ.get("PARITY_LAYOUTS") == "core":  # the oldest versions' tier (.ci/oldest): the hooked rows
+    LAYOUTS = CI = {(1, ""): ONE_DEVICE, (2, ""): [c for c in ALL if c in FEW]}
 RUN = LAYOUTS if FULL else CI
 # Rows whose model.fit reference is wrong on an older Keras: (the first Keras that gets it right, what goes wrong).
 KERAS_BUGS = {
@@ -90,7 +99,8 @@ KERAS_BUGS = {
 KERAS = _compat.KERAS_VERSION
 
 
-def _run(layout: tuple[int, str], cases: list[str], folder) -> dict:
+def _run(layout: tuple[int, str], cases: list[str], folder, references: list[str] = ()) -> dict:
+    """The layout's runs of `cases`, and model.fit's alone of `references` (on 1 replica: other layouts' rows)."""
     replicas, how = layout
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     if "accelerator" in how:
@@ -98,7 +108,7 @@ def _run(layout: tuple[int, str], cases: list[str], folder) -> dict:
     out = folder / f"{replicas}{how}.pkl"
     workers = "workers" in how
     launch = [sys.executable, "-m", "trainer.launch", "--workers", "2"] if workers else [sys.executable]
-    command = [*launch, str(TESTS / "parity_run.py"), str(replicas), ",".join(cases), str(out)]
+    command = [*launch, str(TESTS / "parity_run.py"), str(replicas), ",".join(cases), str(out), ",".join(references)]
     proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900, cwd=TESTS)
     assert proc.returncode == 0, f"{layout} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     if workers:
@@ -121,8 +131,10 @@ def _flat(run) -> list:
 def results(tmp_path_factory):
     # model.fit's runs come from the 1-replica process only: they are the same on every layout.
     folder = tmp_path_factory.mktemp("parity")
+    references = sorted({c for cases in RUN.values() for c in cases} - set(RUN[(1, "")]))
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:  # mostly single-threaded tracing
-        futures = {layout: pool.submit(_run, layout, cases, folder) for layout, cases in RUN.items() if cases}
+        futures = {layout: pool.submit(_run, layout, cases, folder, references if layout == (1, "") else [])
+                   for layout, cases in RUN.items() if cases or layout == (1, "")}
         return {layout: future.result() for layout, future in futures.items()}
 
 
