@@ -2,7 +2,8 @@
 #   make example   trains the Fashion-MNIST example (make example ARGS="--epochs 2" passes it arguments)
 #   make test      the linter and the suite, newest and oldest versions: what CI runs (.ci/run)
 #   make test-full the same with the full tier's layouts (TRAINER_TESTS=full): more replica counts, workers, scale
-.PHONY: example test test-full
+#   make notebook  runs notebooks/quickstart.ipynb and keeps it with its outputs
+.PHONY: example test test-full notebook
 
 example:
 	@bash .ci/example $(ARGS)
@@ -12,3 +13,6 @@ test:
 
 test-full:
 	@TRAINER_TESTS=full bash .ci/test
+
+notebook:
+	@bash .ci/notebook

@@ -152,6 +152,27 @@ def test_example_end_to_end_on_idx_files(tmp_path, idx_dir, policy):
         assert [json.loads(line)["epoch"] for line in f] == [0]
 
 
+def _notebook_text(notebook) -> tuple[str, int]:
+    """The text the notebook's code cells printed, and how many images they showed."""
+    outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
+    return "".join(o.get("text", "") for o in outputs), sum("image/png" in o.get("data", {}) for o in outputs)
+
+
+def test_the_notebook_is_kept_with_the_outputs_of_one_run():
+    """`make notebook` (.ci/notebook) keeps it with its outputs, for a reader on GitHub: every code cell run once,
+    in order, on the real Fashion-MNIST, with the plan, the accuracy and three images."""
+    import nbformat
+
+    notebook = nbformat.read(TESTS.parent / "notebooks" / "quickstart.ipynb", as_version=4)
+    code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    assert [cell.execution_count for cell in code] == list(range(1, len(code) + 1)), "run `make notebook`"
+    text, images = _notebook_text(notebook)
+    assert "Training plan" in text and "2 in sync" in text and "Fashion-MNIST: 6000 training" in text
+    assert [line for line in text.splitlines() if is_startup_notice(line) or "INFO:tensorflow" in line] == []
+    assert "accuracy" in "".join(o.get("data", {}).get("text/plain", "") for c in code for o in c.outputs)
+    assert images == 3  # the training images, the predictions, the curves
+
+
 @pytest.mark.slow
 def test_notebook_runs_without_errors(tmp_path):
     """Run from a copy of the repository's layout whose notebooks/ holds a user's own callbacks.py."""
@@ -159,23 +180,23 @@ def test_notebook_runs_without_errors(tmp_path):
     from nbclient import NotebookClient
 
     notebook = nbformat.read(TESTS.parent / "notebooks" / "quickstart.ipynb", as_version=4)
-    assert all(not cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code"), "strip outputs"
+    for cell in notebook.cells:  # a run of its own, from nothing
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
     _copy_with_a_decoy(EXAMPLES, ["fashion_mnist.py", "idx.py"], tmp_path / "examples")
     (tmp_path / "examples" / "callbacks.py").unlink()
     notebooks = _copy_with_a_decoy(TESTS.parent / "notebooks", [], tmp_path / "notebooks")
     client = NotebookClient(notebook, timeout=240, kernel_name="python3",
                             resources={"metadata": {"path": str(notebooks)}})
     client.execute()  # raises CellExecutionError on any cell error
-    outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
-    text = "".join(o.get("text", "") for o in outputs)
+    text, images = _notebook_text(notebook)
     assert "Training plan" in text and "2 in sync" in text
-    assert [line for line in text.splitlines() if is_startup_notice(line)] == []
+    assert [line for line in text.splitlines() if is_startup_notice(line) or "INFO:tensorflow" in line] == []
     real = fashion_mnist.real_data_available()
     assert ("Fashion-MNIST: 6000 training and 10000 test images" in text) == real, text[:500]
     assert ("generated images" in text) != real
-    pngs = [cell for cell in notebook.cells if cell.cell_type == "code"
-            and any("image/png" in o.get("data", {}) for o in cell.outputs)]
-    assert len(pngs) == 3  # the training images, the predictions, the curves
+    assert images == 3  # the training images, the predictions, the curves
+    outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
     assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in outputs)  # tqdm widget
 
 

@@ -1,6 +1,9 @@
 """Strategy names and TF_CONFIG parsing."""
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -117,3 +120,26 @@ def test_a_collective_error_names_the_peer_task_and_its_address():
     own_device = "Detected at /job:worker/replica:0/task:0/device:CPU:0: deadline exceeded"
     assert failed_peer(own_device, strategy, me) == "a peer task"
     assert failed_peer("deadline exceeded", tf.distribute.get_strategy(), ClusterInfo()) == "a peer task"
+
+
+@pytest.mark.slow
+def test_a_process_has_one_multi_worker_strategy_shared_by_every_trainer():
+    """TensorFlow runs one MultiWorkerMirroredStrategy per process: the trainer makes it once, every Trainer and
+    `resolve_strategy` call without options takes it, and other options are refused, naming both."""
+    code = """
+from trainer import Trainer, resolve_strategy
+first = resolve_strategy("multi_worker", communication="ring")
+assert resolve_strategy("multi_worker", communication="ring") is first
+assert resolve_strategy("multi_worker") is first  # no options: the one running, as it is
+assert Trainer(strategy="multi_worker", verbose=0)._resolve_strategy(None) is first
+try:
+    resolve_strategy("multi_worker", communication="nccl")
+except ValueError as err:
+    print(err)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert ("This process runs a MultiWorkerMirroredStrategy already, and TensorFlow runs one per process. "
+            "Received: communication='nccl'") in proc.stdout
+    assert "where the one running has communication='ring'" in proc.stdout

@@ -1,4 +1,8 @@
-"""Strategy names (and their options) -> `tf.distribute.Strategy` instances."""
+"""Strategy names (and their options) -> `tf.distribute.Strategy` instances, and which strategy a model goes with.
+
+Past 300 lines: a name's builder and its cluster resolvers (Slurm's, TF_CONFIG's, a TPU's) sit beside the
+rules that tell a strategy given, made or found (the process's one multi-worker strategy, a model's own).
+"""
 
 from __future__ import annotations
 
@@ -185,8 +189,8 @@ def _multi_worker(communication: str = "auto", timeout_seconds: float | None = D
             f"Unknown `communication`. Received: communication={communication!r}. Pass one of {sorted(_COMMUNICATION)}."
         )
     wanted = (communication, timeout_seconds)
-    for made_with, made in _made_multi_worker.items():
-        if made_with != wanted:
+    for made_with, made in _made_multi_worker.items():  # a call without options ("auto") takes it as it is
+        if made_with != wanted and wanted != ("auto", DEFAULT_COLLECTIVE_TIMEOUT):
             raise ValueError(
                 "This process runs a MultiWorkerMirroredStrategy already, and TensorFlow runs one per process. "
                 f"Received: communication={communication!r}, timeout_seconds={timeout_seconds!r}, where the one "

@@ -216,7 +216,7 @@ class Trainer:
         # Resolve now: multi-worker strategies must be created before TensorFlow runs any op. Where the process
         # runs one made elsewhere, a model built in its scope trains on it (`_call_strategy`); other calls refuse.
         try:
-            self._resolve_strategy(None)
+            _quiet_tf_info(self._resolve_strategy)(None)  # TensorFlow's "Using MirroredStrategy with devices" line
         except strategy_lib.AnotherMultiWorker:
             pass
         self._engines: list[engine_lib.Engine] = []
