@@ -54,18 +54,24 @@ def test_another_strategy_inside_a_users_scope_is_refused_before_anything_runs()
         np.testing.assert_array_equal(a, b)
 
 
+class StrategySeen(keras.callbacks.Callback):
+    """Records the strategy each call ran on, as the trainer tells its callbacks."""
+
+    def __init__(self, seen: list):
+        super().__init__()
+        self.seen = seen
+
+    def set_trainer_context(self, context):
+        self.seen.append(context.strategy)
+
+
 def test_auto_inside_a_users_scope_takes_that_strategy():
     x, y, _ = tiny_data()
     users = mirrored(2)
     seen = []
-
-    class Seen(keras.callbacks.Callback):
-        def set_trainer_context(self, context):
-            seen.append(context.strategy)
-
     with users.scope():
         model = tiny_model()
-        Trainer(verbose=0).fit(model, x, y, callbacks=[Seen()])
+        Trainer(verbose=0).fit(model, x, y, callbacks=[StrategySeen(seen)])
     assert seen == [users]
 
 
@@ -76,14 +82,9 @@ def test_auto_takes_the_strategy_a_model_was_built_in_as_model_fit_does():
     with users.scope():
         model = tiny_model()
     seen = []
-
-    class Seen(keras.callbacks.Callback):
-        def set_trainer_context(self, context):
-            seen.append(context.strategy)
-
-    Trainer(verbose=0).fit(model, x, y, callbacks=[Seen()])
+    Trainer(verbose=0).fit(model, x, y, callbacks=[StrategySeen(seen)])
     assert seen == [users]
-    Trainer(strategy=mirrored(3), verbose=0).fit(model, x, y, callbacks=[Seen()])  # a strategy given still wins
+    Trainer(strategy=mirrored(3), verbose=0).fit(model, x, y, callbacks=[StrategySeen(seen)])  # a given one wins
     assert seen[1] is not users and seen[1].num_replicas_in_sync == 3
 
 
