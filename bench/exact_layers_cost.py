@@ -65,7 +65,7 @@ def build(model: str):
 @contextlib.contextmanager
 def traced_as(variant: str):
     """How the variant's step is traced: the draws hooks left out, or Philox's shortcut refused."""
-    from trainer import draws
+    from trainer.engine import draws
 
     if variant == "keras_per_replica":
         saved = draws.hooks
@@ -112,8 +112,8 @@ def _own_for_every_replica(context, value):
 def step_call(strategy, x, y, model: str, variant: str, per_replica: int):
     """count -> (steps run, seconds): the train function of a Trainer for `variant`, traced as it says."""
     from trainer import Trainer
-    from trainer import data as data_lib
-    from trainer import inputs as inputs_lib
+    from trainer.data import boundary as data_lib
+    from trainer.data import inputs as inputs_lib
 
     options = {"batch_norm": "per_replica" if variant == "per_replica" else "global"} if model == "batch_norm" else {}
     trainer = Trainer(strategy=strategy, per_replica_batch_size=per_replica, verbose=0, **options)

@@ -3,7 +3,7 @@
     python bench/mmap_threshold.py [--rounds 3] [--examples 6400] [--out bench/mmap_threshold.json]
 
 TensorFlow pins glibc's mmap threshold at 128 KiB the first time a process
-reads a distributed tf.data iterator (trainer/malloc.py), and what that costs
+reads a distributed tf.data iterator (trainer/engine/malloc.py), and what that costs
 depends on what the process allocated before, so each measurement is a fresh
 process, as a user's script or notebook kernel would be. Three settings, in an
 order that rotates every round, each training the example's CNN with

@@ -6,7 +6,7 @@ Under MirroredStrategy (2 logical CPUs, TensorFlow's default collectives) an
 Embedding's gradient is a `tf.IndexedSlices`, all-gathered with a row per
 looked-up id. Inside one fused call (a `tf.while_loop`) that collective must
 keep its shape, so the trainer runs the uneven last step in a call of its own
-(trainer/steps.py). The other way out would be to reduce the gradient densely,
+(trainer/engine/steps.py). The other way out would be to reduce the gradient densely,
 a fixed [vocab, dim] shape, so that any steps could share a call. This
 measures, per train step of a text classifier (64 ids per example, global
 batch 64, each variant's best of `--rounds` passes of 64 steps):

@@ -44,8 +44,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def trainer_call(strategy, x, y, model):
     """count -> (steps run, seconds): the Trainer's train function on a feed of (x, y)."""
     from trainer import Trainer
-    from trainer import data as data_lib
-    from trainer import inputs as inputs_lib
+    from trainer.data import boundary as data_lib
+    from trainer.data import inputs as inputs_lib
 
     import variants
 

@@ -164,11 +164,11 @@ def one_malloc_state() -> dict:
     """Raises glibc's mmap threshold, so that every timed epoch after warm-up runs with the same one.
 
     Reading a tf.data iterator in warm-up may have made TensorFlow pin it for
-    the whole process (trainer/malloc.py); the Trainer raises it only after its
+    the whole process (trainer/engine/malloc.py); the Trainer raises it only after its
     own such step calls, so otherwise the state would depend on which variant
     ran first.
     """
-    from trainer import malloc
+    from trainer.engine import malloc
 
     return {"raised_by_trainer_in_warm_up": malloc.raised(), "raised_by_bench": malloc.raise_threshold()}
 
@@ -250,7 +250,7 @@ def _print_table(layout: str, result: dict) -> None:
     print(f"Trainer, one multi-epoch fit: {result['epoch_overhead_share']:.1%} of each epoch outside step calls "
           f"(arrays), {result['epoch_overhead_share_dataset']:.1%} (dataset)")
     mmap = result["mmap_threshold"]
-    print(f"glibc mmap threshold (trainer/malloc.py): raised by the Trainer in warm-up: "
+    print(f"glibc mmap threshold (trainer/engine/malloc.py): raised by the Trainer in warm-up: "
           f"{mmap['raised_by_trainer_in_warm_up']}; "
           f"by the benchmark before the timed rounds: {mmap['raised_by_bench']}")
 
@@ -267,7 +267,7 @@ def machine() -> dict:
     import tensorflow as tf
 
     from trainer._compat import onednn_enabled
-    from trainer.engine import cpu_flags
+    from trainer.engine.engine import cpu_flags
 
     cpuinfo = open("/proc/cpuinfo").read().splitlines() if os.path.exists("/proc/cpuinfo") else []
     model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")),

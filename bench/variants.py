@@ -195,8 +195,8 @@ def bare_step_pipeline(strategy, x, y) -> _Runner:
     Trainer / this isolates what the Trainer adds beyond its input (metrics,
     callbacks, set-up); this / bare_step is the input's own cost.
     """
-    from trainer import data as data_lib
-    from trainer import feed as feed_lib
+    from trainer.data import boundary as data_lib
+    from trainer.data import feed as feed_lib
 
     global_batch = PER_REPLICA * strategy.num_replicas_in_sync
     train_on = _bare_train_step(strategy, global_batch)

@@ -10,7 +10,7 @@ from typing import Callable, Iterator
 
 import keras
 
-from trainer.cluster import cluster_info
+from trainer.distribute.cluster import cluster_info
 
 
 class ContextAware(keras.callbacks.Callback):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 
-from trainer.cluster import cluster_info
+from trainer.distribute.cluster import cluster_info
 
 
 def checked_path(path, *, arg: str, owner: str, is_dir: bool) -> str:

@@ -12,7 +12,7 @@ import threading
 import keras
 import numpy as np
 
-from trainer.cluster import BACKUP_DIR_ENV
+from trainer.distribute.cluster import BACKUP_DIR_ENV
 from trainer.scaling import rescale_learning_rate, unscaled_learning_rate
 
 from ._cluster import ContextAware, replace_or_explain, writable_dir

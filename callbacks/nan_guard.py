@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from ._cluster import ContextAware
-from trainer.tracing import graph_function
+from trainer.engine.tracing import graph_function
 
 AUTO_OVERHEAD = 0.02  # keep_every="auto": the copies take at most this share of training time
 

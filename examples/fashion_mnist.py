@@ -167,7 +167,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def _check_strategy_and_out(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    from trainer.strategy import STRATEGY_NAMES, closest_name
+    from trainer.distribute.strategy import STRATEGY_NAMES, closest_name
 
     if args.strategy not in STRATEGY_NAMES:
         guess = closest_name(args.strategy)

@@ -11,7 +11,8 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-from trainer import Trainer, malloc
+from trainer import Trainer
+from trainer.engine import malloc
 
 
 def faults_reusing_a_buffer() -> int:

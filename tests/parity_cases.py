@@ -750,7 +750,7 @@ CASES: dict[str, Case] = {
     "compile_steps_per_execution": Case(lambda: _compiled(_dense(), metrics=["mae"], steps_per_execution=3),
                                         _regression),
     "compile_jit_compile": Case(lambda: _compiled(_dense(), metrics=["mae"], jit_compile=True), _regression),
-    # steps_per_epoch as Keras's epoch iterator counts it (trainer/passes.py): one stream whose pass's end ends an
+    # steps_per_epoch as Keras's epoch iterator counts it (trainer/data/passes.py): one stream whose pass's end ends an
     # epoch (4 batches in epochs of 3 read 3, 1, 3, 1; in epochs of 6, 4 each), and calls of steps_per_execution
     # that run past it (epochs of 1 with calls of 2 read 2).
     "steps_per_epoch_below_the_arrays": Case(lambda: _compiled(_dense(), metrics=["mae"]), _regression,

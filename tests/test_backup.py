@@ -223,7 +223,7 @@ def test_the_plan_says_whether_a_backup_resumes_exactly(tmp_path, capsys, make, 
 def test_the_plan_says_a_resumed_stream_or_parameter_server_run_is_not_exact(tmp_path, capsys):
     import tensorflow as tf
 
-    from trainer.plan import resume_note
+    from trainer.engine.plan import resume_note
 
     x, y, w = tiny_data(64)
     trainer = Trainer(strategy="default", batch_size=16, verbose=1)

@@ -23,7 +23,8 @@ import tensorflow as tf
 from trainer.callbacks import (BackupAndRestore, CSVLogger, JSONLogger, ModelCheckpoint, PlotHistory, ProgressBar,
                                TensorBoard)
 from conftest import TESTS, mirrored, tiny_data, tiny_model
-from trainer import Trainer, launch
+from trainer import Trainer
+from trainer.launch import launcher as launch
 
 sys.path.insert(0, str(TESTS.parent / "examples"))
 import fashion_mnist  # noqa: E402
@@ -63,7 +64,7 @@ def _sequences(c):
 def _check_workers(x, num_workers, parameter_server=False, shuffle=False):
     """fit's check of a Python-fed input on several workers (no strategy is built)."""
     def call(c):
-        from trainer import data
+        from trainer.data import boundary as data
 
         inp = data.as_input(x(c), arg="data", shuffle=shuffle)
         data.check_workers(inp, num_workers, parameter_server=parameter_server, arg="data")
@@ -687,7 +688,7 @@ def test_each_refusal_stands_where_model_fit_fails_too(row, tmp_path, monkeypatc
 
 
 README = (TESTS.parent / "README.md").read_text()
-CHECKS = ("trainer/checks.py", "trainer/model_checks.py", "trainer/data.py", "trainer/data_checks.py",
+CHECKS = ("trainer/checks.py", "trainer/model/checks.py", "trainer/data/boundary.py", "trainer/data/checks.py",
           "trainer/options.py")
 
 
@@ -863,7 +864,7 @@ def test_finite_arrays_do_not_warn():
     x, y, w = tiny_data()
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
-        from trainer import data, data_checks
+        from trainer.data import boundary as data, checks as data_checks
 
         data_checks.check_data(data.as_input((x, y, w), arg="data"), "data", steps_arg=None, steps=None)
 

@@ -1,10 +1,10 @@
-"""trainer/cluster.py under Slurm: the step's tasks, their addresses and roles, read from Slurm's environment."""
+"""trainer/distribute/cluster.py under Slurm: the step's tasks, their addresses and roles, from Slurm's environment."""
 
 import pytest
 
 from trainer import _compat
-from trainer.cluster import ClusterInfo, cluster_info, cluster_source
-from trainer.slurm import slurm_addresses, slurm_step
+from trainer.distribute.cluster import ClusterInfo, cluster_info, cluster_source
+from trainer.distribute.slurm import slurm_addresses, slurm_step
 
 # What srun gave task 3 of `srun -N 2 -n 5` on nodes gpu9 and gpu10 (Slurm lists them in its own order).
 STEP = {"SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "5", "SLURM_STEP_NODELIST": "gpu[9-10]",

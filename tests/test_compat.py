@@ -11,8 +11,9 @@ import tensorflow as tf
 from tensorflow.python.distribute.parameter_server_strategy import ParameterServerStrategyExtended
 from tensorflow.python.distribute.sharded_variable import ShardedVariable
 
-from trainer import Trainer, _compat, draws
-from trainer.route import keras_method_arguments
+from trainer import Trainer, _compat
+from trainer.engine import draws
+from trainer.model.route import keras_method_arguments
 
 
 def _keras_functions():

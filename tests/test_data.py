@@ -7,9 +7,10 @@ import pytest
 import tensorflow as tf
 
 from conftest import mirrored, tiny_data, tiny_model
-from trainer import Trainer, arrays
-from trainer import data as data_lib
-from trainer import inputs as inputs_lib
+from trainer import Trainer
+from trainer.data import arrays
+from trainer.data import boundary as data_lib
+from trainer.data import inputs as inputs_lib
 
 
 def test_epoch_order_depends_on_seed_and_epoch_only():
@@ -121,7 +122,7 @@ def _shuffled_labels():
 def test_on_cpu_replicas_a_dataset_is_read_as_global_batches_each_epoch_a_whole_pass(monkeypatch):
     """No distributed iterator: one plain iterator of global batches per epoch, each the pass a plain
     loop reads (a seeded shuffle reshuffles each pass), which the steps split among the replicas."""
-    from trainer import feed as feed_lib
+    from trainer.data import feed as feed_lib
 
     plain = _shuffled_labels()
     expected = [[int(i) for _, i in plain] for _ in range(3)]
@@ -139,7 +140,7 @@ def test_on_cpu_replicas_a_dataset_is_read_as_global_batches_each_epoch_a_whole_
 
 
 def test_replica_share_cuts_a_global_batch_as_the_feed_does():
-    from trainer import feed as feed_lib
+    from trainer.data import feed as feed_lib
 
     strategy = mirrored(3)
     for size in [1, 2, 5, 8, 11]:
@@ -162,7 +163,7 @@ def test_replica_share_cuts_a_global_batch_as_the_feed_does():
 def test_on_accelerators_a_dataset_is_distributed_once_and_each_epoch_reads_a_whole_pass(monkeypatch):
     """Where the steps cannot split host batches (accelerators, several workers), TF's distributed
     iterator reads the dataset; distributing it, which rewrites its graph, happens once per fit."""
-    from trainer import feed as feed_lib
+    from trainer.data import feed as feed_lib
 
     monkeypatch.setattr(feed_lib, "supports", lambda strategy: False)  # as on GPUs
     plain = _shuffled_labels()

@@ -1,4 +1,4 @@
-"""trainer/draws.py: a replica's random draws are its rows of the draw one device makes for the global batch."""
+"""trainer/engine/draws.py: a replica's random draws are its rows of the draw one device makes for the global batch."""
 
 import keras
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import mirrored
-from trainer import draws
+from trainer.engine import draws
 
 
 def _per_replica_draws(strategy, draw, global_rows: int, philox: bool = True):

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from conftest import mirrored, run_python, tiny_data, tiny_model
 from trainer import Trainer
-from trainer import engine
+from trainer.engine import engine
 
 
 def _fit(strategy, regularized=True, optimizer_options=None, **kwargs):
@@ -109,7 +109,7 @@ def test_fit_evaluate_predict_need_no_autograph(as_dataset, monkeypatch):
     """The traced loops are explicit graph code: they trace and give the same numbers, where AutoGraph converts nothing.
 
     A CI run once met an unconverted step loop, whose Python `for` over a
-    tensor then failed (see trainer/tracing.py). Here every conversion fails,
+    tensor then failed (see trainer/engine/tracing.py). Here every conversion fails,
     and AutoGraph falls back to running code as written.
     """
     from tensorflow.python.autograph.impl import api
@@ -136,7 +136,7 @@ def test_fit_evaluate_predict_need_no_autograph(as_dataset, monkeypatch):
 _ONEDNN_PROBE = """
 import json
 import tensorflow as tf
-from trainer import engine
+from trainer.engine import engine
 print(json.dumps([engine._compat.onednn_enabled(), engine.cpu_onednn(tf.distribute.get_strategy())]))
 """
 

@@ -8,8 +8,8 @@ import tensorflow as tf
 
 from conftest import mirrored, tiny_data, tiny_model
 from trainer import Trainer
-from trainer import data as data_lib
-from trainer import feed as feed_lib
+from trainer.data import boundary as data_lib
+from trainer.data import feed as feed_lib
 
 
 def _feed(x, batch, replicas, order=None, **kwargs):

@@ -1,6 +1,6 @@
 """Step fusion: fixed, or sized from the measured time per step."""
 
-from trainer.fusion import FIRST_AUTO_STEPS, MAX_AUTO_STEPS, MULTI_WORKER_STEPS, TARGET_CALL_SECONDS, StepFusion
+from trainer.engine.fusion import FIRST_AUTO_STEPS, MAX_AUTO_STEPS, MULTI_WORKER_STEPS, TARGET_CALL_SECONDS, StepFusion
 
 
 def test_fixed_fusion_never_changes():

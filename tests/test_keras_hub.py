@@ -4,7 +4,7 @@ A KerasHub task overrides fit, evaluate and predict: its own method batches the
 data into a tf.data pipeline that maps the task's preprocessing (tokenizing and
 packing strings, making y and sample_weight for language models, resizing and
 rescaling images), then calls Keras's fit. Trainer.fit calls the task's own
-method, and the trainer's engine runs beneath it (trainer/route.py), so the
+method, and the trainer's engine runs beneath it (trainer/model/route.py), so the
 preprocessing runs where the task runs it. Each task of tests/hub_models.py,
 built from a config and a tiny vocabulary (no preset) with its default dropout,
 is fitted by model.fit on one device and by Trainer.fit on 1, 2 and 3 replicas
@@ -128,7 +128,7 @@ def test_tasks_that_batch_arrays_with_grain_give_model_fits_numbers(runs, replic
 def test_a_resnet_fed_arrays_takes_model_fits_first_step_bit_for_bit():
     """The lead of issue 38: a ResNet (BatchNormalization, SGD with momentum) fed arrays, unshuffled, differed
     from model.fit on one device. Its first step's loss was 1 ulp off, because Grappler saw the arrays' feed
-    without shapes and rewrote the step's arithmetic otherwise (trainer/feed.py gives them with ensure_shape).
+    without shapes and rewrote the step's arithmetic otherwise (trainer/data/feed.py gives them with ensure_shape).
     From the second step the momentum update still rounds otherwise (docs/exactness.md)."""
     import keras
 

@@ -31,7 +31,8 @@ import numpy as np
 import pytest
 
 from conftest import FULL, TESTS
-from trainer import _compat, feed
+from trainer import _compat
+from trainer.data import feed
 
 sys.path.insert(0, str(TESTS))
 import parity_cases  # noqa: E402

@@ -1,4 +1,4 @@
-"""The Kubernetes manifests in examples/kubernetes: the TF_CONFIG each pod gets, read by trainer/cluster.py.
+"""The Kubernetes manifests in examples/kubernetes: the TF_CONFIG each pod gets, read by trainer/distribute/cluster.py.
 
 For the TFJob, TF_CONFIG is made as Kubeflow's training operator makes it
 (`genClusterSpec` and `genTFConfigJSONStr` in its tensorflow controller: each
@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from conftest import TESTS
-from trainer.cluster import ClusterInfo, parse_tf_config
+from trainer.distribute.cluster import ClusterInfo, parse_tf_config
 
 MANIFESTS = TESTS.parent / "examples" / "kubernetes"
 
@@ -63,7 +63,7 @@ def test_a_tfjob_with_chief_workers_ps_and_evaluator_is_read_and_the_evaluator_r
     assert [key for key, info in infos.items() if info.is_chief] == [("chief", 0)]
     assert infos[("evaluator", 0)].task_type == "evaluator" and not infos[("evaluator", 0)].is_chief
 
-    from trainer.strategy import auto_strategy_name, resolve_strategy
+    from trainer.distribute.strategy import auto_strategy_name, resolve_strategy
 
     assert auto_strategy_name(infos[("chief", 0)], 0, False) == "parameter_server"
     monkeypatch.setenv("TF_CONFIG", configs[("evaluator", 0)])

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from conftest import FULL, TESTS
-from trainer import feed
+from trainer.data import feed
 
 pytestmark = pytest.mark.slow  # subprocesses, layouts or whole trainings: not in the everyday tier
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from trainer import launch, supervise
+from trainer.launch import launcher as launch, supervise
 
 
 def test_cluster_spec_and_tf_config():
@@ -272,7 +272,7 @@ def test_serve_takes_no_script():
 @pytest.mark.slow
 def test_notebook_launcher_returns_the_chiefs_result(tmp_path):
     script = _script(tmp_path, """
-        from trainer.notebook import notebook_launcher
+        from trainer import notebook_launcher
 
         def train():
             from trainer import Trainer  # everything TensorFlow happens inside the workers
@@ -298,7 +298,7 @@ def test_notebook_launcher_returns_the_chiefs_result(tmp_path):
 
 def test_notebook_launcher_reports_a_result_it_cannot_return(tmp_path):
     script = _script(tmp_path, """
-        from trainer.notebook import notebook_launcher
+        from trainer import notebook_launcher
         try:
             notebook_launcher(lambda: (lambda: 1), workers=2, timeout=60)
         except RuntimeError as err:

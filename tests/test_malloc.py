@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from trainer import malloc
+from trainer.engine import malloc
 
 HERE = os.path.dirname(__file__)
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
@@ -74,7 +74,7 @@ def test_pin_then_raise_spends_tensorflows_one_pin():
 def test_parameter_server_tasks_raise_the_threshold_before_serving(monkeypatch):
     import tensorflow as tf
 
-    from trainer import serve as serving
+    from trainer.launch import serve as serving
 
     calls = []
     monkeypatch.setattr(malloc, "pin_then_raise", lambda: calls.append("pin_then_raise"))

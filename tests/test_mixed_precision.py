@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from conftest import mirrored, tiny_data, tiny_model
-from trainer import Trainer, models
+from trainer import Trainer
+from trainer.model import models
 
 
 def _fit(policy, strategy="default"):
@@ -76,7 +77,7 @@ def _mixed_model_with_float32_head(policy: str = "mixed_bfloat16") -> keras.Mode
 
 
 def test_precision_is_read_from_the_weighted_layers_of_nested_models():
-    from trainer.models import precision
+    from trainer.model.models import precision
 
     class Odd(keras.layers.Layer):  # a user layer whose `layers` is not a list of layers
         layers = 6

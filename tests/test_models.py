@@ -225,7 +225,7 @@ def test_fine_tuning_a_model_built_outside_scope_takes_the_new_trainable_flags_a
 
 @pytest.mark.slow
 def test_engine_cache_is_bounded(data):
-    from trainer.engine import CACHE_SIZE
+    from trainer.engine.engine import CACHE_SIZE
 
     x, y, w = data
     trainer = Trainer(strategy="default", verbose=0)

@@ -136,7 +136,7 @@ def test_a_sigterm_to_one_worker_makes_every_worker_save_the_same_step(tmp_path,
 
 def _nodes(out, *extra, env=None, timeout=240, nnodes="2", options=(), count=2):
     """`count` launchers on this machine acting as nodes of one worker each; their outputs and statuses."""
-    from trainer.launch import free_ports
+    from trainer.launch.launcher import free_ports
 
     port = free_ports(1)[0]
     procs = [subprocess.Popen([sys.executable, "-m", "trainer.launch", "--nnodes", nnodes, "--node-rank", str(rank),
@@ -205,8 +205,8 @@ def test_an_elastic_job_resumes_exactly_on_the_node_that_is_left(tmp_path, refer
 
 def test_a_dead_peer_is_named_by_every_survivor_not_a_hang():
     """Three workers without a launcher; worker 1 dies: both others end with an error naming it."""
-    from trainer.launch import cluster_spec, free_ports
-    from trainer.supervise import tf_config
+    from trainer.launch.launcher import cluster_spec, free_ports
+    from trainer.launch.supervise import tf_config
 
     cluster = cluster_spec(3, 0, free_ports(3))
     procs = [subprocess.Popen([sys.executable, str(TESTS / "dead_peer_run.py")],
@@ -259,8 +259,8 @@ def test_tensorflows_multi_worker_tutorial_trains_on_two_workers(tmp_path, mode)
     """The tutorial's strategy made first, its model built in the strategy's scope (keras-team/keras#20585: Keras 3's
     own fit fails there), moved to `Trainer(strategy=strategy).fit` and to `Trainer().distribute()`: the Trainer
     takes the user's strategy instead of making a second one in the process, and the workers end equal."""
-    from trainer.launch import cluster_spec, free_ports
-    from trainer.supervise import tf_config
+    from trainer.launch.launcher import cluster_spec, free_ports
+    from trainer.launch.supervise import tf_config
 
     cluster = cluster_spec(2, 0, free_ports(2))
     procs = [subprocess.Popen([sys.executable, str(TESTS / "tutorial_run.py"), mode, str(tmp_path / f"{i}.json")],

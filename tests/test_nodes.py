@@ -14,9 +14,9 @@ import time
 import pytest
 
 from test_launch import _sigint_as_in_a_terminal
-from trainer import launch
-from trainer import rendezvous
-from trainer.rendezvous import SECRET_ENV, Node, node_cluster
+from trainer.launch import launcher as launch
+from trainer.launch import rendezvous
+from trainer.launch.rendezvous import SECRET_ENV, Node, node_cluster
 
 
 def test_node_cluster_orders_tasks_by_node_and_puts_the_chief_on_node_0():

@@ -130,7 +130,7 @@ def test_a_variable_partitioner_splits_the_instance_over_the_ps_tasks_with_the_u
 def test_parameter_server_training_over_two_nodes(tmp_path, results):
     """trainer-launch on two nodes (launchers on localhost): the chief and a worker on node 0, a worker and
     the ps task on node 1; it trains as the one-machine cluster does, and node 1 stops when the chief is done."""
-    from trainer.launch import free_ports
+    from trainer.launch.launcher import free_ports
 
     default, _, _ = results
     port = free_ports(1)[0]

@@ -1,4 +1,4 @@
-"""Passes cut the input into epochs as Keras's own epoch iterator does (trainer/passes.py)."""
+"""Passes cut the input into epochs as Keras's own epoch iterator does (trainer/data/passes.py)."""
 
 import itertools
 import warnings
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from keras.src.trainers.epoch_iterator import EpochIterator
 
-from trainer.passes import Passes
+from trainer.data.passes import Passes
 
 
 def keras_epochs(num_batches: int, steps_per_epoch: int | None, steps_per_execution: int, epochs: int):

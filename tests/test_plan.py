@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from trainer import Plan
-from trainer.plan import ONEDNN_HINT, bf16_hint, strategy_label
+from trainer.engine.plan import ONEDNN_HINT, bf16_hint, strategy_label
 
 BASE = dict(
     strategy="MirroredStrategy", num_replicas=4, num_workers=1, global_batch_size=64, per_replica_batch_size=16,
@@ -121,7 +121,7 @@ def test_plan_says_batch_norm_takes_the_global_statistics_and_how_to_opt_out():
 def test_plan_names_the_optimizer_options_that_act_on_the_global_gradient():
     import keras
 
-    from trainer.plan import optimizer_note
+    from trainer.engine.plan import optimizer_note
 
     assert optimizer_note(keras.optimizers.SGD(0.1), 2) is None
     assert optimizer_note(None, 2) is None  # a model whose own train_step needs no optimizer
@@ -163,7 +163,7 @@ def test_plan_names_the_callbacks_every_worker_runs_unguarded_on_several_workers
     import keras
 
     from trainer.callbacks import ChiefOnly, CSVLogger
-    from trainer.loop import unguarded
+    from trainer.engine.loop import unguarded
 
     class Reporter(keras.callbacks.Callback):
         pass

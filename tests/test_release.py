@@ -2,7 +2,7 @@
 
 import threading
 
-from trainer import loop
+from trainer.engine import loop
 
 
 class _SlowToDestroy:

@@ -1,4 +1,4 @@
-"""The trainer beneath model.fit (trainer/route.py): a model's own fit, evaluate and predict run, and Keras's
+"""The trainer beneath model.fit (trainer/model/route.py): a model's own fit, evaluate and predict run, and Keras's
 backend methods beneath them run the trainer's engine.
 
 Each model here overrides a method the way users and libraries do (preparing

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from conftest import TESTS, run_python
 from trainer import STRATEGY_NAMES, parse_tf_config, resolve_strategy
-from trainer.strategy import auto_strategy_name, check_strategy_name
+from trainer.distribute.strategy import auto_strategy_name, check_strategy_name
 
 CLUSTER = {"chief": ["localhost:1"], "worker": ["localhost:2", "localhost:3"]}
 
@@ -78,7 +78,7 @@ def test_mirrored_options_subset_and_cross_device_ops():
     strategy = resolve_strategy("mirrored", devices=["/cpu:1", "/cpu:3"], cross_device_ops="reduction_to_one_device")
     assert strategy.num_replicas_in_sync == 2
     assert isinstance(strategy.extended._cross_device_ops, tf.distribute.ReductionToOneDevice)
-    from trainer.strategy import _CROSS_DEVICE_OPS
+    from trainer.distribute.strategy import _CROSS_DEVICE_OPS
 
     assert _CROSS_DEVICE_OPS["nccl"] is tf.distribute.NcclAllReduce
     assert _CROSS_DEVICE_OPS["hierarchical_copy"] is tf.distribute.HierarchicalCopyAllReduce
@@ -105,8 +105,8 @@ def test_repeated_fits_under_mirrored_strategies_of_different_sizes():
 
 
 def test_a_collective_error_names_the_peer_task_and_its_address():
-    from trainer.cluster import ClusterInfo
-    from trainer.faults import failed_peer
+    from trainer.distribute.cluster import ClusterInfo
+    from trainer.distribute.faults import failed_peer
 
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec({"worker": ["a:1", "b:2", "c:3"]}), task_type="worker", task_id=0)

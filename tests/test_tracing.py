@@ -4,7 +4,7 @@ import logging
 
 import tensorflow as tf
 
-from trainer.tracing import graph_function
+from trainer.engine.tracing import graph_function
 
 
 class _Records(logging.Handler):

@@ -12,16 +12,16 @@ import importlib
 _EXPORTS = {
     "Trainer": "trainer.trainer",
     "History": "trainer.history",
-    "TrainContext": "trainer.loop",
-    "Plan": "trainer.plan",
+    "TrainContext": "trainer.engine.loop",
+    "Plan": "trainer.engine.plan",
     "BatchPlan": "trainer.scaling",
     "ScaledSchedule": "trainer.scaling",
-    "STRATEGY_NAMES": "trainer.strategy",
-    "resolve_strategy": "trainer.strategy",
-    "ClusterInfo": "trainer.cluster",
-    "cluster_info": "trainer.cluster",
-    "parse_tf_config": "trainer.cluster",
-    "notebook_launcher": "trainer.notebook",
+    "STRATEGY_NAMES": "trainer.distribute.strategy",
+    "resolve_strategy": "trainer.distribute.strategy",
+    "ClusterInfo": "trainer.distribute.cluster",
+    "cluster_info": "trainer.distribute.cluster",
+    "parse_tf_config": "trainer.distribute.cluster",
+    "notebook_launcher": "trainer.launch.notebook",
 }
 
 __all__ = sorted(_EXPORTS)

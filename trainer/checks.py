@@ -1,6 +1,6 @@
 """The call's own checks, run before any variable changes or file is written: callbacks, steps, warmup, and
-the data against the model (`trainer/model_checks.py`; the data's own checks ran where it was read,
-`trainer/data_checks.py`).
+the data against the model (`trainer/model/checks.py`; the data's own checks ran where it was read,
+`trainer/data/checks.py`).
 """
 
 from __future__ import annotations
@@ -10,10 +10,12 @@ from typing import Any
 
 import keras
 
-from trainer import inputs as inputs_lib
-from trainer import _compat, models, passes
-from trainer.model_checks import check_model_inputs
-from trainer.route import user_stacklevel
+from trainer import _compat
+from trainer.data import inputs as inputs_lib
+from trainer.data import passes
+from trainer.model import models
+from trainer.model.checks import check_model_inputs
+from trainer.user_line import user_stacklevel
 
 
 def check_fit(model, train, val, *, batch, epoch_steps, epochs, initial_epoch, warmup) -> Any:

@@ -24,15 +24,17 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from trainer import _compat, checks, class_weights, models, options, scaling
-from trainer import data as data_lib
-from trainer import engine as engine_lib
-from trainer import inputs as inputs_lib
-from trainer import route as route_lib
-from trainer.cluster import cluster_source, is_parameter_server, restarted, strategy_cluster_info
-from trainer.fusion import StepFusion
-from trainer.model_steps import ModelSteps
-from trainer.plan import Plan, batch_norm_note, optimizer_note, strategy_label
+from trainer import _compat, checks, options, scaling
+from trainer.data import class_weights
+from trainer.data import boundary as data_lib
+from trainer.data import inputs as inputs_lib
+from trainer.distribute.cluster import cluster_source, is_parameter_server, restarted, strategy_cluster_info
+from trainer.engine import engine as engine_lib
+from trainer.engine.fusion import StepFusion
+from trainer.engine.plan import Plan, batch_norm_note, optimizer_note, strategy_label
+from trainer.model import models
+from trainer.model.own_steps import ModelSteps
+from trainer.user_line import user_stacklevel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,10 +88,10 @@ def capped(epochs: int | None, steps: int | None) -> tuple[int | None, int | Non
     with Keras's warnings, as every fit, evaluate and predict of Keras's applies them."""
     max_epochs, max_steps = _compat.debug_limits()
     if max_epochs and epochs is not None and max_epochs < epochs:
-        warnings.warn("Limiting epochs to %d" % max_epochs, stacklevel=route_lib.user_stacklevel())
+        warnings.warn("Limiting epochs to %d" % max_epochs, stacklevel=user_stacklevel())
         epochs = max_epochs
     if max_steps and (not steps or max_steps < steps):
-        warnings.warn("Limiting steps_per_epoch to %d" % max_steps, stacklevel=route_lib.user_stacklevel())
+        warnings.warn("Limiting steps_per_epoch to %d" % max_steps, stacklevel=user_stacklevel())
         steps = max_steps
     return epochs, steps
 
@@ -132,7 +134,7 @@ def fusion(setting: int | str, compiled: engine_lib.Engine, batch: scaling.Batch
     "auto" takes `model.compile(steps_per_execution=N)` when N > 1, else sizes
     calls from the engine's last measured step time.
     """
-    from trainer import loop
+    from trainer.engine import loop
 
     source = ""
     compiled_steps = loop.keras_steps_per_call(compiled.steps.model)
@@ -205,7 +207,7 @@ def announce(plan: Plan, *, verbose: int, is_chief: bool) -> None:
         print(plan.describe(), flush=True)
     if plan.batch_norm and plan.num_replicas > 1:
         warnings.warn(f"Per-replica BatchNormalization: {batch_norm_note(plan.batch_norm, plan.num_replicas)}.",
-                      stacklevel=route_lib.user_stacklevel())
+                      stacklevel=user_stacklevel())
 
 
 def verbosity(verbose) -> int | None:

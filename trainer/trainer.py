@@ -18,18 +18,21 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from trainer import _compat, checks, collectives, loop, malloc, models, options, placement, ps, scaling, stages
-from trainer import data as data_lib
-from trainer import inputs as inputs_lib
-from trainer import engine as engine_lib
-from trainer import route as route_lib
-from trainer import strategy as strategy_lib
-from trainer.cluster import cluster_info, is_parameter_server, strategy_cluster_info
+from trainer import _compat, checks, options, scaling, stages
+from trainer.data import boundary as data_lib
+from trainer.data import inputs as inputs_lib
+from trainer.data.passes import Passes
+from trainer.distribute import collectives
+from trainer.distribute import strategy as strategy_lib
+from trainer.distribute.cluster import cluster_info, is_parameter_server, strategy_cluster_info
+from trainer.engine import loop, malloc, ps
+from trainer.engine import engine as engine_lib
+from trainer.engine.plan import strategy_label
+from trainer.engine.steps import Steps
 from trainer.history import History
-from trainer.model_steps import logs_in_order
-from trainer.passes import Passes
-from trainer.plan import strategy_label
-from trainer.steps import Steps
+from trainer.model import models, placement
+from trainer.model import route as route_lib
+from trainer.model.own_steps import logs_in_order
 
 
 def _quiet_tf_info(method):
@@ -137,7 +140,7 @@ class Trainer:
         once per Trainer (one worker only: several must agree on an order).
       shuffle: shuffle array inputs each epoch.
       steps_per_execution: steps fused into one `tf.function` call, or "auto":
-        sized from the measured step time to ~1 s per call (see `trainer.fusion`);
+        sized from the measured step time to ~1 s per call (see `trainer.engine.fusion`);
         1 when a callback has batch-level hooks, 32 across several workers.
       jit_compile: XLA for the forward and backward pass; "auto" turns it on for
         GPUs and TPUs only (it slows CNNs down on CPU).
@@ -155,7 +158,7 @@ class Trainer:
       verbose: 0 silent, 1 plan and progress bar, 2 plan and one line per epoch
         (chief only).
       nan_guard: stop training at the first non-finite loss (see `trainer.callbacks.NanGuard`).
-      tune_malloc: the trainer's one process-wide patch (`trainer.malloc`): raise
+      tune_malloc: the trainer's one process-wide patch (`trainer.engine.malloc`): raise
         glibc's mmap threshold over the 128 KiB that tf.data pins for the whole
         process, which makes every large allocation fault its pages in again.
         Applied once per process, at the first fit/evaluate/predict; the plan
@@ -501,7 +504,7 @@ class Trainer:
 
     def _through_model(self, method: str, model: Any, strategy: Any, arguments: dict[str, Any]) -> Any:
         """The model's own `method` called with the arguments given, Keras's own `method` running this trainer's
-        engine (trainer/route.py); a builder, or anything but a Keras model, goes to the engine directly.
+        engine (trainer/model/route.py); a builder, or anything but a Keras model, goes to the engine directly.
 
         Arrays get the Trainer's global batch as `batch_size` unless one was
         given, so that a model's own method that batches them (a KerasHub

@@ -23,7 +23,7 @@ function. The rest of the trainer imports them from here (`_compat.name`):
   devices on a CPU worker;
 - `coordination`: the coordination service's key-value store;
 - `patches`: the install of the Keras functions that `replicas` and
-  `trainer.draws` replace while a step is traced;
+  `trainer.engine.draws` replace while a step is traced;
 - `onednn`, `slurm`, `masks`, `version`: oneDNN's state, Slurm's host lists,
   Keras masks, Keras's version.
 """

@@ -15,7 +15,7 @@ from typing import Callable
 # `Trainer.fit(model, ...)` calls `model.fit(...)`, so that what a model's class
 # overrides (a KerasHub task's preprocessing) and what a library patches onto
 # `keras.Model.fit` (MLflow's autologging) still run; where that chain reaches
-# Keras's backend method, the trainer's engine takes over (trainer/route.py).
+# Keras's backend method, the trainer's engine takes over (trainer/model/route.py).
 # The backend methods are `TensorFlowTrainer.fit`, `evaluate` and `predict`
 # (keras/src/backend/tensorflow/trainer.py, 3.8-3.15; with `train_on_batch` and its kin, which
 # the route refuses), the first three wrapped by

@@ -1,7 +1,7 @@
 """Keras's functions replaced while the trainer traces its steps, and put back after.
 
 `_compat.replicas` (Keras's replica scaling, clipping and synchronized
-statistics) and `trainer.draws` (Keras's random functions) each hold a table of
+statistics) and `trainer.engine.draws` (Keras's random functions) each hold a table of
 attributes to replace. The replacements call the functions they replaced,
 which `Patches.originals` keeps while they are installed.
 """

@@ -66,7 +66,7 @@ def seeded(seed: int | None):
 # that module at each call (`keras.random.*`, and preprocessing layers through
 # `self.backend.random`). Each turns its seed (a SeedGenerator, an int or None)
 # into a stateless seed with `_cast_seed(draw_seed(seed))`, then calls
-# TensorFlow's stateless op. `trainer.draws` replaces the five while a step is
+# TensorFlow's stateless op. `trainer.engine.draws` replaces the five while a step is
 # traced, and turns seeds the same way (`keras_seed`).
 
 try:

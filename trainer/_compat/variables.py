@@ -18,7 +18,7 @@ from .patches import Patches
 # A Keras variable on the TensorFlow backend is a handle on a backing
 # `tf.Variable`, its `_value` (keras/src/backend/tensorflow/core.py,
 # `Variable._initialize`; 3.8-3.15), which is what step functions capture and
-# what tf.distribute distributes. `trainer.placement` swaps it to move a model
+# what tf.distribute distributes. `trainer.model.placement` swaps it to move a model
 # into a strategy's scope. Keras's TF optimizer remembers the strategy it was
 # made under (`TFOptimizer._distribution_strategy`) and updates variables
 # through it, and indexes its variables by the backing variable

@@ -8,7 +8,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from trainer.cluster import ClusterInfo
+from trainer.distribute.cluster import ClusterInfo
 
 
 @contextlib.contextmanager

@@ -1,11 +1,11 @@
-"""The data's own checks, run where its form is known (`trainer/data.py`), before any model is read.
+"""The data's own checks, run where its form is known (`trainer/data/boundary.py`), before any model is read.
 
 Arrays are checked in full with O(n) NumPy passes: object dtypes, text labels,
 NaN/Inf and the sample weights' shape. Datasets are never scanned, since that
 would cost an extra pass over the data (and a repeated one never ends): only
 their element structure, ranks and cardinality are checked. Dataset functions
 are not checked at all; they run on the workers. The checks against the model
-are `trainer/model_checks.py`'s.
+are `trainer/model/checks.py`'s.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from trainer import inputs as inputs_lib
-from trainer.route import user_stacklevel
+from trainer.data import inputs as inputs_lib
+from trainer.user_line import user_stacklevel
 
 PARTS = ("x", "y", "sample_weight")
 

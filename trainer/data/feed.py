@@ -50,9 +50,9 @@ from typing import Any, Callable, Iterator, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from trainer import strategy as strategy_lib
-from trainer.cluster import is_parameter_server
-from trainer.arrays import OrderFn, computed_slices, row_slice, uniform_rows
+from trainer.data.arrays import OrderFn, computed_slices, row_slice, uniform_rows
+from trainer.distribute import strategy as strategy_lib
+from trainer.distribute.cluster import is_parameter_server
 
 
 ACCELERATOR_READER = "TRAINER_ACCELERATOR_READER"  # "1": CPU replicas read as accelerators do (tests)
@@ -351,7 +351,7 @@ class DistributedBatches:
     `composite`: the batches hold ragged or sparse tensors, whose shapes (and
     those of the sparse gradients they give, e.g. an Embedding's) change from
     step to step and from replica to replica; a collective whose shape changes
-    inside a call's loop aborts (see trainer/steps.py), so each step runs in a
+    inside a call's loop aborts (see trainer/engine/steps.py), so each step runs in a
     call of its own.
     """
 

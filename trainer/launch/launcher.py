@@ -38,11 +38,11 @@ import socket
 import sys
 from typing import Callable, Mapping, Sequence
 
-from trainer import links, rendezvous
-from trainer.cluster import BACKUP_DIR_ENV
-from trainer.serve import check_serve_config, run_slurm_task, serve
-from trainer.slurm import slurm_step
-from trainer.supervise import run_tasks, say, stop_requests
+from trainer.distribute.cluster import BACKUP_DIR_ENV
+from trainer.distribute.slurm import slurm_step
+from trainer.launch import links, rendezvous
+from trainer.launch.serve import check_serve_config, run_slurm_task, serve
+from trainer.launch.supervise import run_tasks, say, stop_requests
 
 
 def free_ports(count: int) -> list[int]:
@@ -295,6 +295,3 @@ def main(argv: Sequence[str] | None = None) -> int:
                      node_addr=args.node_addr, max_restarts=args.max_restarts, last_call=float(args.rdzv_last_call),
                      timeout=float(args.rdzv_timeout))
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """The user's model and optimizer for a strategy: checks, builders, dtype policies, the scaled optimizer.
 
-How a model built elsewhere enters the strategy's scope is `trainer.placement`.
+How a model built elsewhere enters the strategy's scope is `trainer.model.placement`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import keras
 import tensorflow as tf
 
 from trainer import _compat, scaling
-from trainer.model_steps import overridden
-from trainer.placement import Backings
+from trainer.model.own_steps import overridden
+from trainer.model.placement import Backings
 
 ModelOrBuilder = keras.Model | Callable[[], keras.Model]
 
@@ -23,7 +23,7 @@ class InScope:
     """What one Trainer made inside strategies' scopes for the user's objects, so that later calls reuse it.
 
     - `backings`: user model -> for each strategy it was moved into, the
-      in-scope backing variables made for its variables (`trainer.placement`),
+      in-scope backing variables made for its variables (`trainer.model.placement`),
       filled again by the next call so that the steps traced on them are reused.
 
     Keys are weak: the Trainer never keeps a user's model alive.

@@ -15,12 +15,13 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from trainer import _compat, models, placement, scaling
-from trainer import inputs as inputs_lib
-from trainer import strategy as strategy_lib
-from trainer.cluster import is_parameter_server
-from trainer.objective import Objective
-from trainer.steps import Steps
+from trainer import _compat, scaling
+from trainer.data import inputs as inputs_lib
+from trainer.distribute import strategy as strategy_lib
+from trainer.distribute.cluster import is_parameter_server
+from trainer.engine.objective import Objective
+from trainer.engine.steps import Steps
+from trainer.model import models, placement
 
 CACHE_SIZE = 4
 
@@ -40,7 +41,7 @@ class Engine:
     # For the plan: where the XLA setting came from, or why it is off ("" when the Trainer's setting holds).
     jit_note: str = ""
     # Global batch size -> seconds per train step measured by the last fit that sized
-    # its calls ("auto"), so the next fit starts at that size (trainer.fusion).
+    # its calls ("auto"), so the next fit starts at that size (trainer.engine.fusion).
     seconds_per_step: dict[int, float] = dataclasses.field(default_factory=dict)
 
 

@@ -30,7 +30,7 @@ import select
 import socket
 import time
 
-from trainer.links import TICK, Alone, Channel, Hub, NodeLink
+from trainer.launch.links import TICK, Alone, Channel, Hub, NodeLink
 
 DEFAULT_MASTER_PORT = 29400
 DEFAULT_TIMEOUT = 300.0  # seconds for every node to arrive

@@ -3,7 +3,7 @@
 The global order of examples in an epoch depends on the seed and the epoch
 only. Each global batch is cut into contiguous per-replica slices, and a worker
 reads only its own replicas' slices. On CPU replicas the step function gathers
-them itself (`trainer/feed.py`); on GPUs and TPUs this tf.data pipeline gathers
+them itself (`trainer/data/feed.py`); on GPUs and TPUs this tf.data pipeline gathers
 them from one host copy of the arrays and prefetches them to the devices.
 """
 
@@ -44,7 +44,7 @@ def computed_slices(num_examples: int, global_batch_size: int, num_replicas: int
     Returns (start, size) of the rows each replica computes on, into the epoch
     order; and (begin, end) of the rows it counts, within those. They are
     `arrays.replica_slices`, except that a step with fewer examples than
-    replicas is computed whole by every replica (see trainer/feed.py).
+    replicas is computed whole by every replica (see trainer/data/feed.py).
     """
     starts, sizes = replica_slices(num_examples, global_batch_size, num_replicas)
     whole = sizes.sum(axis=1, keepdims=True) < num_replicas

@@ -13,9 +13,9 @@ from typing import Any
 import tensorflow as tf
 
 from trainer import _compat
-from trainer.cluster import EVALUATOR, ClusterInfo, cluster_info
-from trainer.slurm import slurm_addresses, slurm_step
-from trainer.collectives import mirrored_strategy
+from trainer.distribute.cluster import EVALUATOR, ClusterInfo, cluster_info
+from trainer.distribute.collectives import mirrored_strategy
+from trainer.distribute.slurm import slurm_addresses, slurm_step
 
 STRATEGY_NAMES = (
     "auto",

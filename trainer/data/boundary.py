@@ -5,7 +5,7 @@ the form (arrays given either way, a tf.data.Dataset batched or not, a
 generator, a PyDataset, or a dataset function), refuses what can't be read
 exactly with a message that names the argument and the fix, folds in
 `class_weight` as Keras does, and returns one of the kinds of
-`trainer/inputs.py`, which carry the rest of the contract. `fit_inputs`,
+`trainer/data/inputs.py`, which carry the rest of the contract. `fit_inputs`,
 `evaluate_input` and `predict_input` then check what they made: for the
 workers (`check_workers` refuses the Python-fed forms where several processes
 can't read them alike), and on its own (`data_checks.check_data`). The checks
@@ -29,11 +29,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from trainer import _compat, class_weights
-from trainer import arrays as arrays_lib
-from trainer.data_checks import check_data, subject
-from trainer.inputs import ArrayInput, BatchedInput, DatasetInput, FunctionInput, Input
-from trainer.route import user_stacklevel
+from trainer import _compat
+from trainer.data import class_weights
+from trainer.data import arrays as arrays_lib
+from trainer.data.checks import check_data, subject
+from trainer.data.inputs import ArrayInput, BatchedInput, DatasetInput, FunctionInput, Input
+from trainer.user_line import user_stacklevel
 
 
 def as_input(x: Any, y: Any = None, sample_weight: Any = None, *, arg: str, with_targets: bool = True,

@@ -14,8 +14,8 @@ import os
 import socket
 import time
 
-from trainer.cluster import LAUNCHER_MARK
-from trainer.slurm import SlurmStep, ps_cluster, slurm_addresses, task_of
+from trainer.distribute.cluster import LAUNCHER_MARK
+from trainer.distribute.slurm import SlurmStep, ps_cluster, slurm_addresses, task_of
 
 
 def serve(until_gone: str | None = None) -> None:
@@ -28,7 +28,7 @@ def serve(until_gone: str | None = None) -> None:
     check_serve_config()
     import tensorflow as tf
 
-    from trainer import malloc
+    from trainer.engine import malloc
 
     # The steps scheduled here read tf.data iterators, which would pin glibc's
     # mmap threshold at 128 KiB for good; nothing of ours runs after them.
@@ -81,7 +81,7 @@ def run_slurm_task(step: SlurmStep, command: list[str], ps: int) -> int:
 
 def check_serve_config() -> None:
     """Raises ValueError unless TF_CONFIG names a worker or ps task of a cluster with ps tasks."""
-    from trainer import cluster
+    from trainer.distribute import cluster
 
     info = cluster.cluster_info()
     if info.task_type not in ("worker", "ps") or info.num_ps == 0:

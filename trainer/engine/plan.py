@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from trainer.fusion import TARGET_CALL_SECONDS
+from trainer.engine.fusion import TARGET_CALL_SECONDS
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -97,7 +97,7 @@ class Plan:
         """At most `steps` steps from `step` of an epoch, stopping before its uneven last step if it lies ahead.
 
         A step call is one `tf.while_loop`, and a collective whose shape changes
-        inside it aborts (see trainer/steps.py), so the last step gets a call of
+        inside it aborts (see trainer/engine/steps.py), so the last step gets a call of
         its own wherever the trainer knows where it is.
         """
         if self.num_examples is None or self.repeated_data or not self.num_examples % self.global_batch_size:

@@ -31,8 +31,8 @@ import numpy as np
 import tensorflow as tf
 
 from trainer import _compat
-from trainer.cluster import is_parameter_server, strategy_cluster_info
-from trainer.model_steps import overridden
+from trainer.distribute.cluster import is_parameter_server, strategy_cluster_info
+from trainer.model.own_steps import overridden
 
 ON_READ = tf.VariableSynchronization.ON_READ
 

@@ -27,13 +27,14 @@ from typing import Any, Callable, Iterator, NamedTuple
 import keras
 import tensorflow as tf
 
-from trainer import _compat, draws
-from trainer import feed as feed_lib
-from trainer import objective as objective_lib
-from trainer.cluster import is_parameter_server
-from trainer.model_steps import ModelSteps
-from trainer.objective import Objective
-from trainer.tracing import graph_function
+from trainer import _compat
+from trainer.data import feed as feed_lib
+from trainer.distribute.cluster import is_parameter_server
+from trainer.engine import draws
+from trainer.engine import objective as objective_lib
+from trainer.engine.objective import Objective
+from trainer.engine.tracing import graph_function
+from trainer.model.own_steps import ModelSteps
 
 
 def unpack(batch: Any) -> tuple[Any, Any, tf.Tensor | None]:

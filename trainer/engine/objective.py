@@ -38,9 +38,9 @@ import keras
 import tensorflow as tf
 
 from trainer import _compat
-from trainer.arrays import row_slice
-from trainer.model_steps import ModelSteps
-from trainer.tracing import graph_function
+from trainer.data.arrays import row_slice
+from trainer.engine.tracing import graph_function
+from trainer.model.own_steps import ModelSteps
 
 def flat_masks(y_pred: Any) -> list[Any]:
     return [_compat.get_keras_mask(t) for t in tf.nest.flatten(y_pred)]

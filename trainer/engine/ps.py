@@ -20,11 +20,11 @@ import contextlib
 import tensorflow as tf
 
 from trainer import _compat
-from trainer import feed as feed_lib
-from trainer.inputs import Input
-from trainer.passes import Passes
-from trainer.steps import Steps, step_function
-from trainer.tracing import graph_function
+from trainer.data import feed as feed_lib
+from trainer.data.inputs import Input
+from trainer.data.passes import Passes
+from trainer.engine.steps import Steps, step_function
+from trainer.engine.tracing import graph_function
 
 
 def per_worker_iterator(strategy, coordinator, inp: Input, global_batch_size: int, num_workers: int):

@@ -13,7 +13,7 @@ import json
 import os
 from typing import Any, Mapping
 
-from trainer.slurm import slurm_step
+from trainer.distribute.slurm import slurm_step
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,8 +29,6 @@ import contextlib
 import contextvars
 import dataclasses
 import inspect
-import os
-import sys
 from typing import Any, Callable
 
 import keras
@@ -133,16 +131,3 @@ def _owner(model: keras.Model, method: str) -> str:
             return cls.__name__
     return type(model).__name__
 
-
-# Where the trainer's and Keras's own frames live, for `user_stacklevel`.
-_INTERNAL = tuple(os.path.dirname(os.path.abspath(module.__file__)) + os.sep
-                  for module in (sys.modules["trainer"], keras))
-
-
-def user_stacklevel() -> int:
-    """`warnings.warn`'s stacklevel that points at the user's call, from the function that warns: the first
-    frame outside the trainer and Keras, however deep the model's own method made the way down."""
-    frame, level = sys._getframe(1), 1
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_INTERNAL):
-        frame, level = frame.f_back, level + 1
-    return level

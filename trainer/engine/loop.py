@@ -24,13 +24,13 @@ import numpy as np
 import tensorflow as tf
 
 from trainer import _compat
-from trainer.fusion import StepFusion
-from trainer import route as route_lib
-from trainer.passes import RAN_OUT, Passes
-from trainer.plan import Plan
-from trainer.steps import Steps
-from trainer.cluster import ClusterInfo
-from trainer.faults import explained_collective_errors
+from trainer.data.passes import RAN_OUT, Passes
+from trainer.distribute.cluster import ClusterInfo
+from trainer.distribute.faults import explained_collective_errors
+from trainer.engine.fusion import StepFusion
+from trainer.engine.plan import Plan
+from trainer.engine.steps import Steps
+from trainer.user_line import user_stacklevel
 
 _BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
 _TEST_BATCH_HOOKS = ("on_test_batch_begin", "on_test_batch_end")
@@ -336,7 +336,7 @@ def _train_epoch(run_steps: Callable[[int], int], passes: Passes, model: keras.M
         if model.stop_training:
             break
     if passes.cut_short(context.step):
-        warnings.warn(RAN_OUT, stacklevel=route_lib.user_stacklevel())
+        warnings.warn(RAN_OUT, stacklevel=user_stacklevel())
 
 
 def run_eval(steps: Steps, make_reader: MakeReader, inp, callbacks, num_steps: int | None = None,

@@ -13,10 +13,10 @@ import numpy as np
 import tensorflow as tf
 
 from trainer import _compat
-from trainer import inputs as inputs_lib
-from trainer import models
-from trainer.data_checks import describe_spec, leaves, parts, sorted_keys, structure, subject
-from trainer.model_steps import ModelSteps
+from trainer.data import inputs as inputs_lib
+from trainer.data.checks import describe_spec, leaves, parts, sorted_keys, structure, subject
+from trainer.model import models
+from trainer.model.own_steps import ModelSteps
 
 def check_model_inputs(model: keras.Model, inputs, batch) -> None:
     """Targets where the model needs them; feature structure, shapes and dtypes against its Inputs; label range;

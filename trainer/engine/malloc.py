@@ -67,7 +67,7 @@ def raise_threshold() -> bool:
     libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
     if not _state["raised"]:
         _state["raised"] = True
-        logger.info("glibc's mmap threshold set to %d MiB: tf.data fixes it at 128 KiB (see trainer.malloc)",
+        logger.info("glibc's mmap threshold set to %d MiB: tf.data fixes it at 128 KiB (see trainer.engine.malloc)",
                     MMAP_THRESHOLD >> 20)
     return True
 

@@ -19,8 +19,8 @@ import sys
 import threading
 import time
 
-from trainer import links
-from trainer.cluster import LAUNCHER_MARK
+from trainer.distribute.cluster import LAUNCHER_MARK
+from trainer.launch import links
 from trainer.quiet import NoticeFilter, user_chose_logs
 
 GRACE_SECONDS = 10.0  # between SIGTERM (time to save a backup) and SIGKILL

@@ -7,10 +7,10 @@ import time
 from queue import Empty
 from typing import Any, Callable
 
-from trainer.cluster import LAUNCHER_MARK
-from trainer.launch import cluster_spec, free_ports
+from trainer.distribute.cluster import LAUNCHER_MARK
+from trainer.launch.launcher import cluster_spec, free_ports
+from trainer.launch.supervise import GRACE_SECONDS, tf_config
 from trainer.quiet import startup_notices_hidden
-from trainer.supervise import GRACE_SECONDS, tf_config
 
 
 def notebook_launcher(fn: Callable[[], Any], workers: int = 2, timeout: float | None = None) -> Any:

@@ -1,6 +1,6 @@
 """The input kinds, each with its whole contract, and the readers the steps consume.
 
-`trainer/data.py` checks what the user passed and wraps it as one of these
+`trainer/data/boundary.py` checks what the user passed and wraps it as one of these
 kinds; from then on the trainer asks the kind, never its type:
 
 | Kind | Global batch | Split across workers | Split across replicas | Each pass | Mid-epoch resume |
@@ -31,9 +31,9 @@ import numpy as np
 import tensorflow as tf
 
 from trainer import _compat
-from trainer import arrays as arrays_lib
-from trainer import feed
-from trainer.cluster import strategy_cluster_info
+from trainer.data import arrays as arrays_lib
+from trainer.data import feed
+from trainer.distribute.cluster import strategy_cluster_info
 
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
 

@@ -1,0 +1,66 @@
+"""The names a user writes keep working wherever the modules behind them live: `from trainer import ...`,
+`trainer.callbacks`, `trainer.quiet`, the `trainer-launch` command and `python -m trainer.launch`; and
+setup.cfg installs every folder of the package, so that a wheel holds what an editable install finds."""
+
+import configparser
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+
+_NAMES = """
+import inspect, json, sys
+import trainer
+from trainer import Trainer, resolve_strategy, notebook_launcher, cluster_info, ClusterInfo, ScaledSchedule
+from trainer.callbacks import (BackupAndRestore, ChiefOnly, CSVLogger, JSONLogger, ModelCheckpoint, NanGuard,
+                               PlotHistory, ProgressBar, TensorBoard)
+from trainer.quiet import startup_notices_hidden
+kinds = {name: "class" if inspect.isclass(getattr(trainer, name)) else type(getattr(trainer, name)).__name__
+         for name in trainer.__all__}
+print(json.dumps({"kinds": kinds, "in_dir": sorted(set(trainer.__all__) - set(dir(trainer))),
+                  "callbacks": [c.__module__.split(".")[:2] for c in (BackupAndRestore, ChiefOnly, TensorBoard)]}))
+"""
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def test_the_public_names_import_as_the_readme_writes_them():
+    proc = _python(_NAMES)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["kinds"]["Trainer"] == "class" and got["kinds"]["ClusterInfo"] == "class"
+    assert got["kinds"]["resolve_strategy"] == got["kinds"]["notebook_launcher"] == "function"
+    assert got["kinds"]["STRATEGY_NAMES"] in ("tuple", "frozenset", "list")
+    assert len(got["kinds"]) >= 12 and not got["in_dir"], got
+    assert got["callbacks"] == [["trainer", "callbacks"]] * 3
+
+
+def test_the_launcher_and_trainer_quiet_start_without_tensorflow():
+    proc = _python("import sys, trainer, trainer.quiet, trainer.launch.launcher, trainer.launch.notebook\n"
+                   "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "[]"
+
+
+def test_the_trainer_launch_command_and_the_module_run_the_launcher():
+    command = Path(sys.executable).parent / "trainer-launch"
+    assert command.exists(), f"{command} is missing: install the package (`pip install -e .`), which makes it"
+    for argv in ([str(command), "--help"], [sys.executable, "-m", "trainer.launch", "--help"]):
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, (argv, proc.stderr[-2000:])
+        assert proc.stdout.startswith("usage: trainer-launch") and "--workers" in proc.stdout, proc.stdout[:500]
+    proc = subprocess.run([str(command), "--workers", "0", "train.py"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--workers" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_setup_cfg_installs_every_folder_of_the_package():
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    listed = set(config["options"]["packages"].split())
+    folders = {".".join(init.parent.relative_to(ROOT).parts) for init in (ROOT / "trainer").rglob("__init__.py")}
+    assert listed == folders | {"trainer.callbacks"}, f"setup.cfg: {sorted(listed)}; folders: {sorted(folders)}"
+    assert config["options"]["package_dir"].split() == ["trainer.callbacks", "=", "callbacks"]

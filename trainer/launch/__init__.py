@@ -1,0 +1,12 @@
+"""Starting a job's processes the way clusters start them, and keeping them together.
+
+- `launcher`: the `trainer-launch` command (`python -m trainer.launch`): one process per task, TF_CONFIG for each;
+- `supervise`: one machine's tasks: their processes, their output, and the loop that watches them;
+- `rendezvous` and `links`: the machines of a job without a scheduler, meeting at node 0 and kept linked;
+- `serve`: the tasks that serve rather than run the script (a parameter-server cluster's workers and ps);
+- `notebook`: `notebook_launcher`, a function run by local worker processes from a notebook.
+
+Starts without TensorFlow: the launcher loads it in the tasks alone. May import `trainer.distribute`,
+`trainer._compat` and `trainer.quiet`, and `trainer.engine.malloc` for the tasks that serve. Imported by no
+other folder: the facade names `notebook_launcher` (`trainer/__init__.py`).
+"""
