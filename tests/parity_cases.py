@@ -637,6 +637,24 @@ def _sparse_features():
     return tf.sparse.from_dense(counts), (counts @ rng.rand(12, 1) / 4).astype("float32"), None
 
 
+class ExamplesSeen(keras.layers.Layer):
+    """Counts the examples it trains on in a variable summed over replicas, and scales its input by the count,
+    so that the count reaches the loss, the weights and the predictions."""
+
+    def build(self, input_shape):
+        self.seen = self.add_weight(shape=(), initializer="zeros", trainable=False, aggregation="sum", name="seen")
+
+    def call(self, x, training=False):
+        if training:
+            self.seen.assign_add(ops.cast(ops.shape(x)[0], self.seen.dtype))
+        return x * (1.0 + 0.01 * self.seen)
+
+
+def _counting():
+    return _compiled(keras.Sequential([keras.Input((5,)), ExamplesSeen(), keras.layers.Dense(4, activation="relu"),
+                                       keras.layers.Dense(1)]), metrics=["mae"])
+
+
 def _classifier():
     return _compiled(_dense(3), keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
 
@@ -697,6 +715,9 @@ CASES: dict[str, Case] = {
                             keras_differs_on_replicas=True),
     "clipvalue": Case(lambda: _compiled(_dense(), optimizer=_sgd(clipvalue=0.01)), _regression,
                       keras_differs_on_replicas=True),
+    # A layer's count of the examples seen, summed over replicas (Keras's own fit under a strategy sums each
+    # replica's whole new value: R * old + the updates).
+    "examples_seen_summed": Case(_counting, _regression, keras_differs_on_replicas=True),
     "gradient_accumulation": Case(lambda: _compiled(_dense(), optimizer=keras.optimizers.Adam(
         0.01, gradient_accumulation_steps=3, global_clipnorm=0.5)), _regression),
     "ema_overwrite": Case(lambda: _compiled(_dense(), optimizer=_sgd(

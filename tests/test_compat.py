@@ -6,11 +6,13 @@ from keras.src.backend.tensorflow.optimizer import TFOptimizer
 from keras.src.losses import loss as loss_module
 from keras.src.backend.tensorflow import nn as tf_nn
 from keras.src.backend.tensorflow import random as tf_random
+from keras.src.backend.common.variables import Variable as KerasVariable
 from keras.src.optimizers.base_optimizer import BaseOptimizer
 import tensorflow as tf
 from tensorflow.python.distribute.parameter_server_strategy import ParameterServerStrategyExtended
 from tensorflow.python.distribute.sharded_variable import ShardedVariable
 
+from conftest import mirrored
 from trainer import Trainer, _compat
 from trainer.engine import draws
 from trainer.model.route import keras_method_arguments
@@ -20,7 +22,8 @@ def _keras_functions():
     return (loss_module.scale_loss_for_distribution, loss_module.unscale_loss_for_distribution,
             TFOptimizer._all_reduce_sum_gradients, BaseOptimizer._clip_gradients, BaseOptimizer.apply,
             tf.__internal__.distribute.interim.maybe_merge_call, ParameterServerStrategyExtended._update,
-            tf_nn._compute_moments_sync, *(getattr(tf_random, name) for name in _compat.RANDOM_FUNCTIONS))
+            tf_nn._compute_moments_sync, KerasVariable.assign_add, KerasVariable.assign_sub,
+            *(getattr(tf_random, name) for name in _compat.RANDOM_FUNCTIONS))
 
 
 def test_the_hooks_are_installed_only_while_tracing_and_nest():
@@ -31,9 +34,37 @@ def test_the_hooks_are_installed_only_while_tracing_and_nest():
             pass
         assert _keras_functions() == inside  # the inner exit leaves the outer's hooks
     assert _keras_functions() == before
-    # Twelve are replaced while tracing: the synchronized statistics, Keras's five random functions, and six
-    # of the replica shares; `maybe_merge_call` only inside the one cross-replica apply.
-    assert sum(a is not b for a, b in zip(before, inside)) == 12
+    # Fourteen are replaced while tracing: the synchronized statistics, Keras's five random functions, six of
+    # the replica shares and a variable's two updates; `maybe_merge_call` only inside the one cross-replica apply.
+    assert sum(a is not b for a, b in zip(before, inside)) == 14
+
+
+class _Seen(keras.layers.Layer):
+    """Counts the examples it trains on, in a variable summed over replicas."""
+
+    def build(self, input_shape):
+        self.seen = self.add_weight(shape=(), initializer="zeros", trainable=False, aggregation="sum")
+
+    def call(self, x, training=False):
+        if training:
+            self.seen.assign_add(tf.cast(tf.shape(x)[0], "float32"))
+        return x
+
+
+def test_a_count_summed_over_replicas_counts_every_example_once():
+    # Keras's `assign_add` is `assign(self + value)`, which a MirroredStrategy sums whole over the replicas
+    # (R * old + the updates: the count grows geometrically, in Keras's own fit too).
+    x = np.random.RandomState(0).rand(29, 3).astype("float32")
+    counts = []
+    for strategy in (None, mirrored(2), mirrored(3)):
+        model = keras.Sequential([keras.Input((3,)), _Seen(), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+        if strategy is None:
+            model.fit(x, x[:, :1], batch_size=8, epochs=2, verbose=0)
+        else:  # 8 as 4+4 and 3+3+2, the last 5 as 3+2 and 2+2+1
+            Trainer(strategy=strategy, verbose=0).fit(model, x, x[:, :1], batch_size=8, epochs=2)
+        counts.append(float(model.layers[0].seen.numpy()))
+    assert counts == [58.0, 58.0, 58.0]
 
 
 def test_kerass_random_functions_and_seeds_are_the_ones_the_draws_replace():

@@ -49,7 +49,7 @@ UNEVEN = ["class_weighted_loss", "activity_regularizer", "add_loss_mean", "maski
           "distiller_teacher_in_compute_loss", "fitted_twice", "custom_objects_with_required_arguments",
           "lambda_layer", "saved_and_reloaded", "train_step_returns_loss_tensors", "endpoint_layer_loss",
           "embedding_mask_zero_xla", "steps_per_epoch_below_the_arrays", "steps_per_epoch_below_a_dataset",
-          "ragged_token_ids", "sparse_features", *RANDOM]
+          "ragged_token_ids", "sparse_features", "examples_seen_summed", *RANDOM]
 # (replicas in each process, how the processes run): "" one process; "accelerator" one process whose CPU
 # replicas read as GPUs and TPUs do (TensorFlow's distributed iterator: TRAINER_ACCELERATOR_READER=1);
 # "workers" two processes under trainer-launch, each with its replicas ("workers-accelerator": 2 replicas
@@ -77,12 +77,13 @@ FEW = ["class_weighted_loss", "per_timestep_sample_weight", "gan_two_optimizers"
        "batch_norm_momentum", "generator", "embedding_mask_zero_tagger", "steps_per_epoch_below_a_dataset",
        "ragged_token_ids", "sparse_features"]
 # Rows that go through Keras's private code the trainer hooks (trainer/_compat/: clipping, accumulation, EMA, the
-# compiled loss and metrics, masks, random draws, BatchNormalization's moments), and the model's own steps.
+# compiled loss and metrics, masks, random draws, BatchNormalization's moments, updates summed over replicas), and
+# the model's own steps.
 COMPAT = ["clipnorm", "global_clipnorm", "clipvalue", "gradient_accumulation", "ema_overwrite",
           "train_step_global_clipnorm", "train_step_gradient_accumulation", "add_loss_mean", "activity_regularizer",
           "masking_timedistributed", "metric_names", "test_step_override", "compute_metrics_override",
           "train_step_guide_custom_model", "dict_inputs_by_key", "compile_steps_per_execution", "random_layers_xla",
-          "mixed_random_and_batch_norm", "vae_no_call"]
+          "mixed_random_and_batch_norm", "vae_no_call", "examples_seen_summed"]
 # On one device CI's tier runs these and FEW: every row is compared with model.fit on one device on 2 replicas.
 ONE_DEVICE = [c for c in ALL if c in FEW or c in COMPAT]
 CI = {layout: ONE_DEVICE if layout == (1, "") else cases if layout == (2, "") else
@@ -193,7 +194,9 @@ def test_the_table_covers_each_item_of_the_issue():
                  "dict_inputs_by_key", "dict_inputs_more_columns", "list_inputs_columns_by_name",
                  "train_step_returns_loss_tensors",
                  # issue 39: random layers, BatchNormalization, a loss computed in the forward pass
-                 *RANDOM, "endpoint_layer_loss", "embedding_mask_zero_xla"]:
+                 *RANDOM, "endpoint_layer_loss", "embedding_mask_zero_xla",
+                 # a variable a layer updates from its batch, summed over replicas
+                 "examples_seen_summed"]:
         assert name in parity_cases.CASES
     forms = {case.form for case in parity_cases.CASES.values()}
     assert forms == {"arrays", *parity_cases.FORMS}, forms

@@ -6,8 +6,8 @@ names it, so a release that moves one breaks here, not somewhere in a step
 function. The rest of the trainer imports them from here (`_compat.name`):
 
 - `replicas`: Keras's replica scaling of losses and gradients, its optimizer's
-  clipping and accumulation, synchronized BatchNormalization's statistics
-  (hooked while a step is traced);
+  clipping and accumulation, synchronized BatchNormalization's statistics, the
+  updates of a variable summed over replicas (hooked while a step is traced);
 - `sharded`: ParameterServerStrategy's ShardedVariable;
 - `variables`: the tf.Variable behind a Keras variable, the optimizer's strategy
   and indices, a model's state;

@@ -1,5 +1,6 @@
 """Replica shares: Keras's replica scaling of losses and gradients, its optimizer's clipping and
-accumulation, and synchronized BatchNormalization's statistics, hooked while the trainer traces a step.
+accumulation, synchronized BatchNormalization's statistics, and the updates of variables summed over
+replicas, hooked while the trainer traces a step.
 
 Past 300 lines, as one module: the hooks share one table (`_HOOKS`), one install (`replica_hooks`) and
 one thread-local of factors (`replica_share`); split up, each part would reach into the others.
@@ -36,6 +37,12 @@ try:  # keras/src/optimizers/base_optimizer.py (3.0-3.15): `apply` and `_clip_gr
     from keras.src.optimizers.base_optimizer import BaseOptimizer as _BaseOptimizer
 except ImportError:  # pragma: no cover
     _BaseOptimizer = None
+
+try:  # keras/src/backend/common/variables.py (3.8-3.15): `assign_add` is `assign(self + value)`
+    from keras.src.backend.common.stateless_scope import in_stateless_scope
+    from keras.src.backend.common.variables import Variable as _KerasVariable
+except ImportError:  # pragma: no cover
+    _KerasVariable = None
 
 # tensorflow/python/distribute/merge_call_interim.py (2.9-2.21), which Keras's TF optimizer calls as
 # `tf.__internal__.distribute.interim.maybe_merge_call`.
@@ -297,6 +304,41 @@ def _ps_update(self, var, fn, args, kwargs, group):
     return result if group else tf.nest.map_structure(self._local_results, result)
 
 
+# Variables summed over replicas -------------------------------------------------
+#
+# Keras's `assign_add` and `assign_sub` are `assign(self + value)` and
+# `assign(self - value)`. A variable made with `add_weight(aggregation="sum")`
+# under MirroredStrategy is an on-write MirroredVariable: each replica's
+# `assign` hands the strategy its new value whole, and the strategy sums them,
+# so R replicas leave R * old + the updates. A count of the examples a layer
+# has seen then grows geometrically: 240 for 64 examples in 4 steps on 2
+# replicas, where one device counts 64 (Keras's own fit in the strategy's scope
+# gives 240 too). tf.Variable's own `assign_add` sums the updates alone, as one
+# device adds the whole batch's: in a replica, the hooks hand it the update.
+# Every other variable (on-read ones, such as Keras 3.10+'s metrics, and those
+# averaged or taken from the first replica, where both ways agree) keeps Keras's.
+
+
+def _sums_updates(variable) -> bool:
+    """A variable summed over replicas, written in every copy at once, updated inside a replica."""
+    return (isinstance(variable, tf.distribute.DistributedValues)
+            and variable.aggregation == tf.VariableAggregation.SUM
+            and variable.synchronization != tf.VariableSynchronization.ON_READ
+            and tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()
+            and not in_stateless_scope())
+
+
+def _summed_update(name: str):
+    def update(self, value):
+        backing = getattr(self, "_value", None)
+        if not _sums_updates(backing):
+            return _originals[name](self, value)
+        value = self._convert_to_tensor(value, dtype=self.dtype)
+        return getattr(backing, name)(tf.cast(value, backing.dtype))
+
+    return update
+
+
 _HOOKS = (  # (key, owner, attribute, replacement)
     ("scale", _loss_module, "scale_loss_for_distribution", _scale),
     ("unscale", _loss_module, "unscale_loss_for_distribution", _unscale),
@@ -305,6 +347,8 @@ _HOOKS = (  # (key, owner, attribute, replacement)
     ("apply", _BaseOptimizer, "apply", _apply),
     ("merge_call", _interim, "maybe_merge_call", None),  # replaced only inside `_apply`'s cross-replica call
     ("moments_sync", _tf_nn, "_compute_moments_sync", _compute_moments_sync),
+    ("assign_add", _KerasVariable, "assign_add", _summed_update("assign_add")),
+    ("assign_sub", _KerasVariable, "assign_sub", _summed_update("assign_sub")),
 ) + ((("ps_update", _PSExtended, "_update", _ps_update),) if _PSExtended is not None else ())
 _PATCHES = Patches(_HOOKS, _originals)
 
@@ -316,9 +360,10 @@ def replica_hooks_supported() -> bool:
 @contextlib.contextmanager
 def replica_hooks():
     """While tracing step functions: Keras's replica scaling reads `replica_share`'s factors,
-    its optimizer clips and accumulates the replicas' summed gradients, and updates sharded
-    variables whole (also around the EMA overwrite at the end of training, in cross-replica
-    context, where the other hooks are Keras's own functions).
+    its optimizer clips and accumulates the replicas' summed gradients, a variable summed over
+    replicas adds the replicas' updates, and sharded variables are updated whole (also around the
+    EMA overwrite at the end of training, in cross-replica context, where the other hooks are
+    Keras's own functions).
 
     Installed only for the duration (Keras's functions are put back after), and
     only the threads inside `replica_share` see other factors than Keras's.
