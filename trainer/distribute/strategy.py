@@ -178,9 +178,9 @@ class AnotherMultiWorker(ValueError):
     """A multi-worker strategy asked for in a process that runs one made elsewhere (TensorFlow runs one)."""
 
 
-# The MultiWorkerMirroredStrategy this module made, with its options: TensorFlow runs one per process, so every
-# Trainer of the process shares it.
-_made_multi_worker: dict[tuple, tf.distribute.Strategy] = {}
+# The MultiWorkerMirroredStrategy this module made, after the options it was made with: TensorFlow runs one per
+# process, so every Trainer of the process shares it.
+_made_multi_worker: tuple[tuple, tf.distribute.Strategy] | None = None
 
 
 def _multi_worker(communication: str = "auto", timeout_seconds: float | None = DEFAULT_COLLECTIVE_TIMEOUT):
@@ -188,8 +188,10 @@ def _multi_worker(communication: str = "auto", timeout_seconds: float | None = D
         raise ValueError(
             f"Unknown `communication`. Received: communication={communication!r}. Pass one of {sorted(_COMMUNICATION)}."
         )
+    global _made_multi_worker
     wanted = (communication, timeout_seconds)
-    for made_with, made in _made_multi_worker.items():  # a call without options ("auto") takes it as it is
+    if _made_multi_worker is not None:  # a call without options ("auto") takes it as it is
+        made_with, made = _made_multi_worker
         if made_with != wanted and wanted != ("auto", DEFAULT_COLLECTIVE_TIMEOUT):
             raise ValueError(
                 "This process runs a MultiWorkerMirroredStrategy already, and TensorFlow runs one per process. "
@@ -213,7 +215,7 @@ def _multi_worker(communication: str = "auto", timeout_seconds: float | None = D
         with _compat.worker_cpu_replicas():  # a worker's logical CPUs are replicas, as under MirroredStrategy
             made = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=_slurm_resolver(),
                                                              communication_options=options)
-        _made_multi_worker[wanted] = made
+        _made_multi_worker = (wanted, made)
         return made
     except RuntimeError as err:
         if "program startup" not in str(err):
