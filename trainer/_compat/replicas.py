@@ -333,8 +333,8 @@ def _summed_update(name: str):
         backing = getattr(self, "_value", None)
         if not _sums_updates(backing):
             return _originals[name](self, value)
-        value = self._convert_to_tensor(value, dtype=self.dtype)
-        return getattr(backing, name)(tf.cast(value, backing.dtype))
+        value = tf.cast(self._convert_to_tensor(value, dtype=self.dtype), backing.dtype)
+        return getattr(backing, name)(tf.broadcast_to(value, self.shape))  # as `self + value` broadcasts
 
     return update
 
