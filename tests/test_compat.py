@@ -52,11 +52,12 @@ class _Seen(keras.layers.Layer):
 
 
 def test_a_count_summed_over_replicas_counts_every_example_once():
-    # Keras's `assign_add` is `assign(self + value)`, which a MirroredStrategy sums whole over the replicas
+    # Keras's `assign_add` is `assign(self + value)`, which a strategy sums whole over the replicas
     # (R * old + the updates: the count grows geometrically, in Keras's own fit too).
     x = np.random.RandomState(0).rand(29, 3).astype("float32")
     counts = []
-    for strategy in (None, mirrored(2), mirrored(3)):
+    central = tf.distribute.experimental.CentralStorageStrategy(compute_devices=["/cpu:0", "/cpu:1"])
+    for strategy in (None, mirrored(2), mirrored(3), central):
         model = keras.Sequential([keras.Input((3,)), _Seen(), keras.layers.Dense(1)])
         model.compile("sgd", "mse")
         if strategy is None:
@@ -64,7 +65,7 @@ def test_a_count_summed_over_replicas_counts_every_example_once():
         else:  # 8 as 4+4 and 3+3+2, the last 5 as 3+2 and 2+2+1
             Trainer(strategy=strategy, verbose=0).fit(model, x, x[:, :1], batch_size=8, epochs=2)
         counts.append(float(model.layers[0].seen.numpy()))
-    assert counts == [58.0, 58.0, 58.0]
+    assert counts == [58.0] * 4
 
 
 def test_kerass_random_functions_and_seeds_are_the_ones_the_draws_replace():

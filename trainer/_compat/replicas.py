@@ -308,7 +308,8 @@ def _ps_update(self, var, fn, args, kwargs, group):
 #
 # Keras's `assign_add` and `assign_sub` are `assign(self + value)` and
 # `assign(self - value)`. A variable made with `add_weight(aggregation="sum")`
-# under MirroredStrategy is an on-write MirroredVariable: each replica's
+# under MirroredStrategy is an on-write MirroredVariable (under CentralStorageStrategy,
+# one copy the replicas share): each replica's
 # `assign` hands the strategy its new value whole, and the strategy sums them,
 # so R replicas leave R * old + the updates. A count of the examples a layer
 # has seen then grows geometrically: 240 for 64 examples in 4 steps on 2
@@ -320,9 +321,9 @@ def _ps_update(self, var, fn, args, kwargs, group):
 
 
 def _sums_updates(variable) -> bool:
-    """A variable summed over replicas, written in every copy at once, updated inside a replica."""
-    return (isinstance(variable, tf.distribute.DistributedValues)
-            and variable.aggregation == tf.VariableAggregation.SUM
+    """A variable summed over replicas and not kept per replica (a MirroredVariable, or the one copy of
+    CentralStorageStrategy and parameter-server training), updated inside a replica."""
+    return (getattr(variable, "aggregation", None) == tf.VariableAggregation.SUM
             and variable.synchronization != tf.VariableSynchronization.ON_READ
             and tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()
             and not in_stateless_scope())
