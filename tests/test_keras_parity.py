@@ -61,14 +61,14 @@ ACCELERATOR = ["dense_l2_mae", "batched_dataset", "batched_dataset_drop_remainde
                "evaluate_predict_steps_dataset", "embedding_mask_zero_tagger", "masking_timedistributed",
                "two_outputs_dict", "train_step_guide_custom_model", "gan_two_optimizers", "vae_no_call",
                "endpoint_layer_loss", "steps_per_epoch_below_a_dataset", "steps_per_execution_past_steps_per_epoch",
-               "ragged_token_ids", "sparse_features", *RANDOM]
+               "ragged_token_ids", "sparse_features", "examples_seen_summed", *RANDOM]
 # On 8 replicas through the accelerator reader, the last batch of 5 is handed whole to each replica.
 SMALL_LAST_BATCH = ["dropout_noise_layers", "mixed_random_and_batch_norm", "batch_norm_own_train_step"]
 LAYOUTS = {(1, ""): ALL, (2, ""): ALL, (3, ""): UNEVEN, (8, ""): RANDOM, (2, "accelerator"): ACCELERATOR,
            (3, "accelerator"): [c for c in ACCELERATOR if c in UNEVEN], (8, "accelerator"): SMALL_LAST_BATCH,
            (1, "workers"): RANDOM, (2, "workers-accelerator"): [*RANDOM, "embedding_mask_zero_tagger",
                                                                  "batched_dataset", "ragged_token_ids",
-                                                                 "sparse_features"]}
+                                                                 "sparse_features", "examples_seen_summed"]}
 # CI's tier runs every row on 2 replicas, the hooked ones (COMPAT) and a few others on one device, and a few rows
 # on 3 and 8 replicas, through the accelerator reader and on two workers: a loss weighted by class and by time
 # step, the model's own steps, random draws and BatchNormalization, a generator, masks, steps_per_epoch over a
