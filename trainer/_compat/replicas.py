@@ -308,21 +308,21 @@ def _ps_update(self, var, fn, args, kwargs, group):
 #
 # Keras's `assign_add` and `assign_sub` are `assign(self + value)` and
 # `assign(self - value)`. A variable made with `add_weight(aggregation="sum")`
-# under MirroredStrategy is an on-write MirroredVariable (under CentralStorageStrategy,
-# one copy the replicas share): each replica's
-# `assign` hands the strategy its new value whole, and the strategy sums them,
-# so R replicas leave R * old + the updates. A count of the examples a layer
-# has seen then grows geometrically: 240 for 64 examples in 4 steps on 2
-# replicas, where one device counts 64 (Keras's own fit in the strategy's scope
-# gives 240 too). tf.Variable's own `assign_add` sums the updates alone, as one
-# device adds the whole batch's: in a replica, the hooks hand it the update.
-# Every other variable (on-read ones, such as Keras 3.10+'s metrics, and those
+# is, under MirroredStrategy, an on-write MirroredVariable, and under
+# CentralStorageStrategy one copy the replicas share: each replica's `assign`
+# hands the strategy its new value whole, and the strategy sums them, so R
+# replicas leave R * old + the updates. A count of the examples a layer has
+# seen then grows geometrically: 240 for 64 examples in 4 steps on 2 replicas,
+# where one device counts 64 (Keras's own fit in the strategy's scope gives 240
+# too). tf.Variable's own `assign_add` sums the updates alone, as one device
+# adds the whole batch's: in a replica, the hooks hand it the update. Every
+# other variable (on-read ones, such as Keras 3.10+'s metrics, and those
 # averaged or taken from the first replica, where both ways agree) keeps Keras's.
 
 
 def _sums_updates(variable) -> bool:
-    """A variable summed over replicas and not kept per replica (a MirroredVariable, or the one copy of
-    CentralStorageStrategy and parameter-server training), updated inside a replica."""
+    """A variable summed over replicas and not kept per replica (a MirroredVariable, or the one copy
+    CentralStorageStrategy's replicas share), updated inside a replica."""
     return (getattr(variable, "aggregation", None) == tf.VariableAggregation.SUM
             and variable.synchronization != tf.VariableSynchronization.ON_READ
             and tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()
