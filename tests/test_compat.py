@@ -13,6 +13,7 @@ from tensorflow.python.distribute.parameter_server_strategy import ParameterServ
 from tensorflow.python.distribute.sharded_variable import ShardedVariable
 
 from conftest import mirrored
+from parity_cases import ExamplesSeen
 from trainer import Trainer, _compat
 from trainer.engine import draws
 from trainer.model.route import keras_method_arguments
@@ -39,18 +40,6 @@ def test_the_hooks_are_installed_only_while_tracing_and_nest():
     assert sum(a is not b for a, b in zip(before, inside)) == 14
 
 
-class _Seen(keras.layers.Layer):
-    """Counts the examples it trains on, in a variable summed over replicas."""
-
-    def build(self, input_shape):
-        self.seen = self.add_weight(shape=(), initializer="zeros", trainable=False, aggregation="sum")
-
-    def call(self, x, training=False):
-        if training:
-            self.seen.assign_add(tf.cast(tf.shape(x)[0], "float32"))
-        return x
-
-
 def test_a_count_summed_over_replicas_counts_every_example_once():
     # Keras's `assign_add` is `assign(self + value)`, which a strategy sums whole over the replicas
     # (R * old + the updates: the count grows geometrically, in Keras's own fit too).
@@ -58,7 +47,7 @@ def test_a_count_summed_over_replicas_counts_every_example_once():
     counts = []
     central = tf.distribute.experimental.CentralStorageStrategy(compute_devices=["/cpu:0", "/cpu:1"])
     for strategy in (None, mirrored(2), mirrored(3), central):
-        model = keras.Sequential([keras.Input((3,)), _Seen(), keras.layers.Dense(1)])
+        model = keras.Sequential([keras.Input((3,)), ExamplesSeen(), keras.layers.Dense(1)])
         model.compile("sgd", "mse")
         if strategy is None:
             model.fit(x, x[:, :1], batch_size=8, epochs=2, verbose=0)
