@@ -97,6 +97,10 @@ def _shows_progress(verbose: Any, trainer_verbose: int) -> bool:
 KERAS_BATCH_SIZE = 32
 
 
+class _Default(str):
+    """A default that reads as its value, so that the Trainer can tell it from the same value given."""
+
+
 def _no_unknown(method: str, unknown: dict[str, Any]) -> None:
     if unknown:
         raise TypeError(f"`{method}` got arguments Keras's {method} does not take. Received: {sorted(unknown)}. "
@@ -171,7 +175,7 @@ class Trainer:
         strategy: str | tf.distribute.Strategy = "auto",
         per_replica_batch_size: int | None = None,
         batch_size: int | None = None,
-        lr_scaling: str | None = "auto",
+        lr_scaling: str | None = _Default("auto"),
         base_batch_size: int | None = None,
         warmup_epochs: float = 0,
         warmup_steps: int = 0,
@@ -193,12 +197,13 @@ class Trainer:
             seed=seed, nan_guard=nan_guard, tune_malloc=tune_malloc, batch_norm=batch_norm,
         )
         self._batch_given = batch_size is not None or per_replica_batch_size is not None
+        self._lr_scaling_given = not isinstance(lr_scaling, _Default)  # distribute() scales only when asked
         if batch_size is None and per_replica_batch_size is None:
             per_replica_batch_size = 32
         self.strategy = strategy
         self.per_replica_batch_size = per_replica_batch_size
         self.batch_size = batch_size
-        self.lr_scaling = lr_scaling
+        self.lr_scaling = lr_scaling if lr_scaling is None else str(lr_scaling)
         self._base_given = base_batch_size
         self.base_batch_size = base_batch_size or per_replica_batch_size or batch_size
         self.warmup_epochs = warmup_epochs
@@ -290,10 +295,11 @@ class Trainer:
              validation_split=0.0, validation_data=None, shuffle=None, class_weight=None, sample_weight=None,
              initial_epoch=0, steps_per_epoch=None, validation_steps=None, validation_batch_size=None,
              validation_freq=1, strategy: tf.distribute.Strategy, planned_batch: int | None = None,
-             guard: bool = True) -> History:
+             guard: bool = True, scale_lr: bool = True) -> History:
         """fit's engine, with the arguments Keras's own fit received (`fit` documents them); its stages in
         order (trainer/stages.py), every check before anything changes. `guard`: the Trainer's NaN guard may
-        join the callbacks (not under `distribute()`, where `model.fit`'s contract holds)."""
+        join the callbacks; `scale_lr`: its learning-rate rule may apply (neither under `distribute()`, where
+        `model.fit`'s contract holds, unless the Trainer was given `lr_scaling`)."""
         call = stages.checked_fit_call(
             callbacks, strategy, batch_size=batch_size, validation_split=validation_split,
             validation_freq=validation_freq, validation_batch_size=validation_batch_size,
@@ -304,7 +310,7 @@ class Trainer:
                                      validation_split=validation_split, validation_data=validation_data,
                                      seed=self.seed)
         stages.check_model(model, self.mixed_precision)
-        schedule = self._schedule(strategy, train, batch_size, planned_batch, call.steps_per_epoch)
+        schedule = self._schedule(strategy, train, batch_size, planned_batch, call.steps_per_epoch, scale_lr)
         model = checks.check_fit(model, train, val, batch=schedule.batch, epoch_steps=schedule.steps_per_epoch,
                                  epochs=call.epochs, initial_epoch=call.initial_epoch,
                                  warmup=(self.warmup_epochs, schedule.lr.warmup_steps))
@@ -476,11 +482,12 @@ class Trainer:
         function) then trains under the trainer's strategy and exact
         aggregation, with no line changed; on this thread only, until the block ends.
         The calls keep `model.fit`'s contract: arrays without a `batch_size` get
-        Keras's global batch of 32 (unless the Trainer was given a batch), so the
-        learning rate stays as compiled, and the Trainer adds no callback that
-        changes what the user's see (no NaN guard: Keras's `TerminateOnNaN` is the
-        user's choice). What the block adds is the strategy, exact aggregation and
-        the plan, printed once per fit at verbose 1 or 2.
+        Keras's global batch of 32 (unless the Trainer was given a batch), the
+        learning rate stays as compiled (unless the Trainer was given
+        `lr_scaling`), and the Trainer adds no callback that changes what the
+        user's see (no NaN guard: Keras's `TerminateOnNaN` is the user's choice).
+        What the block adds is the strategy, exact aggregation and the plan,
+        printed once per fit at verbose 1 or 2.
 
         ```python
         with trainer.distribute():
@@ -494,8 +501,8 @@ class Trainer:
                     and not self._batch_given and data_lib.is_arrays(arguments.get("x"))):
                 arguments = {**arguments, "batch_size": KERAS_BATCH_SIZE}
             run = _quiet_tf_info(getattr(self, "_" + method))
-            keras_defaults = {"guard": False} if method == "fit" else {}
-            return run(model, strategy=self._call_strategy(strategy, model), **arguments, **keras_defaults)
+            keras_defaults = {"guard": False, "scale_lr": self._lr_scaling_given} if method == "fit" else {}
+            return run(model, strategy=self._call_strategy(strategy, model, arguments), **arguments, **keras_defaults)
 
         with route_lib.routed(route_lib.Route(engine)):
             yield self
@@ -510,7 +517,7 @@ class Trainer:
         given, so that a model's own method that batches them (a KerasHub
         task) makes the Trainer's batches.
         """
-        strategy = self._call_strategy(strategy, model)
+        strategy = self._call_strategy(strategy, model, arguments)
         run = getattr(self, "_" + method)
         if not _compat.is_model(model):
             return run(model, strategy=strategy, **arguments)
@@ -527,9 +534,10 @@ class Trainer:
 
         return route_lib.call_model(model, method, arguments, engine)
 
-    def _call_strategy(self, strategy, model: Any = None) -> tf.distribute.Strategy:
-        """The strategy a call runs on: fit's, else the Trainer's, else the one whose scope the call sits in,
-        else the one the model was built in.
+    def _call_strategy(self, strategy, model: Any = None, arguments: dict[str, Any] | None = None
+                       ) -> tf.distribute.Strategy:
+        """The strategy a call runs on: the one its data was distributed with, else fit's, else the Trainer's,
+        else the one whose scope the call sits in, else the one the model was built in.
 
         As under `model.fit`, the Trainer's "auto" takes the strategy of the
         user's `with strategy.scope():` the call sits in, else the one whose
@@ -542,6 +550,9 @@ class Trainer:
         """
         setting = self.strategy if strategy is None else strategy
         ambient = strategy_lib.ambient_strategy()
+        carried = strategy_lib.data_strategy(arguments or {})
+        if carried is not None:
+            return self._data_strategy(setting, carried, ambient)
         given = ambient or strategy_lib.model_home(model)
         if given is not None and strategy_lib.takes(setting, given):
             collectives.claim_group_keys(given)
@@ -558,6 +569,31 @@ class Trainer:
             f"{strategy_label(ambient)}. Call the trainer after the `with strategy.scope():` block (a model built "
             "there trains in place on any strategy), or pass that strategy: Trainer(strategy=strategy)."
         )
+
+    def _data_strategy(self, setting, carried: tf.distribute.Strategy, ambient) -> tf.distribute.Strategy:
+        """The strategy a DistributedDataset carries, which the call runs on, unless it was asked for another.
+
+        As under `model.fit` in that strategy's scope: "auto" takes it, and so does the
+        strategy object itself or a name of the same kind over the same devices.
+        """
+        if ambient is not None and ambient is not carried:
+            asked, what = ambient, f"the scope of {strategy_label(ambient)} the call sits in"
+        elif setting is carried or strategy_lib.takes(setting, carried):
+            asked = None
+        elif isinstance(setting, str) and strategy_lib.same_layout(self._resolve_strategy(setting), carried):
+            asked = None
+        else:
+            asked, what = setting, f"strategy={setting!r}"
+        if asked is not None:
+            shown = strategy_label(asked) if isinstance(asked, tf.distribute.Strategy) else repr(asked)
+            raise ValueError(
+                f"The data was distributed with {strategy_label(carried)}, and a tf.distribute.DistributedDataset "
+                f"runs on the strategy that made it. Received: {what} ({shown}). Leave the Trainer's strategy at "
+                "'auto' (or pass Trainer(strategy=strategy), the same object), or pass the tf.data.Dataset or the "
+                "dataset function undistributed: the trainer distributes it."
+            )
+        collectives.claim_group_keys(carried)
+        return carried
 
     def _resolve_strategy(self, strategy) -> tf.distribute.Strategy:
         strategy_lib.check_strategy_name(strategy)
@@ -581,6 +617,10 @@ class Trainer:
         replicas = strategy.num_replicas_in_sync
         if isinstance(inp, inputs_lib.BatchedInput) and inp.full_batch_size() != (planned_batch or 0):
             return scaling.BatchPlan(inp.full_batch_size(), replicas), f"the {inp.form}'s batches"
+        if isinstance(inp, inputs_lib.FunctionInput):
+            made = scaling.BatchPlan(inp.global_batch_size(strategy), replicas)
+            self._check_function_batch(made, batch_size)
+            return made, "the dataset function's batches"
         if batch_size is not None:
             unused = ("" if not self._batch_given else
                       f"; Trainer's {'batch_size' if self.batch_size else 'per_replica_batch_size'} not used")
@@ -588,6 +628,27 @@ class Trainer:
                     f"fit's batch_size={batch_size}{unused}")
         return scaling.plan_batch(per_replica_batch_size=self.per_replica_batch_size, batch_size=self.batch_size,
                                   num_replicas=replicas), ""
+
+    def _check_function_batch(self, made: scaling.BatchPlan, batch_size: int | None) -> None:
+        """Refuses a batch given explicitly (to the call or the Trainer) that a dataset function's batches
+        contradict: the function batches its own data, and the steps run its batches."""
+        if batch_size is not None:
+            asked, arg = scaling.BatchPlan(batch_size, made.num_replicas), "batch_size"
+            name = f"fit's batch_size={batch_size}"
+        elif self._batch_given:
+            asked = scaling.plan_batch(per_replica_batch_size=self.per_replica_batch_size, batch_size=self.batch_size,
+                                       num_replicas=made.num_replicas)
+            arg = "batch_size" if self.batch_size is not None else "per_replica_batch_size"
+            name = f"Trainer({arg}={getattr(self, arg)})"
+        else:
+            return
+        if asked.global_batch_size != made.global_batch_size:
+            raise ValueError(
+                f"The dataset function makes batches of {made.per_replica_batch_size} per replica, a global batch "
+                f"of {made.global_batch_size} on {made.num_replicas} replica(s), which contradicts {name} (a global "
+                f"batch of {asked.global_batch_size}). Received: both. The function batches its own data: drop "
+                f"{arg}=, or batch by input_context.get_per_replica_batch_size({asked.global_batch_size}) in it."
+            )
 
     def _base_batch_size(self, batch: scaling.BatchPlan, batch_source: str) -> int:
         """The batch the learning rate was tuned for: a global batch the user fixed keeps its rate."""
@@ -606,13 +667,15 @@ class Trainer:
         return int(round(self.warmup_epochs * steps_per_epoch))
 
     def _schedule(self, strategy: tf.distribute.Strategy, train: inputs_lib.Input, batch_size: int | None,
-                  planned_batch: int | None, steps_per_epoch: int | None) -> stages.Schedule:
-        """The global batch, the steps an epoch runs, the warmup and the learning-rate settings."""
+                  planned_batch: int | None, steps_per_epoch: int | None, scale_lr: bool = True) -> stages.Schedule:
+        """The global batch, the steps an epoch runs, the warmup and the learning-rate settings (the rate as
+        compiled unless `scale_lr`)."""
         batch, source = self._batch_plan(strategy, train, batch_size, planned_batch)
         user_steps = checks.steps_within_arrays(train, steps_per_epoch, batch.global_batch_size)
         steps_per_epoch = user_steps or train.num_steps(batch.global_batch_size)
         warmup_steps = self._warmup_steps(steps_per_epoch)
-        lr = engine_lib.LRSettings(self.lr_scaling, self._base_batch_size(batch, source), batch, warmup_steps)
+        lr = engine_lib.LRSettings(self.lr_scaling if scale_lr else None, self._base_batch_size(batch, source),
+                                   batch, warmup_steps)
         return stages.Schedule(batch, source, user_steps, steps_per_epoch, lr)
 
     def _model_in_scope(self, model, strategy, inp, lr: engine_lib.LRSettings | None = None):

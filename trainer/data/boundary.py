@@ -65,6 +65,8 @@ def as_input(x: Any, y: Any = None, sample_weight: Any = None, *, arg: str, with
     if form == "function":
         class_weights.refused(class_weight, "a dataset function", "weights in the dataset it returns")
         return FunctionInput(x)
+    if form == "distributed dataset":
+        return _distributed(x, arg, class_weight=class_weight, warn=warn)
     if y is not None or sample_weight is not None:
         data = (x, y) if sample_weight is None else (x, y, sample_weight)
     elif with_targets and isinstance(x, (tuple, list)) and len(x) in (2, 3):
@@ -237,6 +239,8 @@ def is_arrays(x: Any) -> bool:
 def _form(x: Any) -> str:
     if isinstance(x, tf.data.Dataset):
         return "tf.data.Dataset"
+    if _compat.is_distributed_dataset(x):
+        return "distributed dataset"
     if isinstance(x, keras.utils.PyDataset):
         return "PyDataset"
     if _compat.is_grain_dataset(x):
@@ -371,9 +375,23 @@ def _common_length(arrays: Any, arg: str) -> int:
     return lengths[0]
 
 
-def _checked_dataset(view: _compat.KerasView, arg: str, class_weight: Any = None) -> DatasetInput | BatchedInput:
-    """An unbatched dataset, which the trainer batches, or a batched one, whose batches are the global batches."""
-    dataset, batched, batch_size = view.dataset, view.batched, view.batch_size
+def _distributed(x: Any, arg: str, *, class_weight: Any, warn: bool) -> BatchedInput | FunctionInput:
+    """A dataset the user distributed with a strategy, read from what it was made from: the batched dataset
+    (its batches are the global batches, as TensorFlow splits them over the replicas), or the dataset function
+    with the `tf.distribute.InputOptions` it was given. Its strategy is the call's (`Trainer._call_strategy`)."""
+    source = _compat.distributed_source(x)
+    if source.fn is not None:
+        class_weights.refused(class_weight, "a dataset distributed from a function", "weights in the datasets it makes")
+        return FunctionInput(source.fn, options=source.options)
+    view = _keras_view(source.dataset, "tf.data.Dataset", arg, class_weight=class_weight, shuffle=False, warn=warn)
+    return _checked_dataset(view, arg, class_weight, batched=True)
+
+
+def _checked_dataset(view: _compat.KerasView, arg: str, class_weight: Any = None,
+                     batched: bool = False) -> DatasetInput | BatchedInput:
+    """An unbatched dataset, which the trainer batches, or a batched one (`batched`: known to be), whose batches
+    are the global batches."""
+    dataset, batched, batch_size = view.dataset, batched or view.batched, view.batch_size
     shapes = [s.shape for s in tf.nest.flatten(dataset.element_spec)]
     if not batched and shapes and all(s.rank and s[0] is None for s in shapes):
         batched = True  # every leading dimension unknown: batches from a source this walk can't see into

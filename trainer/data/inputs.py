@@ -325,9 +325,14 @@ class BatchedInput(_DatasetKind):
 
 @dataclasses.dataclass(frozen=True)
 class FunctionInput(_Input):
-    """A function `input_context -> tf.data.Dataset` (per-worker pipelines); it shards and batches itself."""
+    """A function `input_context -> tf.data.Dataset` (per-worker pipelines); it shards and batches itself.
+
+    `options` are the `tf.distribute.InputOptions` of a dataset the user
+    distributed from the function (None: TensorFlow's defaults).
+    """
 
     fn: DatasetFn
+    options: Any = dataclasses.field(default=None, compare=False)
     form = "dataset function"
     num_examples = None
 
@@ -337,12 +342,28 @@ class FunctionInput(_Input):
     def sample(self, n: int) -> Any:
         return next(iter(self.fn(tf.distribute.InputContext())))
 
+    def global_batch_size(self, strategy: tf.distribute.Strategy) -> int:
+        """The global batch the steps run: a replica's batch, as the function makes it for this strategy's
+        input context (its element spec's leading dimension, else its first batch's rows), times the replicas."""
+        replicas = strategy.num_replicas_in_sync
+        pipelines = strategy_cluster_info(strategy).num_workers
+        per_replica_mode = (self.options is not None and self.options.experimental_replication_mode
+                            == tf.distribute.InputReplicationMode.PER_REPLICA)
+        context = tf.distribute.InputContext(num_input_pipelines=replicas if per_replica_mode else pipelines,
+                                             input_pipeline_id=0, num_replicas_in_sync=replicas)
+        dataset = self.fn(context)
+        leaves = tf.nest.flatten(dataset.element_spec)
+        leading = leaves[0].shape[0] if leaves and leaves[0].shape.rank else None
+        if leading is None:
+            leading = int(tf.shape(tf.nest.flatten(next(iter(dataset)))[0])[0])
+        return int(leading) * replicas
+
     def resume(self, steps_per_epoch: int | None) -> str:
         return "a dataset function's pipelines start again from their first batch"
 
     def reader(self, readers: Readers, epoch: int | None = None, start_step: int = 0, until: int | None = None):
         del epoch, start_step, until  # it restarts the epoch
-        return feed.DistributedBatches(iter(readers.strategy.distribute_datasets_from_function(self.fn)))
+        return feed.DistributedBatches(iter(readers.strategy.distribute_datasets_from_function(self.fn, self.options)))
 
     def per_worker_dataset(self, ctx: tf.distribute.InputContext, num_workers: int,
                            global_batch_size: int) -> tf.data.Dataset:

@@ -293,6 +293,20 @@ def ambient_strategy() -> tf.distribute.Strategy | None:
     return None
 
 
+def data_strategy(arguments: dict[str, Any]) -> tf.distribute.Strategy | None:
+    """The strategy that distributed a call's data (`x` or `validation_data`, a tf.distribute.DistributedDataset),
+    or None. Two of them on different strategies are refused: a call runs on one."""
+    carried = [_compat.distributed_source(arguments[name]).strategy for name in ("x", "validation_data")
+               if _compat.is_distributed_dataset(arguments.get(name))]
+    if len(carried) == 2 and carried[0] is not carried[1]:
+        raise ValueError(
+            "`x` and `validation_data` must be distributed with the same strategy: a call runs on one. Received: "
+            f"{type(carried[0]).__name__} and {type(carried[1]).__name__}, two strategy objects. Distribute both "
+            "with one strategy, or pass them undistributed."
+        )
+    return carried[0] if carried else None
+
+
 def model_home(model: Any) -> tf.distribute.Strategy | None:
     """The strategy in whose scope a Keras model was made, which its own `fit` runs on (Keras's
     `distribute_strategy`); None for one made outside any scope, or anything but a model."""
