@@ -40,7 +40,8 @@ import parity_cases  # noqa: E402
 ALL = list(parity_cases.CASES)
 # Random layers and BatchNormalization: one device's draws and statistics on every layout (issue 39).
 RANDOM = ["dropout_noise_layers", "random_layers_xla", "image_augmentation_spatial_dropout", "gan_random_noise",
-          "mixed_random_and_batch_norm", "batch_norm_momentum", "batch_norm_own_train_step"]
+          "mixed_random_and_batch_norm", "batch_norm_momentum", "batch_norm_own_train_step",
+          "dataset_unknown_size_adam_dropout"]
 # Three replicas split 8 as 3+3+2 and the last 5 as 2+2+1: the rows where that matters.
 UNEVEN = ["class_weighted_loss", "activity_regularizer", "add_loss_mean", "masking_timedistributed",
           "embedding_mask_zero_tagger", "per_timestep_sample_weight", "two_outputs_dict",
@@ -75,7 +76,7 @@ LAYOUTS = {(1, ""): ALL, (2, ""): ALL, (3, ""): UNEVEN, (8, ""): RANDOM, (2, "ac
 # dataset, ragged and sparse x. The full tier (TRAINER_TESTS=full) runs every row of every layout.
 FEW = ["class_weighted_loss", "per_timestep_sample_weight", "gan_two_optimizers", "dropout_noise_layers",
        "batch_norm_momentum", "generator", "embedding_mask_zero_tagger", "steps_per_epoch_below_a_dataset",
-       "ragged_token_ids", "sparse_features"]
+       "ragged_token_ids", "sparse_features", "dataset_unknown_size_adam_dropout"]
 # Rows that go through Keras's private code the trainer hooks (trainer/_compat/: clipping, accumulation, EMA, the
 # compiled loss and metrics, masks, random draws, BatchNormalization's moments, updates summed over replicas), and
 # the model's own steps.

@@ -45,6 +45,7 @@ from .variables import (  # noqa: F401
     reindex,
     scalar_reads,
     schedule_of,
+    seed_states,
     set_backing,
     set_optimizer_strategy,
     step_counter,

@@ -167,6 +167,18 @@ def sublayers(model) -> list:
     return list(model._flatten_layers(include_self=False, recursive=False))
 
 
+def seed_states(model: Any) -> list:
+    """The state variables of the SeedGenerators that `model` and its layers hold (`Layer._seed_generators`,
+    3.0-3.15), each once."""
+    states, seen = [], set()
+    for layer in all_layers(model):
+        for generator in getattr(layer, "_seed_generators", ()):
+            if id(generator.state) not in seen:
+                seen.add(id(generator.state))
+                states.append(generator.state)
+    return states
+
+
 def all_layers(model: keras.Model) -> list:
     """The model and every layer inside it, nested ones included (`Layer._flatten_layers`, 3.0-3.15)."""
     flatten = getattr(model, "_flatten_layers", None)

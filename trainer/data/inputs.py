@@ -59,6 +59,11 @@ class _Input:
         """Structure of (x, y[, w]) with per-example shapes, for comparing two inputs; None when unknown."""
         return None
 
+    @property
+    def unknown_to_keras(self) -> bool:
+        """Whether model.fit can't tell a pass's length, and so finds its end by a call past it."""
+        return self.num_steps(1) is None
+
     def sharding(self, num_workers: int, *, parameter_server: bool = False) -> tuple[str, str]:
         """(policy, reason) of how the input is split across workers, for the plan."""
         return _PER_WORKER if parameter_server else self._sharding(num_workers)
@@ -341,6 +346,11 @@ class FunctionInput(_Input):
 
     def sample(self, n: int) -> Any:
         return next(iter(self.fn(tf.distribute.InputContext())))
+
+    @property
+    def unknown_to_keras(self) -> bool:
+        """Whether the dataset it makes, which model.fit would read on one device, is of unknown length."""
+        return int(self.fn(tf.distribute.InputContext()).cardinality()) < 0
 
     def global_batch_size(self, strategy: tf.distribute.Strategy) -> int:
         """The global batch the steps run: a replica's batch, as the function makes it for this strategy's

@@ -40,6 +40,8 @@ class Passes:
         shuffle each pass from it).
       step: steps read from that pass.
       spent: the pass ran out; the next epoch reads a new one.
+      called_past_end: in the epoch begun last, Keras would have called a step on the
+        empty iterator of a pass of unknown length (`engine/past_end.py`).
     """
 
     steps_per_epoch: int | None
@@ -49,6 +51,7 @@ class Passes:
     index: int = -1
     step: int = 0
     spent: bool = True
+    called_past_end: bool = False
 
     @classmethod
     def starting_at(cls, epoch: int, steps_per_epoch: int | None, pass_steps: int | None,
@@ -76,7 +79,7 @@ class Passes:
         exact = self.pass_steps is not None or self.steps_per_epoch is None
         for _ in range(skipped if exact else 0):
             self._whole_epoch()
-        self.epoch = epoch
+        self.epoch, self.called_past_end = epoch, False
         new = self.spent or self.steps_per_epoch is None or (skipped > 0 and not exact)
         if new:
             self.index, self.step, self.spent = self.index + 1 + (0 if exact else skipped), 0, False
@@ -104,6 +107,8 @@ class Passes:
         """
         self.step += steps
         short = steps == 0 or (steps < asked and self.steps_per_call == 1)
+        if short and self.steps_per_call == 1 and self.pass_steps is None:
+            self.called_past_end = True  # Keras's one-step call found the iterator empty
         if short or (self.pass_steps is not None and self.step >= self.pass_steps):
             self.spent = True
 

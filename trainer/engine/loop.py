@@ -28,6 +28,7 @@ from trainer.data.passes import RAN_OUT, Passes
 from trainer.distribute.cluster import ClusterInfo
 from trainer.distribute.faults import explained_collective_errors
 from trainer.engine.fusion import StepFusion
+from trainer.engine.past_end import PastEnd
 from trainer.engine.plan import Plan
 from trainer.engine.steps import Steps
 from trainer.user_line import user_stacklevel
@@ -159,13 +160,15 @@ class ReaderSteps:
     def __init__(self, steps: Steps, make_reader: MakeReader, inp: Any, *, passes: Passes, epochs: int):
         self.steps, self.make_reader, self.inp = steps, make_reader, inp
         self.passes, self.epochs = passes, epochs
+        self._past_end: PastEnd | None = None
         self.objective = steps.objective
         self._held: list = []  # the reader, alone, so that `release` can destroy it off the main thread
         self._epoch = 0
         self._fresh_and_empty = False  # a reader made for this pass that has not given a step yet
 
     def begin(self) -> None:
-        pass
+        if self.passes.pass_steps is None and self.inp.unknown_to_keras:  # after a resume's restore
+            self._past_end = PastEnd(self.steps.model)
 
     @contextlib.contextmanager
     def epoch(self, epoch: int, first_step: int):
@@ -181,12 +184,16 @@ class ReaderSteps:
         except BaseException:
             self.inp.epoch_end(read_all=False)  # stops a PyDataset's worker threads or processes
             raise
+        if self._past_end is not None and self.passes.called_past_end:
+            self._past_end.apply()  # what model.fit's call past the end changes without a batch
         if self.passes.spent and self.inp.reader_per_pass:
             release(self._held)
         release(self.inp.epoch_end(read_all=self.passes.steps_per_epoch is None))
 
     def run(self, num_steps: int) -> int:
         ran = self.steps.train(self._held[0], num_steps)
+        if self._past_end is not None:
+            self._past_end.took(ran)
         if ran:
             self._fresh_and_empty = False
         elif self._fresh_and_empty:
