@@ -153,3 +153,53 @@ def test_parameter_server_training_over_two_nodes(tmp_path, results):
     assert ps["iterations"] == default["iterations"] == 4 * 32
     assert ps["evaluate"]["accuracy"] > 0.85
     assert all("/job:ps" in device for device in ps["instance"]["devices"])
+
+
+TUTORIAL = str(TESTS / "ps_tutorial_run.py")
+
+
+def _plan_rows(stdout: str) -> dict[str, str]:
+    """The plan's rows by name, from a run's output (a task's prefix dropped)."""
+    lines = [line.split("] ", 1)[-1] if line.startswith("[") else line for line in stdout.splitlines()]
+    start = lines.index("Training plan")
+    rows = {}
+    for line in lines[start + 1:]:
+        if not line.startswith("  "):
+            break
+        name, _, value = line.strip().partition(" ")
+        rows[name] = value.strip()
+    return rows
+
+
+@pytest.fixture(scope="module")
+def tutorial(tmp_path_factory):
+    """TensorFlow's parameter-server tutorial, its Model.fit section with its tf.data.Dataset made on the
+    coordinator and Keras's own TensorBoard, ModelCheckpoint and BackupAndRestore, on the tutorial's
+    in-process cluster and on a TF_CONFIG cluster of a chief, 2 workers and a ps task."""
+    runs = {}
+    for cluster in ("in_process", "tf_config"):
+        out = tmp_path_factory.mktemp(cluster)
+        prefix = [sys.executable] if cluster == "in_process" else [
+            sys.executable, "-m", "trainer.launch", "--workers", "2", "--ps", "1"]
+        proc = _run([*prefix, TUTORIAL, cluster, str(out)])
+        result = json.loads(proc.stdout.strip().splitlines()[-1].split("] ", 1)[-1])
+        runs[cluster] = result, _plan_rows(proc.stdout), out
+    return runs
+
+
+@pytest.mark.parametrize("cluster", ["in_process", "tf_config"])
+def test_the_tutorials_dataset_and_callbacks_train_on_both_kinds_of_cluster(tutorial, cluster):
+    result, plan, out = tutorial[cluster]
+    assert result["iterations"] == 5 * 20  # every scheduled step counted
+    assert result["loss"][-1] < result["loss"][0]  # 10 fixed points, fitted by a Dense layer
+    assert result["reloaded"] and all(result["reloaded"])  # ModelCheckpoint's .keras file holds the trained weights
+    assert result["tensorboard"] == ["train"]  # TensorBoard wrote the coordinator's logs
+    assert not result["backup_left"]  # Keras's BackupAndRestore removes its backup when training ends
+    assert plan["replicas"] == "1 in sync over 2 worker(s)"
+    assert plan["batch"] == "global 64 = 64 per replica x 1 (the batched dataset's batches)"
+
+
+def test_both_kinds_of_cluster_make_the_same_decisions(tutorial):
+    in_process, tf_config = tutorial["in_process"][1], tutorial["tf_config"][1]
+    assert tf_config.pop("cluster").startswith("trainer-launch")  # where TF_CONFIG came from: its one extra row
+    assert in_process == tf_config

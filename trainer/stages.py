@@ -68,7 +68,9 @@ def checked_fit_call(callbacks, strategy: tf.distribute.Strategy, *, batch_size,
                      steps_per_epoch, shuffle: bool, verbose) -> FitCall:
     """fit's arguments other than the data and the model, checked; the launcher's backup joins the callbacks."""
     callbacks = checks.check_callbacks(callbacks)
-    checks.check_callbacks_on_workers(callbacks, strategy_cluster_info(strategy).num_workers)
+    # Under parameter servers only the coordinator runs callbacks.
+    checks.check_callbacks_on_workers(callbacks, 1 if is_parameter_server(strategy) else
+                                      strategy_cluster_info(strategy).num_workers)
     callbacks = _launcher_backup(callbacks)
     options.check_fit_args(batch_size=batch_size, validation_split=validation_split,
                            validation_freq=validation_freq, validation_batch_size=validation_batch_size)
@@ -165,7 +167,7 @@ def fit_plan(strategy: tf.distribute.Strategy, inp: inputs_lib.Input, schedule: 
     return Plan(
         strategy=strategy_label(strategy),
         num_replicas=batch.num_replicas,
-        num_workers=num_workers - (1 if parameter_server else 0),  # a parameter-server chief only coordinates
+        num_workers=num_workers,
         global_batch_size=batch.global_batch_size,
         per_replica_batch_size=batch.per_replica_batch_size,
         num_examples=inp.num_examples,

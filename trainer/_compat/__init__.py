@@ -94,6 +94,7 @@ from .strategies import (  # noqa: F401
     collective_key_base,
     collectives_serve_a_cluster,
     number_instances_from,
+    parameter_server_tasks,
     worker_cpu_replicas,
 )
 from .coordination import cluster_key, cluster_store_running, put_cluster_key  # noqa: F401

@@ -127,3 +127,12 @@ def worker_cpu_replicas():
         yield
     finally:
         _CollectiveExtended._initialize_local_devices = original
+
+
+def parameter_server_tasks(strategy: tf.distribute.Strategy) -> tuple[int, int] | None:
+    """(workers, ps tasks) of a ParameterServerStrategy's cluster, or None where this TensorFlow keeps them
+    otherwise. Its public `cluster_resolver` is None; `ParameterServerStrategyV2Extended` counts both from the
+    resolver it was given (`_num_workers`, `_num_ps`; TF 2.18-2.21), an in-process cluster's or TF_CONFIG's."""
+    workers = getattr(strategy.extended, "_num_workers", None)
+    ps = getattr(strategy.extended, "_num_ps", None)
+    return (workers, ps) if isinstance(workers, int) and isinstance(ps, int) else None

@@ -22,7 +22,7 @@ class ClusterInfo:
 
     task_type: str | None = None
     task_id: int = 0
-    num_workers: int = 1  # tasks that compute: chief + workers
+    num_workers: int = 1  # tasks that compute: chief + workers (under parameter servers, the workers)
     num_ps: int = 0
     has_chief_task: bool = False  # False: worker 0 acts as the chief
 
@@ -152,7 +152,15 @@ def strategy_cluster_info(strategy) -> ClusterInfo:
     """The cluster role of this process under `strategy` (single task unless multi-worker)."""
     resolver = getattr(strategy, "cluster_resolver", None)
     if is_parameter_server(strategy):
-        return cluster_info()  # its resolver is TF_CONFIG's, and the chief coordinates
+        # This process coordinates (the chief task of a TF_CONFIG cluster, or a process outside an in-process
+        # cluster's spec); the workers of the strategy's own cluster run the steps, the same count either way.
+        from trainer import _compat  # here only, as tensorflow above
+
+        tasks = _compat.parameter_server_tasks(strategy)
+        if tasks is None:  # pragma: no cover - TF_CONFIG's count: the chief coordinates
+            info = cluster_info()
+            return dataclasses.replace(info, num_workers=max(1, info.num_workers - 1))
+        return ClusterInfo(task_type="chief", num_workers=max(1, tasks[0]), num_ps=tasks[1], has_chief_task=True)
     if resolver is None or not resolver.cluster_spec().as_dict():
         return ClusterInfo()
     spec = resolver.cluster_spec().as_dict()

@@ -16,6 +16,8 @@ Callbacks run on the coordinator.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+from typing import Callable
 
 import tensorflow as tf
 
@@ -29,15 +31,44 @@ from trainer.engine.tracing import graph_function
 
 def per_worker_iterator(strategy, coordinator, inp: Input, global_batch_size: int, num_workers: int):
     """An iterator over per-worker datasets: each worker reads its own stream (`inp.per_worker_dataset`)."""
+    shipped = _shipped(inp)
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-        return inp.per_worker_dataset(ctx, num_workers, global_batch_size).prefetch(tf.data.AUTOTUNE)
+        return shipped().per_worker_dataset(ctx, num_workers, global_batch_size).prefetch(tf.data.AUTOTUNE)
 
     @graph_function
     def per_worker_dataset_fn():
         return strategy.distribute_datasets_from_function(dataset_fn)
 
     return iter(coordinator.create_per_worker_dataset(per_worker_dataset_fn))
+
+
+def _shipped(inp: Input) -> Callable[[], Input]:
+    """`inp` as the workers can rebuild it: a tf.data.Dataset made on the coordinator travels as its graph.
+
+    The per-worker function runs on the workers, and a dataset it captured
+    from the coordinator would reach them as a variant tensor, which does not
+    cross processes ("Unable to parse tensor proto"). As TensorFlow's own
+    `create_per_worker_dataset(dataset)` does, the dataset is written out as a
+    graph here (`DatasetToGraphV2`, its captured tensors included) and read
+    back where the function runs (`DatasetFromGraph`). Arrays and dataset
+    functions build their datasets on the worker already.
+    """
+    dataset = getattr(inp, "dataset", None)
+    if dataset is None:
+        return lambda: inp
+    graph = tf.raw_ops.DatasetToGraphV2(input_dataset=tf.data.experimental.to_variant(dataset),
+                                        external_state_policy=_WARN, strip_device_assignment=True)
+    spec = dataset.element_spec
+
+    def rebuilt() -> Input:
+        copy = tf.data.experimental.from_variant(tf.raw_ops.DatasetFromGraph(graph_def=graph), structure=spec)
+        return dataclasses.replace(inp, dataset=copy)
+
+    return rebuilt
+
+
+_WARN = 0  # DatasetToGraphV2's external_state_policy: warn of state (a seedless shuffle's) that starts again
 
 
 class ScheduledSteps:
