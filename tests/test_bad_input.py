@@ -159,6 +159,10 @@ ROWS = [
      "per_replica_batch_size='32'", r"Pass a positive number"),
     ("both-batch-arguments", lambda c: Trainer(per_replica_batch_size=8, batch_size=64), ValueError,
      "`per_replica_batch_size`", "batch_size=64", r"batch_size fixes it"),
+    ("data-sharding-unknown", lambda c: Trainer(data_sharding="file"), ValueError, "`data_sharding`",
+     "data_sharding='file'", r"Pass 'exact'"),
+    ("file-shards-0", lambda c: Trainer(file_shards=0), ValueError, "`file_shards`", "file_shards=0",
+     r"Pass a positive number of file shards"),
     ("lr-scaling", lambda c: Trainer(lr_scaling="cubic"), ValueError, "`lr_scaling`", "lr_scaling='cubic'",
      r"Pass 'auto'"),
     ("warmup-negative", lambda c: Trainer(warmup_steps=-1), ValueError, "`warmup_steps`", "warmup_steps=-1",
@@ -642,6 +646,7 @@ def test_bad_input_is_refused_clearly_before_anything_changes(row, tmp_path, mon
 # Rows with no model.fit counterpart: the Trainer's own settings, strategies and clusters, its callbacks and
 # command lines, which model.fit has not, and several workers, where model.fit does not run.
 TRAINER_ONLY = ("per-replica-", "batch-negative", "batch-float", "batch-string", "both-batch-", "lr-scaling",
+                "data-sharding-", "file-shards-",
                 "warmup-", "steps-per-execution", "jit-compile", "seed-", "strategy-", "tpu-", "tf-config-",
                 "generator-warmup-", "not-a-model", "checkpoint-", "backup-", "csv-", "json-",
                 "tensorboard-", "plot-", "progress-", "launch-", "example-", "nan-guard-", "mixed-precision-",

@@ -14,6 +14,7 @@ from trainer.scaling import LR_SCALING_RULES
 
 MIXED_PRECISION_POLICIES = (None, "mixed_float16", "mixed_bfloat16")
 BATCH_NORM_MODES = ("global", "per_replica")
+DATA_SHARDING = ("exact", "files")
 
 
 def _is_int(value) -> bool:
@@ -46,6 +47,8 @@ def check_trainer_options(
     nan_guard=True,
     tune_malloc=True,
     batch_norm="global",
+    data_sharding="exact",
+    file_shards=8,
 ) -> None:
     """Raises ValueError or TypeError, naming the argument, the value and the fix, for a bad Trainer option."""
     check_int("seed", seed, minimum=0, allow_none=True, fix="Pass a non-negative integer, e.g. seed=0; it fixes "
@@ -59,6 +62,13 @@ def check_trainer_options(
             f"`batch_norm` must be one of {BATCH_NORM_MODES}. Received: batch_norm={batch_norm!r}. Pass 'global' "
             "(the one-device statistics on any number of replicas) or 'per_replica' (each replica's own, faster)."
         )
+    if data_sharding not in DATA_SHARDING:
+        raise ValueError(
+            f"`data_sharding` must be one of {DATA_SHARDING}. Received: data_sharding={data_sharding!r}. Pass 'exact' "
+            "(every worker reads every batch of a dataset and keeps its share: model.fit's numbers) or 'files' (each "
+            "worker reads its file shards: the same numbers on any layout, not model.fit's)."
+        )
+    check_int("file_shards", file_shards, minimum=1, fix="Pass a positive number of file shards, e.g. file_shards=8.")
     if per_replica_batch_size is not None and batch_size is not None:
         raise ValueError(
             "Pass `per_replica_batch_size` or `batch_size`, not both. Received: "

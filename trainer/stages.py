@@ -18,6 +18,7 @@ decided, so that each can be called, and tested, on its own.
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from typing import Any
 
@@ -121,6 +122,44 @@ def fit_data(call: FitCall, x, y, sample_weight, strategy: tf.distribute.Strateg
     return train, val
 
 
+def by_file_shards(train: inputs_lib.Input, strategy: tf.distribute.Strategy, schedule: Schedule, *, shards: int,
+                   steps_per_epoch: int | None) -> inputs_lib.Input:
+    """`Trainer(data_sharding="files")`: a tf.data.Dataset that leaves its shard policy to tf.distribute, read by
+    `shards` file shards (`inputs.FileShardsInput`); other inputs as they are. Refuses, before anything runs,
+    what can't be read so: no `steps_per_epoch`, a batch or replica count that doesn't divide, no files."""
+    if not isinstance(train, (inputs_lib.DatasetInput, inputs_lib.BatchedInput)) or getattr(train, "adapter", None):
+        return train
+    if train.dataset.options().experimental_distribute.auto_shard_policy != tf.data.experimental.AutoShardPolicy.AUTO:
+        return train  # the user's own policy, as tf.distribute applies it
+    batch, replicas = schedule.batch.global_batch_size, schedule.batch.num_replicas
+    fix = "Or pass Trainer(data_sharding='exact'): every worker reads all, and the numbers are model.fit's."
+    if is_parameter_server(strategy):
+        raise ValueError("`data_sharding='files'` is for the synchronous strategies: under parameter-server training "
+                         "each worker reads a shard of its own already. Received: data_sharding='files' with "
+                         f"{strategy_label(strategy)}. Pass data_sharding='exact'.")
+    if steps_per_epoch is None:
+        raise ValueError("`steps_per_epoch` must be given with Trainer(data_sharding='files'): each file shard is read "
+                         "on and on, so an epoch is a number of steps. Received: steps_per_epoch=None. Pass "
+                         f"steps_per_epoch=..., e.g. the examples in all files // {batch}. {fix}")
+    if batch % shards or shards % replicas:
+        raise ValueError(
+            f"`file_shards` must divide the global batch and be divisible by the replicas, so that every step takes "
+            f"the same examples from each shard on every layout. Received: file_shards={shards} with a global batch "
+            f"of {batch} on {replicas} replica(s). Pass a file_shards that does, e.g. {replicas} or "
+            f"{math.gcd(batch, replicas * shards)}, and a batch that is a multiple of it. {fix}")
+    candidate = inputs_lib.FileShardsInput(train, shards, batch)
+    try:  # the last shard has files only if all have; its first example costs a read buffer of one file
+        next(iter(_compat.file_shard(candidate.examples(), shards, shards - 1)))
+    except (tf.errors.OpError, StopIteration) as err:
+        detail = "it is empty" if isinstance(err, StopIteration) else str(err).splitlines()[0]
+        raise ValueError(
+            f"`data_sharding='files'` reads a dataset by its files, and its file shard {shards - 1} of {shards} "
+            f"can't be read: {detail}. Received: a {train.form} with file_shards={shards}. Build the dataset from "
+            f"at least {shards} files (TFRecordDataset, TextLineDataset, list_files without shuffle), or lower "
+            f"file_shards. {fix}") from None
+    return candidate
+
+
 def check_model(model: models.ModelOrBuilder, mixed_precision: str | None, *, compiled: bool = True) -> None:
     """A model (not a builder, which is checked once built) that is compiled, if `compiled`, and whose dtype
     policy agrees with the Trainer's `mixed_precision`."""
@@ -172,6 +211,7 @@ def fit_plan(strategy: tf.distribute.Strategy, inp: inputs_lib.Input, schedule: 
         per_replica_batch_size=batch.per_replica_batch_size,
         num_examples=inp.num_examples,
         repeated_data=parameter_server,
+        repeated_shards=isinstance(inp, inputs_lib.FileShardsInput),
         steps_per_epoch=schedule.steps_per_epoch,
         shard_policy=policy,
         shard_reason=why,

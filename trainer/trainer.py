@@ -162,6 +162,16 @@ class Trainer:
       verbose: 0 silent, 1 plan and progress bar, 2 plan and one line per epoch
         (chief only).
       nan_guard: stop training at the first non-finite loss (see `trainer.callbacks.NanGuard`).
+      data_sharding: how several workers split a tf.data.Dataset. "exact": every
+        worker reads every batch and keeps its replicas' share, as the DATA
+        policy does: `model.fit`'s numbers, for W times the reading. "files":
+        each worker reads only its file shards (`file_shards` canonical shards
+        of the dataset's files, each repeated; fit then needs `steps_per_epoch`):
+        the same numbers on any number of replicas or workers that divides
+        `file_shards`, but not `model.fit`'s batches. A dataset's own
+        `auto_shard_policy` wins over both; other inputs are read as before.
+      file_shards: the canonical shards of data_sharding="files"; it must divide
+        the global batch, and the replica count must divide it.
       tune_malloc: the trainer's one process-wide patch (`trainer.engine.malloc`): raise
         glibc's mmap threshold over the 128 KiB that tf.data pins for the whole
         process, which makes every large allocation fault its pages in again.
@@ -188,6 +198,8 @@ class Trainer:
         verbose: int = 1,
         nan_guard: bool = True,
         tune_malloc: bool = True,
+        data_sharding: str = "exact",
+        file_shards: int = 8,
     ):
         strategy_lib.check_strategy_name(strategy)
         options.check_trainer_options(
@@ -195,6 +207,7 @@ class Trainer:
             lr_scaling=lr_scaling, warmup_epochs=warmup_epochs, warmup_steps=warmup_steps,
             steps_per_execution=steps_per_execution, jit_compile=jit_compile, mixed_precision=mixed_precision,
             seed=seed, nan_guard=nan_guard, tune_malloc=tune_malloc, batch_norm=batch_norm,
+            data_sharding=data_sharding, file_shards=file_shards,
         )
         self._batch_given = batch_size is not None or per_replica_batch_size is not None
         self._lr_scaling_given = not isinstance(lr_scaling, _Default)  # distribute() scales only when asked
@@ -219,6 +232,8 @@ class Trainer:
         self.verbose = verbose
         self.nan_guard = nan_guard
         self.tune_malloc = tune_malloc
+        self.data_sharding = data_sharding
+        self.file_shards = file_shards
         self._strategies: dict[Any, tf.distribute.Strategy] = {}
         self._coordinators: list[tuple[tf.distribute.Strategy, Any]] = []
         # Resolve now: multi-worker strategies must be created before TensorFlow runs any op. Where the process
@@ -311,6 +326,9 @@ class Trainer:
                                      seed=self.seed)
         stages.check_model(model, self.mixed_precision)
         schedule = self._schedule(strategy, train, batch_size, planned_batch, call.steps_per_epoch, scale_lr)
+        if self.data_sharding == "files":
+            train = stages.by_file_shards(train, strategy, schedule, shards=self.file_shards,
+                                          steps_per_epoch=call.steps_per_epoch)
         model = checks.check_fit(model, train, val, batch=schedule.batch, epoch_steps=schedule.steps_per_epoch,
                                  epochs=call.epochs, initial_epoch=call.initial_epoch,
                                  warmup=(self.warmup_epochs, schedule.lr.warmup_steps))

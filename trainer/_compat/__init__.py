@@ -17,6 +17,7 @@ function. The rest of the trainer imports them from here (`_compat.name`):
 - `dict_inputs`: how Keras takes a dict of data for a model's inputs;
 - `adapters`: Keras's data adapters (generators, PyDataset, grain), tf.data's
   shuffles;
+- `auto_shard`: tf.data's file-level auto-sharding, for one shard of a dataset's files;
 - `distributed_data`: what a dataset the user distributed with a strategy was
   made from;
 - `keras_methods`: Keras's backend fit, evaluate and predict, routed to the
@@ -86,6 +87,7 @@ from .adapters import (  # noqa: F401
     keras_adapter,
     keras_view,
 )
+from .auto_shard import file_shard  # noqa: F401
 from .distributed_data import DistributedSource, distributed_source, is_distributed_dataset  # noqa: F401
 from .keras_methods import KERAS_METHODS, is_model, keras_methods_hooked, on_batch_resets_metrics  # noqa: F401
 from .onednn import onednn_enabled  # noqa: F401

@@ -9,6 +9,7 @@ them from one host copy of the arrays and prefetches them to the devices.
 
 from __future__ import annotations
 
+import mmap
 from typing import Any, Callable
 
 import numpy as np
@@ -147,6 +148,15 @@ def row_slice(t: Any, begin: tf.Tensor, end: tf.Tensor) -> Any:
         begin, end, rest = tf.cast(begin, tf.int64), tf.cast(end, tf.int64), t.dense_shape[1:]
         return tf.sparse.slice(t, tf.concat([[begin], tf.zeros_like(rest)], 0), tf.concat([[end - begin], rest], 0))
     return t[begin:end]
+
+
+def is_mapped(array: Any) -> bool:
+    """Whether a NumPy array's memory is a mapped file (an np.memmap, or a view of one): its pages are read from
+    the file as they are touched, so a pass over all of it reads the whole file."""
+    base = array
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return isinstance(base, mmap.mmap)
 
 
 def num_rows(array: Any) -> int:

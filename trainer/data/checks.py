@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from trainer.data import arrays as arrays_lib
 from trainer.data import inputs as inputs_lib
 from trainer.user_line import user_stacklevel
 
@@ -101,7 +102,8 @@ def _check_array(array: np.ndarray, name: str, part: str, arg: str) -> None:
             f"(e.g. {array.flat[0].item()!r}). Encode the labels as integers, e.g. with "
             "keras.layers.StringLookup or np.unique(y, return_inverse=True)."
         )
-    if array.dtype.kind in "fc" and not _all_finite(array):
+    # A mapped file is not scanned: that would read all of it on every worker, which its sharding spares them.
+    if array.dtype.kind in "fc" and not arrays_lib.is_mapped(array) and not _all_finite(array):
         bad = ~np.isfinite(array)
         rows = bad.reshape(len(array), -1).any(axis=1)
         warnings.warn(

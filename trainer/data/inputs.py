@@ -106,7 +106,10 @@ class ArrayInput(_Input):
         return tf.nest.map_structure(lambda a: tuple(a.shape[1:]), parts)
 
     def _sharding(self, num_workers: int) -> tuple[str, str]:
-        return "OFF", "the trainer splits each global batch into per-replica slices; each worker gathers only its own"
+        reason = "the trainer splits each global batch into per-replica slices"
+        if num_workers > 1:
+            reason += f"; each worker gathers only its own (1/{num_workers} of the rows)"
+        return "OFF", reason + "; one device's numbers"
 
     def sample(self, n: int) -> Any:
         """The first `n` examples, to build the model on."""
@@ -272,7 +275,8 @@ class BatchedInput(_DatasetKind):
         if self.adapter is None:
             return super()._sharding(num_workers)
         return ("OFF", f"one worker reads the {self.form}" if num_workers == 1 else
-                f"every worker reads every batch of the {self.form} and keeps its replicas' rows")
+                f"every worker reads every batch of the {self.form} (it yields whole batches) and keeps its "
+                "replicas' rows: one device's numbers")
 
     def global_batches(self, global_batch_size: int, start_step: int = 0) -> tf.data.Dataset:
         return self.dataset.skip(start_step) if start_step else self.dataset
@@ -380,7 +384,77 @@ class FunctionInput(_Input):
         return self.fn(ctx).repeat()
 
 
-Input = ArrayInput | DatasetInput | BatchedInput | FunctionInput
+@dataclasses.dataclass(frozen=True)
+class FileShardsInput(_Input):
+    """A dataset read from files, split by file into `shards` canonical shards (`Trainer(data_sharding="files")`).
+
+    Shard s is the examples of the dataset's files s, s + shards, ... (tf.data's
+    FILE policy, `_compat.file_shard`), repeated. Global step k takes the next
+    `global_batch_size / shards` examples of every shard; replica r reads the
+    shards r * shards / R to (r + 1) * shards / R and nothing else. So each
+    worker reads only its shards' files, and every step's examples are the
+    same on any number of replicas or workers that divides `shards` (the order
+    within a batch aside): MosaicML Streaming's elastic determinism. They are
+    not `model.fit`'s batches. The shards never run out: an epoch is fit's
+    `steps_per_epoch`.
+    """
+
+    source: DatasetInput | BatchedInput
+    shards: int
+    global_batch_size: int
+    form = "tf.data.Dataset read by file shards"
+    num_examples = None
+
+    @property
+    def example_spec(self) -> Any:
+        return self.source.example_spec
+
+    def signature(self) -> Any:
+        return self.source.signature()
+
+    def _sharding(self, num_workers: int) -> tuple[str, str]:
+        share = "all of the files" if num_workers == 1 else f"1/{num_workers} of the files"
+        return ("FILE", f"{self.shards} file shards, {self.shards // num_workers} per worker: each worker reads "
+                        f"{share}; the same numbers on any layout whose replicas divide {self.shards}, not "
+                        "model.fit's batches (data_sharding='files')")
+
+    def sample(self, n: int) -> Any:
+        return self.source.sample(n)
+
+    def resume(self, steps_per_epoch: int | None) -> str:
+        return "the file shards are read again from their start"
+
+    def examples(self) -> tf.data.Dataset:
+        """The user's dataset as single examples."""
+        return self.source.dataset if isinstance(self.source, DatasetInput) else self.source.dataset.unbatch()
+
+    def replica_batches(self, context: tf.distribute.InputContext) -> tf.data.Dataset:
+        """This worker's replicas' batches, step-major: for each local replica, the chunks of its shards."""
+        replicas = context.num_replicas_in_sync
+        local = replicas // context.num_input_pipelines
+        per_replica, chunk = self.shards // replicas, self.global_batch_size // self.shards
+        examples = self.examples()
+
+        def replica(r: int) -> tf.data.Dataset:
+            parts = tuple(_compat.file_shard(examples, self.shards, s).repeat().batch(chunk, drop_remainder=True)
+                          for s in range(r * per_replica, (r + 1) * per_replica))
+            if len(parts) == 1:
+                return parts[0]
+            return tf.data.Dataset.zip(parts).map(lambda *chunks: tf.nest.map_structure(
+                lambda *t: tf.concat(t, axis=0), *chunks))
+
+        mine = [replica(context.input_pipeline_id * local + j) for j in range(local)]
+        if local == 1:
+            return mine[0].prefetch(tf.data.AUTOTUNE)
+        order = tf.data.Dataset.range(local).repeat()
+        return tf.data.Dataset.choose_from_datasets(mine, order).prefetch(tf.data.AUTOTUNE)
+
+    def reader(self, readers: Readers, epoch: int | None = None, start_step: int = 0, until: int | None = None):
+        del epoch, start_step, until  # the shards' streams go on across epochs; a resumed run starts them again
+        return feed.DistributedBatches(iter(readers.strategy.distribute_datasets_from_function(self.replica_batches)))
+
+
+Input = ArrayInput | DatasetInput | BatchedInput | FunctionInput | FileShardsInput
 
 
 def shard_policy(dataset: tf.data.Dataset, num_workers: int) -> tuple[Any, str]:
@@ -391,7 +465,9 @@ def shard_policy(dataset: tf.data.Dataset, num_workers: int) -> tuple[Any, str]:
         return chosen, "set on the dataset by the user"
     if num_workers == 1:
         return policy_enum.OFF, "one worker reads everything; nothing to shard"
-    return policy_enum.DATA, "every worker reads the data and keeps its share of each batch (exact for any source)"
+    return policy_enum.DATA, (f"every worker reads all of the data ({num_workers}x the reading in all) and keeps its "
+                              "share of each batch: one device's numbers, for any source; "
+                              f"Trainer(data_sharding='files') reads 1/{num_workers} by file")
 
 
 def _composite(array: Any) -> bool:

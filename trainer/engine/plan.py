@@ -68,6 +68,7 @@ class Plan:
     jit_compile: bool
     auto_fusion: bool = False  # steps per call sized from the measured step time
     repeated_data: bool = False  # parameter-server training: workers repeat their shards
+    repeated_shards: bool = False  # data_sharding="files": each file shard repeats, every batch is full
     onednn: bool | None = None  # whether oneDNN's kernels run the CPU replicas; None: nothing to suggest
     precision: str = "float32"  # the dtype policy the model's layers compute in (models.precision)
     native_bf16: str | None = None  # the bfloat16 units ("AMX", "AVX512_BF16") of CPU replicas under oneDNN
@@ -109,6 +110,8 @@ class Plan:
         """How the last partial batch is handled, in words."""
         if self.repeated_data:
             return "none: each worker repeats its shard, so every batch is full; an epoch is a step count"
+        if self.repeated_shards:
+            return "none: each file shard repeats, so every batch is full; an epoch is steps_per_epoch steps"
         if self.num_examples is None:
             return ("kept if partial, in a step call of its own; replicas share it unevenly (all compute one smaller "
                     "than the replica count) and losses are divided by the true global count")
