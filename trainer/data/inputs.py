@@ -445,9 +445,8 @@ class FileShardsInput(_Input):
 
         mine = [replica(context.input_pipeline_id * local + j) for j in range(local)]
         if local == 1:
-            return mine[0].prefetch(tf.data.AUTOTUNE)
-        order = tf.data.Dataset.range(local).repeat()
-        return tf.data.Dataset.choose_from_datasets(mine, order).prefetch(tf.data.AUTOTUNE)
+            return mine[0]
+        return tf.data.Dataset.choose_from_datasets(mine, tf.data.Dataset.range(local).repeat())
 
     def reader(self, readers: Readers, epoch: int | None = None, start_step: int = 0, until: int | None = None):
         del epoch, start_step, until  # the shards' streams go on across epochs; a resumed run starts them again
