@@ -8,7 +8,8 @@ its own process read of the data in a steady epoch (the second of two; the memma
 
 - memmap: `np.memmap` arrays (the arrays' gather path). Each worker maps its own copy of the file, written back
   and evicted from the page cache first (fsync, posix_fadvise DONTNEED) and mapped with MADV_RANDOM (no
-  read-ahead), so the pages resident after the fit (mincore) are the pages its process read.
+  read-ahead), so the pages resident after the fit (mincore) are the pages its process read. Also through the
+  pipeline that GPUs and TPUs read arrays through (TRAINER_ACCELERATOR_READER=1).
 - PyDataset: the bytes its `__getitem__` returned in the process.
 - TFRecord: the bytes the process read from files during the fit (/proc/self/io rchar), with the default
   data_sharding="exact" and with Trainer(data_sharding="files", file_shards=4).
@@ -29,14 +30,14 @@ import sys
 import tempfile
 
 ROWS, FEATURES, BATCH, FILES = 8192, 1024, 64, 16
-FORMS = ("memmap", "PyDataset", "TFRecord", "TFRecord, data_sharding='files'")
+FORMS = ("memmap", "memmap, accelerator reader", "PyDataset", "TFRecord", "TFRecord, data_sharding='files'")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workers", default="1,2,4")
     parser.add_argument("--forms", default=",".join(map(str, range(len(FORMS)))),
-                        help="the forms to run, by their index in FORMS (0-3)")
+                        help="the forms to run, by their index in FORMS (0-4)")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "input_bytes.json"))
     parser.add_argument("--worker", choices=FORMS, help=argparse.SUPPRESS)  # one task's run, under trainer-launch
     parser.add_argument("--data", help=argparse.SUPPRESS)
@@ -83,6 +84,8 @@ def run(form: str, workers: int, data: str) -> dict:
     command = [sys.executable, "-m", "trainer.launch", "--workers", str(workers), os.path.abspath(__file__),
                "--worker", form, "--data", data]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    if "accelerator" in form:  # the pipeline GPUs and TPUs read arrays through, forced on CPU devices
+        env["TRAINER_ACCELERATOR_READER"] = "1"
     proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
     if proc.returncode:
         raise SystemExit(f"{form} on {workers} worker(s) failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
@@ -113,7 +116,7 @@ def worker(form: str, data: str) -> None:
     y = np.load(os.path.join(data, "y.npy"))
     fit = {"epochs": 1}
     SecondEpoch = second_epoch_class()  # noqa: N806 (a class made once keras is imported)
-    if form == "memmap":
+    if form.startswith("memmap"):
         path = os.path.join(data, f"x-{task}.bin")
         with open(path, "rb") as f:  # written back first: the page cache keeps dirty pages
             os.fsync(f.fileno())

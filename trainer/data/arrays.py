@@ -103,7 +103,7 @@ def array_dataset_fn(
                 rows = rows_in_order[start : start + size]
                 if uniform is not None:
                     rows = tf.ensure_shape(rows, [uniform])
-                return tf.nest.map_structure(lambda v: tf.gather(v, rows), host), global_count, tracked, where
+                return tf.nest.map_structure(lambda v: _take(v, rows), host), global_count, tracked, where
 
             skip = tf.where(epoch == epochs.start, tf.constant(start_step * local, tf.int64), 0)
             # A serial map measured faster than a parallel one here (bench/throughput.py):
@@ -119,16 +119,26 @@ _CHUNK_BYTES = 8 * 2**20
 
 
 def host_copy(arrays: Any) -> Any:
-    """The arrays as host variables, filled chunk by chunk.
+    """The arrays as host variables, filled chunk by chunk; a mapped file (`is_mapped`) stays where it is.
 
     A dataset that reads variables holds their handles only. Arrays captured as
     tensors would sit in the dataset graph as constants, which tf.data copies
     whenever it rewrites that graph (three copies in all on the first epoch);
-    this way the arrays are copied once.
+    this way the arrays are copied once. A copy of a mapped file would read all
+    of it on every worker: its rows are taken from the file as they are needed
+    (`_take`), so a worker reads only its replicas' rows.
     """
     # Inside a user's strategy scope a variable would be replicated: use tensors there.
     fill = tf.constant if tf.distribute.has_strategy() else _fill_variable
-    return tf.nest.map_structure(fill, arrays)
+    return tf.nest.map_structure(lambda a: a if is_mapped(a) else fill(a), arrays)
+
+
+def _take(host: Any, rows: tf.Tensor) -> tf.Tensor:
+    """`rows` of a host copy: gathered from the variable, or read from a mapped file."""
+    if not isinstance(host, np.ndarray):
+        return tf.gather(host, rows)
+    taken = tf.numpy_function(lambda r: np.take(host, r, axis=0), [rows], tf.as_dtype(host.dtype), stateful=False)
+    return tf.ensure_shape(taken, rows.shape[:1].concatenate(host.shape[1:]))
 
 
 def _fill_variable(array: np.ndarray) -> tf.Variable:

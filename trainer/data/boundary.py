@@ -294,11 +294,24 @@ def _keras_view(x: Any, form: str, arg: str, *, class_weight: Any, shuffle: bool
 
 
 def _adapted(view: _compat.KerasView, form: str) -> BatchedInput:
-    """A generator, PyDataset or grain dataset, batched by its own code: Keras's adapter reads it."""
+    """A generator, PyDataset or grain dataset, batched by its own code: Keras's adapter reads it.
+
+    Its batches are copied as they come (`_owned`): the tensors that tf.data makes of the NumPy arrays a
+    generator yields can share their memory, and a step that computes in place on its share of a batch then
+    writes into the user's arrays (seen with a PyDataset that yields slices of its arrays, on 2 replicas: rows
+    of `y` overwritten in 2 runs of 8, and the next epoch trained on them).
+    """
     leading = [tf.TensorShape(np.shape(t))[:1] for t in tf.nest.flatten(view.first)]
     batch_size = int(leading[0][0]) if leading and leading[0].rank else None
-    return BatchedInput(view.dataset, form, batch_size, view.adapter.num_batches,
-                        _per_example(view.dataset.element_spec), adapter=view.adapter, first=view.first)
+    whole_tuple = isinstance(view.dataset.element_spec, tuple)  # `map` hands a tuple over as its components
+    dataset = view.dataset.map(lambda *parts: _owned(parts if whole_tuple else parts[0]))
+    return BatchedInput(dataset, form, batch_size, view.adapter.num_batches, _per_example(dataset.element_spec),
+                        adapter=view.adapter, first=view.first)
+
+
+def _owned(batch: Any) -> Any:
+    """A batch in memory of its own."""
+    return tf.nest.map_structure(lambda t: tf.raw_ops.DeepCopy(x=t), batch, expand_composites=True)
 
 
 def _per_example(spec: Any) -> Any:
