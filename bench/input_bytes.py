@@ -10,7 +10,8 @@ its own process read of the data in a steady epoch (the second of two; the memma
   and evicted from the page cache first (fsync, posix_fadvise DONTNEED) and mapped with MADV_RANDOM (no
   read-ahead), so the pages resident after the fit (mincore) are the pages its process read. Also through the
   pipeline that GPUs and TPUs read arrays through (TRAINER_ACCELERATOR_READER=1).
-- PyDataset: the bytes its `__getitem__` returned in the process.
+- PyDataset: the bytes its `__getitem__` returned in the process; a Grain MapDataset of a random-access
+  source, batched: the bytes the source returned.
 - TFRecord: the bytes the process read from files during the fit (/proc/self/io rchar), with the default
   data_sharding="exact" and with Trainer(data_sharding="files", file_shards=4).
 
@@ -30,14 +31,15 @@ import sys
 import tempfile
 
 ROWS, FEATURES, BATCH, FILES = 8192, 1024, 64, 16
-FORMS = ("memmap", "memmap, accelerator reader", "PyDataset", "TFRecord", "TFRecord, data_sharding='files'")
+FORMS = ("memmap", "memmap, accelerator reader", "PyDataset", "TFRecord", "TFRecord, data_sharding='files'",
+         "grain MapDataset")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workers", default="1,2,4")
     parser.add_argument("--forms", default=",".join(map(str, range(len(FORMS)))),
-                        help="the forms to run, by their index in FORMS (0-4)")
+                        help="the forms to run, by their index in FORMS (0-5)")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "input_bytes.json"))
     parser.add_argument("--worker", choices=FORMS, help=argparse.SUPPRESS)  # one task's run, under trainer-launch
     parser.add_argument("--data", help=argparse.SUPPRESS)
@@ -131,6 +133,14 @@ def worker(form: str, data: str) -> None:
         second = SecondEpoch(lambda: batches.bytes)
         history = trainer.fit(model, batches, shuffle=False, epochs=2, callbacks=[second])
         read = second.read
+    elif form == "grain MapDataset":
+        import grain
+
+        x = np.fromfile(os.path.join(data, "x-0.bin"), dtype="float32").reshape(ROWS, FEATURES)
+        source = counting_source_class()(x, y)
+        second = SecondEpoch(lambda: source.bytes)
+        history = trainer.fit(model, grain.MapDataset.source(source).batch(BATCH), epochs=2, callbacks=[second])
+        read = second.read
     else:
         names = sorted(os.path.join(data, n) for n in os.listdir(data) if n.endswith(".tfrecord"))
         spec = {"x": tf.io.FixedLenFeature([FEATURES], tf.float32), "y": tf.io.FixedLenFeature([1], tf.float32)}
@@ -206,6 +216,24 @@ def counting_batches_class():
             return self.x[rows], self.y[rows]
 
     return CountingBatches
+
+
+def counting_source_class():
+    class CountingSource:
+        """A random-access source of (features, target) records, as Grain reads one; counts the bytes it hands
+        out in this process."""
+
+        def __init__(self, x, y):
+            self.x, self.y, self.bytes = x, y, 0
+
+        def __len__(self):
+            return len(self.x)
+
+        def __getitem__(self, i):
+            self.bytes += self.x[i].nbytes
+            return self.x[i], self.y[i]
+
+    return CountingSource
 
 
 def table(rows: list[dict]) -> str:
