@@ -1,0 +1,111 @@
+"""More forms of TensorFlow's "Distributed input" guide, trained in one device layout; saves what each task got.
+
+Usage: python guide_input_run.py DATA_DIR OUT_DIR [--replicas N] [--reference] [--write]
+
+`--write`: writes 8 TFRecord files of 12 examples to DATA_DIR and exits. `--reference`: `model.fit` on one device
+on the files read whole, and on a tf.data service dataset (in-process dispatcher and worker, parallel_epochs).
+Otherwise, in a strategy of N CPU replicas (a MultiWorkerMirroredStrategy under TF_CONFIG), through
+`Trainer(strategy=strategy).fit` and through `model.fit` inside `Trainer.distribute()`: the files with each
+`auto_shard_policy` (OFF, DATA, FILE), and in one process the tf.data service dataset. Each task writes
+OUT_DIR/<task>.json: per form and route, the history, the optimizer's steps and the final weights.
+"""
+
+import argparse
+import json
+import os
+
+import numpy as np
+import tensorflow as tf
+
+parser = argparse.ArgumentParser()
+parser.add_argument("data")
+parser.add_argument("out", nargs="?")
+parser.add_argument("--replicas", type=int, default=1)
+parser.add_argument("--reference", action="store_true")
+parser.add_argument("--write", action="store_true")
+args = parser.parse_args()
+FILES, PER_FILE, BATCH = 8, 12, 24
+if args.write:
+    rng = np.random.default_rng(0)
+    for f in range(FILES):
+        with tf.io.TFRecordWriter(os.path.join(args.data, f"part-{f}.tfrecord")) as writer:
+            for _ in range(PER_FILE):
+                x = rng.normal(size=4).astype("float32")
+                feature = {"x": tf.train.Feature(float_list=tf.train.FloatList(value=x)),
+                           "y": tf.train.Feature(float_list=tf.train.FloatList(value=[x[0] - x[1]]))}
+                writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    raise SystemExit(0)
+if args.replicas > 1:
+    cpus = [tf.config.LogicalDeviceConfiguration()] * args.replicas
+    tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0], cpus)
+workers = "TF_CONFIG" in os.environ
+strategy = (None if args.reference else tf.distribute.MultiWorkerMirroredStrategy() if workers else
+            tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(args.replicas)]))
+
+import keras  # noqa: E402
+
+from trainer import Trainer, cluster_info  # noqa: E402
+
+SPEC = {"x": tf.io.FixedLenFeature([4], tf.float32), "y": tf.io.FixedLenFeature([1], tf.float32)}
+files = sorted(os.path.join(args.data, name) for name in os.listdir(args.data) if name.endswith(".tfrecord"))
+
+
+def parse(record):
+    example = tf.io.parse_single_example(record, SPEC)
+    return example["x"], example["y"]
+
+
+def from_files(policy=None) -> tf.data.Dataset:
+    dataset = tf.data.TFRecordDataset(files).map(parse).batch(BATCH)
+    if policy is not None:
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = getattr(tf.data.experimental.AutoShardPolicy, policy)
+        dataset = dataset.with_options(options)
+    return dataset
+
+
+def from_service(target) -> tf.data.Dataset:
+    return from_files().apply(tf.data.experimental.service.distribute("parallel_epochs", target))
+
+
+def model() -> keras.Model:
+    keras.utils.set_random_seed(1)
+    built = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
+    built.compile(keras.optimizers.Adam(0.01), "mse", metrics=["mae"])
+    return built
+
+
+def run(fit) -> dict:
+    fitted = model()
+    history = fit(fitted)
+    return {"history": history.history, "iterations": int(fitted.optimizer.iterations.numpy()),
+            "weights": np.concatenate([w.ravel() for w in fitted.get_weights()]).tolist()}
+
+
+service = None
+if not workers:
+    dispatcher = tf.data.experimental.service.DispatchServer()
+    service = dispatcher.target
+    worker = tf.data.experimental.service.WorkerServer(tf.data.experimental.service.WorkerConfig(
+        dispatcher_address=dispatcher.target.split("://")[1]))
+results = {}
+if args.reference:
+    results["files"] = run(lambda m: m.fit(from_files(), epochs=3, verbose=0))
+    results["service"] = run(lambda m: m.fit(from_service(service), epochs=3, verbose=0))
+else:
+    trainer = Trainer(strategy=strategy, verbose=0)
+    forms = {f"files_{policy}": (lambda policy=policy: from_files(policy)) for policy in ("OFF", "DATA", "FILE")}
+    if service is not None:
+        forms["service"] = lambda: from_service(service)
+    for name, form in forms.items():
+        results[f"{name}/trainer"] = run(lambda m: trainer.fit(m, form(), epochs=3))
+
+        def in_block(m):
+            with trainer.distribute():
+                return m.fit(form(), epochs=3, verbose=0)
+
+        results[f"{name}/block"] = run(in_block)
+info = cluster_info()
+with open(os.path.join(args.out, f"{info.task_type or 'single'}{info.task_id}.json"), "w") as f:
+    json.dump(results, f)
+print(json.dumps(sorted(results)))

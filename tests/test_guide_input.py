@@ -1,0 +1,74 @@
+"""TFRecord files with each auto_shard_policy, and a tf.data service dataset, through both routes.
+
+tests/guide_input_run.py trains them through `Trainer.fit` and through `model.fit` inside `Trainer.distribute()`,
+on 2 CPU replicas in one process and on 2 workers, against `model.fit` on one device (history, the optimizer's
+steps, weights). On one worker a policy changes nothing. On two, DATA and FILE give each worker the sets
+TensorFlow's own strategy gives it, which here are one device's batches (each of a batch's two files is read by
+one worker), and OFF gives every worker every file: each reads all of it in batches of half the global batch,
+so an epoch has twice the steps, and both routes give the same numbers.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import TESTS
+
+pytestmark = pytest.mark.slow  # subprocesses, layouts or whole trainings: not in the everyday tier
+
+SCRIPT = str(TESTS / "guide_input_run.py")
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def _run(*arguments, launch=()):
+    command = [sys.executable, *(["-m", "trainer.launch", *launch] if launch else []), SCRIPT, *map(str, arguments)]
+    proc = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("files")
+    _run(folder, "--write")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def reference(files, tmp_path_factory):
+    out = tmp_path_factory.mktemp("reference")
+    _run(files, out, "--reference")
+    return json.loads((out / "single0.json").read_text())
+
+
+def _assert_same(result, expected, name):
+    assert sorted(result["history"]) == sorted(expected["history"]), name
+    for key, values in expected["history"].items():
+        np.testing.assert_allclose(result["history"][key], values, rtol=1e-5, err_msg=f"{name}: {key}")
+    assert result["iterations"] == expected["iterations"], name
+    np.testing.assert_allclose(result["weights"], expected["weights"], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_on_two_replicas_every_policy_and_the_service_give_one_devices_numbers(files, reference, tmp_path):
+    _run(files, tmp_path, "--replicas", 2)
+    results = json.loads((tmp_path / "single0.json").read_text())
+    assert len(results) == 8  # 3 policies and the service, each through both routes
+    for name, result in results.items():
+        _assert_same(result, reference["service" if name.startswith("service") else "files"], name)
+    assert reference["files"]["iterations"] == 15  # 12 steps, and model.fit's call past the end of each epoch
+
+
+def test_on_two_workers_each_policy_gives_tensorflows_sets_through_both_routes(files, reference, tmp_path):
+    _run(files, tmp_path, launch=("--workers", "2"))
+    for task in ("worker0", "worker1"):
+        results = json.loads((tmp_path / f"{task}.json").read_text())
+        for policy in ("DATA", "FILE"):
+            for route in ("trainer", "block"):
+                _assert_same(results[f"files_{policy}/{route}"], reference["files"], f"{task} {policy} {route}")
+        off, off_block = results["files_OFF/trainer"], results["files_OFF/block"]
+        assert off["iterations"] == 3 * 8 + 3  # every worker reads all 96 examples, 12 a step
+        np.testing.assert_allclose(off["weights"], off_block["weights"], rtol=1e-6)
+        assert not np.allclose(off["weights"], reference["files"]["weights"], rtol=1e-3)
