@@ -9,6 +9,7 @@ kinds; from then on the trainer asks the kind, never its type:
 | `DatasetInput` | batched here | every worker reads all, keeps its share (DATA) | contiguous shares | read again from its start | exact: skips examples |
 | `BatchedInput` | the user's batches | every worker reads all, keeps its share (DATA) | contiguous shares | read again; Keras's spare iterator | exact: skips batches |
 | `FunctionInput` | the function's | by its `input_context` | a pipeline per replica | read again | restarts the epoch |
+| `FileShardsInput` | the dataset's | by file shards (`data_sharding="files"`) | each replica its shards | read on | restarts the shards |
 
 A `Readers` makes, for one strategy and global batch, what a step call reads
 from an input (`kind.reader`): an `ArrayFeed` (arrays on CPU replicas),
