@@ -7,28 +7,21 @@ share of the files' bytes. The refusals run in-process.
 """
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import FULL, TESTS, mirrored, tiny_model
+from conftest import FULL, TESTS, mirrored, run_script, tiny_model
 from trainer import Trainer
 
 pytestmark = pytest.mark.slow  # subprocesses, layouts or whole trainings: not in the everyday tier
 
 SCRIPT = str(TESTS / "file_shards_run.py")
-ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
 def _run(*arguments, launch=()):
-    command = [sys.executable, *(["-m", "trainer.launch", *launch] if launch else []), SCRIPT, *map(str, arguments)]
-    proc = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
+    return run_script(SCRIPT, *arguments, launch=launch)
 
 
 def _load(out, task):

@@ -9,25 +9,19 @@ so an epoch has twice the steps, and both routes give the same numbers.
 """
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from conftest import TESTS
+from conftest import TESTS, run_script
 
 pytestmark = pytest.mark.slow  # subprocesses, layouts or whole trainings: not in the everyday tier
 
 SCRIPT = str(TESTS / "guide_input_run.py")
-ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
 def _run(*arguments, launch=()):
-    command = [sys.executable, *(["-m", "trainer.launch", *launch] if launch else []), SCRIPT, *map(str, arguments)]
-    proc = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return run_script(SCRIPT, *arguments, launch=launch)
 
 
 @pytest.fixture(scope="module")
