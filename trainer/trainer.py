@@ -595,23 +595,20 @@ class Trainer:
         strategy object itself or a name of the same kind over the same devices.
         """
         if ambient is not None and ambient is not carried:
-            asked, what = ambient, f"the scope of {strategy_label(ambient)} the call sits in"
-        elif setting is carried or strategy_lib.takes(setting, carried):
-            asked = None
-        elif isinstance(setting, str) and strategy_lib.same_layout(self._resolve_strategy(setting), carried):
-            asked = None
+            received = f"a call inside the scope of {strategy_label(ambient)}"
+        elif setting is carried or strategy_lib.takes(setting, carried) or (
+                isinstance(setting, str) and strategy_lib.same_layout(self._resolve_strategy(setting), carried)):
+            collectives.claim_group_keys(carried)
+            return carried
         else:
-            asked, what = setting, f"strategy={setting!r}"
-        if asked is not None:
-            shown = strategy_label(asked) if isinstance(asked, tf.distribute.Strategy) else repr(asked)
-            raise ValueError(
-                f"The data was distributed with {strategy_label(carried)}, and a tf.distribute.DistributedDataset "
-                f"runs on the strategy that made it. Received: {what} ({shown}). Leave the Trainer's strategy at "
-                "'auto' (or pass Trainer(strategy=strategy), the same object), or pass the tf.data.Dataset or the "
-                "dataset function undistributed: the trainer distributes it."
-            )
-        collectives.claim_group_keys(carried)
-        return carried
+            shown = strategy_label(setting) if isinstance(setting, tf.distribute.Strategy) else repr(setting)
+            received = f"strategy={shown}"
+        raise ValueError(
+            f"The data was distributed with {strategy_label(carried)}, and a tf.distribute.DistributedDataset runs "
+            f"on the strategy that made it. Received: {received}. Leave the Trainer's strategy at 'auto' (or pass "
+            "Trainer(strategy=strategy), the same object), or pass the tf.data.Dataset or the dataset function "
+            "undistributed: the trainer distributes it."
+        )
 
     def _resolve_strategy(self, strategy) -> tf.distribute.Strategy:
         strategy_lib.check_strategy_name(strategy)
