@@ -601,8 +601,9 @@ class Trainer:
             collectives.claim_group_keys(carried)
             return carried
         else:
-            shown = strategy_label(setting) if isinstance(setting, tf.distribute.Strategy) else repr(setting)
-            received = f"strategy={shown}"
+            received = f"strategy={setting!r}"
+            if isinstance(setting, tf.distribute.Strategy):
+                received = f"strategy=another {strategy_label(setting)} object"
         raise ValueError(
             f"The data was distributed with {strategy_label(carried)}, and a tf.distribute.DistributedDataset runs "
             f"on the strategy that made it. Received: {received}. Leave the Trainer's strategy at 'auto' (or pass "
