@@ -87,12 +87,13 @@ def assert_same_run(result: dict, arrays: dict, reference: tuple) -> None:
     np.testing.assert_allclose(arrays["predictions"], ref_arrays["predictions"], rtol=1e-5, atol=1e-6)
 
 
-def run_script(script, *args, launch: tuple = (), timeout: int = 300) -> subprocess.CompletedProcess:
-    """Runs a test script in a fresh interpreter, under `trainer-launch` with the `launch` flags if given
-    (e.g. ("--workers", "2")); asserts that it succeeded, and returns the finished process."""
+def run_script(script, *args, launch: tuple = (), env: dict | None = None,
+               timeout: int = 300) -> subprocess.CompletedProcess:
+    """Runs a test script in a fresh interpreter (with `env` added to the environment), under `trainer-launch`
+    with the `launch` flags if given (e.g. ("--workers", "2")); asserts that it succeeded, returns the process."""
     command = [sys.executable, *(["-m", "trainer.launch", *launch] if launch else []), str(script), *map(str, args)]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})})
     assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
 

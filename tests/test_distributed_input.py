@@ -1,9 +1,9 @@
 """TensorFlow's "Distributed input" forms: datasets the user distributed, and dataset functions.
 
-Each layout (1, 2 and 3 CPU replicas, 2 workers through trainer-launch) trains every form through the trainer
-and inside `Trainer.distribute()` (tests/distributed_input_run.py), against `model.fit` on one device on the
-batched dataset the forms are made from: history (keys too), evaluate, weights, predictions and the optimizer's
-step count. The refusals run in-process.
+Each layout (1, 2 and 3 CPU replicas, 2 through the accelerator reader, 2 workers through trainer-launch) trains
+every form through the trainer and inside `Trainer.distribute()` (tests/distributed_input_run.py), against
+`model.fit` on one device on the batched dataset the forms are made from: history (keys too), evaluate, weights,
+predictions and the optimizer's step count. The refusals run in-process.
 """
 
 import json
@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from conftest import TESTS, mirrored, run_script, tiny_data, tiny_model
 from trainer import Trainer
+from trainer.data import feed
 
 pytestmark = pytest.mark.slow  # subprocesses, layouts or whole trainings: not in the everyday tier
 
@@ -21,8 +22,8 @@ SCRIPT = str(TESTS / "distributed_input_run.py")
 FORMS = ["block_distributed_dataset", "block_function", "distributed_dataset", "distributed_function", "function"]
 
 
-def _run(*arguments, launch=()):
-    return run_script(SCRIPT, *arguments, launch=launch)
+def _run(*arguments, launch=(), env=None):
+    return run_script(SCRIPT, *arguments, launch=launch, env=env)
 
 
 def _load(out, task):
@@ -58,6 +59,12 @@ def _assert_one_device(results, arrays, reference):
 @pytest.mark.parametrize("replicas", [1, 2, 3])
 def test_every_form_gives_one_devices_numbers_on_replicas(tmp_path, reference, replicas):
     _run(tmp_path, "--replicas", str(replicas))
+    _assert_one_device(*_load(tmp_path, "single0"), reference)
+
+
+def test_every_form_gives_one_devices_numbers_through_the_accelerator_reader(tmp_path, reference):
+    """2 CPU replicas reading as GPUs and TPUs do (TensorFlow's distributed iterator)."""
+    _run(tmp_path, "--replicas", "2", env={feed.ACCELERATOR_READER: "1"})
     _assert_one_device(*_load(tmp_path, "single0"), reference)
 
 
