@@ -23,7 +23,7 @@ import tensorflow as tf
 from trainer.callbacks import (BackupAndRestore, CSVLogger, JSONLogger, ModelCheckpoint, PlotHistory, ProgressBar,
                                TensorBoard)
 from conftest import TESTS, mirrored, tiny_data, tiny_model
-from trainer import Trainer
+from trainer import Trainer, _compat
 from trainer.launch import launcher as launch
 
 sys.path.insert(0, str(TESTS.parent / "examples"))
@@ -801,10 +801,15 @@ def _warnings_of(call) -> set[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["dataset", "steps-beyond-arrays", "more-arrays-than-inputs",
-                                  "dataset-of-unknown-length", "steps-beyond-a-dataset"])
+                                  "dataset-of-unknown-length", "steps-beyond-a-dataset", "grain-dataset"])
 def test_fit_warns_as_model_fit_warns(case):
     x, y, w = tiny_data()
-    data = {"dataset": (lambda: _ds(x, y).batch(32), None, {}),
+    if case == "grain-dataset":
+        grain = pytest.importorskip("grain")  # the 'ecosystem' extra; model.fit takes grain from Keras 3.10
+        if not _compat.is_grain_dataset(grain.MapDataset.range(1)):
+            pytest.skip("this Keras's model.fit takes no grain dataset")
+    data = {"grain-dataset": (lambda: grain.MapDataset.source(list(zip(x, y))).batch(32), None, {}),
+            "dataset": (lambda: _ds(x, y).batch(32), None, {}),
             "dataset-of-unknown-length": (lambda: _ds(x, y).batch(32).filter(lambda *_: True), None, {}),
             "steps-beyond-a-dataset": (lambda: _ds(x, y).batch(32), None, {"steps_per_epoch": 10}),
             "steps-beyond-arrays": (lambda: x, y, {"steps_per_epoch": 10}),

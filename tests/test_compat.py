@@ -2,6 +2,7 @@
 
 import keras
 import numpy as np
+import pytest
 from keras.src.backend.tensorflow.optimizer import TFOptimizer
 from keras.src.losses import loss as loss_module
 from keras.src.backend.tensorflow import nn as tf_nn
@@ -198,3 +199,27 @@ def test_a_process_without_a_multi_worker_strategy_serves_no_cluster():
     tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     assert hasattr(context.context(), "_collective_ops_server_def")
     assert not _compat.collectives_serve_a_cluster()
+
+
+def test_a_grain_batch_read_by_record_has_grains_own_rows():
+    """`grain_record_batches` reads into grain's BatchMapDataset: its rows of a batch are those grain's own
+    batch has, and it takes only a `.batch()` with no batch_fn, right before Keras's adapter."""
+    grain = pytest.importorskip("grain")  # the 'ecosystem' extra
+    if not _compat.is_grain_dataset(grain.MapDataset.range(1)):
+        pytest.skip("this Keras's model.fit takes no grain dataset")
+    records = grain.MapDataset.source([(np.full(3, i, "float32"), np.int64(i)) for i in range(10)])
+    batched = records.map(lambda r: (r[0] * 2, r[1])).batch(4)  # batches of 4, 4 and 2
+    adapter = _compat.keras_adapter(batched)
+    expected = list(adapter.get_tf_dataset().as_numpy_iterator())
+    by_rows = _compat.grain_record_batches(adapter)
+    whole = list(by_rows(lambda size: (0, size)).as_numpy_iterator())
+    second_half = list(by_rows(lambda size: (size // 2, size)).as_numpy_iterator())
+    assert [len(b[1]) for b in whole] == [len(b[1]) for b in second_half] == [4, 4, 2]
+    for mine, half, theirs in zip(whole, second_half, expected):
+        for a, b, c in zip(mine, half, theirs):
+            np.testing.assert_array_equal(a, c)
+            np.testing.assert_array_equal(b[len(c) // 2:], c[len(c) // 2:])
+    user_batches = type("Adapter", (), {"_dataset": records.batch(4, batch_fn=lambda rows: rows)})()
+    assert _compat.grain_record_batches(user_batches) is None  # whole: only the user's function makes them
+    for later in (batched.map(lambda b: b), records.to_iter_dataset().batch(4)):  # mapped after batching; a stream
+        assert _compat.grain_record_batches(_compat.keras_adapter(later)) is None

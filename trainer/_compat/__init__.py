@@ -83,6 +83,7 @@ from .adapters import (  # noqa: F401
     dataset_shuffles,
     declared_batch_size,
     first_batch,
+    grain_record_batches,
     is_grain_dataset,
     keras_adapter,
     keras_view,

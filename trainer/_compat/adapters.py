@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import warnings
-from typing import Any
+from typing import Any, Callable
+
+import numpy as np
 
 import keras
 import tensorflow as tf
@@ -36,6 +39,50 @@ def is_grain_dataset(x: Any) -> bool:
     return _is_grain_dataset is not None and bool(_is_grain_dataset(x))
 
 
+Rows = Callable[[int], "tuple[int, int]"]  # rows in a batch -> [begin, end) of those to read
+
+
+# A grain MapDataset batched by `.batch(n)` with no `batch_fn` is a BatchMapDataset whose batch i stacks rows
+# [i*n, min(len, (i+1)*n)) of its parent with `make_batch` (grain/_src/python/dataset/transformations/batch.py,
+# `BatchMapDataset.__getitem__`, grain 0.2.x): its batches can be read record by record. Grain is imported only
+# for a grain dataset, which the user's script imported it to make.
+def grain_record_batches(adapter: Any) -> Callable[[Rows], tf.data.Dataset] | None:
+    """For Keras's adapter of a grain MapDataset batched by `.batch()`: `rows -> ` Keras's own tf.data view of it,
+    in which each batch has only rows [begin, end) = rows(batch size) read from its records (the others repeat
+    the nearest row read, and no replica of this worker computes on them). None for any other grain dataset.
+
+    The view is the adapter's (its conversions and element signature), over a grain dataset of the same batches,
+    so grain's own reading (its threads, its order) serves it.
+    """
+    try:
+        import grain
+        from grain._src.python.dataset.transformations.batch import BatchMapDataset, make_batch
+    except ImportError:  # a grain whose batching this does not know: its batches are read whole
+        return None
+    dataset = getattr(adapter, "_dataset", None)
+    if type(dataset) is not BatchMapDataset or dataset._batch_fn is not make_batch:
+        return None
+    parent, batch_size = dataset._parent, dataset._batch_size
+    num_records = len(parent)
+
+    def batches(rows: Rows) -> tf.data.Dataset:
+        def batch(index: int) -> Any:
+            first = index * batch_size
+            size = min(num_records, first + batch_size) - first
+            begin, end = rows(size)
+            read = make_batch([parent[first + row] for row in range(begin, end)])
+            if (begin, end) == (0, size):
+                return read
+            nearest = np.clip(np.arange(size) - begin, 0, end - begin - 1)
+            return tf.nest.map_structure(lambda part: np.asarray(part)[nearest], read)
+
+        view = copy.copy(adapter)
+        view._dataset = grain.MapDataset.range(len(dataset)).map(batch)
+        return view.get_tf_dataset()
+
+    return batches
+
+
 def keras_adapter(x: Any, *, class_weight: Any = None, shuffle: bool = False) -> Any:
     """Keras's adapter for a generator, PyDataset or grain dataset: `.get_tf_dataset()`, `.num_batches`, epoch
     hooks."""
@@ -49,11 +96,12 @@ def keras_adapter(x: Any, *, class_weight: Any = None, shuffle: bool = False) ->
 
 
 def adapter_warnings(x: Any, shuffle: bool) -> list:
-    """The warnings model.fit's data adapters give for a tf.data.Dataset or PyDataset `x` (Keras's own
-    `get_data_adapter`, keras/src/trainers/data_adapters/__init__.py: from some version after 3.8, that
-    `shuffle` leaves them as they are). Their adapters only keep `x` when made; generators, whose adapter
-    reads a batch, give none here."""
-    if not isinstance(x, (tf.data.Dataset, keras.utils.PyDataset)):
+    """The warnings model.fit's data adapters give for a tf.data.Dataset, PyDataset or grain dataset `x` (Keras's
+    own `get_data_adapter`, keras/src/trainers/data_adapters/__init__.py: from some version after 3.8, that
+    `shuffle` leaves them as they are; for grain, that it ignores `shuffle`). Their adapters only keep `x` when
+    made, or read a grain dataset's first batches, which it gives again; generators, whose adapter takes
+    batches from the only stream, give none here."""
+    if not isinstance(x, (tf.data.Dataset, keras.utils.PyDataset)) and not is_grain_dataset(x):
         return []
     try:
         from keras.src.trainers.data_adapters import get_data_adapter

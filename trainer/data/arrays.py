@@ -55,6 +55,14 @@ def computed_slices(num_examples: int, global_batch_size: int, num_replicas: int
     return computed_starts, computed_sizes, tracked_begins, tracked_begins + sizes
 
 
+def computed_rows(size: int, replicas: range, num_replicas: int) -> tuple[int, int]:
+    """[begin, end) of the rows of a global batch of `size` examples that `replicas` compute on, cut as
+    `computed_slices` cuts it: the share of a worker whose replicas these are."""
+    starts, sizes, _, _ = computed_slices(size, size, num_replicas)
+    first, last = replicas[0], replicas[-1]
+    return int(starts[0, first]), int(starts[0, last] + sizes[0, last])
+
+
 OrderFn = Callable[[int], np.ndarray]  # epoch -> the global order of examples in that epoch
 
 

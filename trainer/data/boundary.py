@@ -216,7 +216,9 @@ def _features_only(inp: DatasetInput | BatchedInput) -> DatasetInput | BatchedIn
     if isinstance(inp, DatasetInput):
         return DatasetInput(dataset)
     first = None if inp.first is None else _keras_x(inp.first)
-    return dataclasses.replace(inp, dataset=dataset, example_spec=_keras_x(inp.example_spec), first=first)
+    by_rows = None if inp.by_rows is None else lambda rows: inp.by_rows(rows).map(_keras_x_mapped)
+    return dataclasses.replace(inp, dataset=dataset, example_spec=_keras_x(inp.example_spec), first=first,
+                               by_rows=by_rows)
 
 
 def batch_rows(x: Any, arg: str) -> int:
@@ -299,14 +301,21 @@ def _adapted(view: _compat.KerasView, form: str) -> BatchedInput:
     Its batches are copied as they come (`_owned`): the tensors that tf.data makes of the NumPy arrays a
     generator yields can share their memory, and a step that computes in place on its share of a batch then
     writes into the user's arrays (seen with a PyDataset that yields slices of its arrays, on 2 replicas: rows
-    of `y` overwritten in 2 runs of 8, and the next epoch trained on them).
+    of `y` overwritten in 2 runs of 8, and the next epoch trained on them). A grain MapDataset batched by
+    `.batch()` can also be read record by record (`BatchedInput.by_rows`).
     """
     leading = [tf.TensorShape(np.shape(t))[:1] for t in tf.nest.flatten(view.first)]
     batch_size = int(leading[0][0]) if leading and leading[0].rank else None
     whole_tuple = isinstance(view.dataset.element_spec, tuple)  # `map` hands a tuple over as its components
-    dataset = view.dataset.map(lambda *parts: _owned(parts if whole_tuple else parts[0]))
+
+    def owned(dataset: tf.data.Dataset) -> tf.data.Dataset:
+        return dataset.map(lambda *parts: _owned(parts if whole_tuple else parts[0]))
+
+    dataset = owned(view.dataset)
+    records = _compat.grain_record_batches(view.adapter) if form == "grain dataset" else None
+    by_rows = None if records is None else lambda rows: owned(records(rows))
     return BatchedInput(dataset, form, batch_size, view.adapter.num_batches, _per_example(dataset.element_spec),
-                        adapter=view.adapter, first=view.first)
+                        adapter=view.adapter, first=view.first, by_rows=by_rows)
 
 
 def _owned(batch: Any) -> Any:

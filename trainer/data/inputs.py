@@ -7,7 +7,7 @@ kinds; from then on the trainer asks the kind, never its type:
 |---|---|---|---|---|---|
 | `ArrayInput` | fit's `batch_size` | each worker gathers its replicas' slices | contiguous slices | reshuffled from `seed` and the pass | exact: skips steps |
 | `DatasetInput` | batched here | every worker reads all, keeps its share (DATA) | contiguous shares | read again from its start | exact: skips examples |
-| `BatchedInput` | the user's batches | every worker reads all, keeps its share (DATA) | contiguous shares | read again; Keras's spare iterator | exact: skips batches |
+| `BatchedInput` | the user's batches | every worker reads all, keeps its share (DATA); grain's `.batch()`: its records only | contiguous shares | read again; Keras's spare iterator | exact: skips batches |
 | `FunctionInput` | the function's | by its `input_context` | a pipeline per replica | read again | restarts the epoch |
 | `FileShardsInput` | the dataset's | by file shards (`data_sharding="files"`) | each replica its shards | read on | restarts the shards |
 
@@ -200,14 +200,19 @@ class _DatasetKind(_Input):
         """The dataset in global batches (the last one partial), from global step `start_step` on."""
         raise NotImplementedError
 
+    def worker_batches(self, readers: Readers, start_step: int = 0) -> tf.data.Dataset:
+        """The global batches as this worker reads them, of which its replicas take their shares."""
+        return self.global_batches(readers.global_batch_size, start_step)
+
     def reader(self, readers: Readers, epoch: int | None = None, start_step: int = 0, until: int | None = None):
         """Global batches from `start_step` on (the epochs are the loop's: each reads the dataset again)."""
         del epoch, until
         chosen = self.dataset.options().experimental_distribute.auto_shard_policy
         trainer_cut = readers.num_workers == 1 or chosen == tf.data.experimental.AutoShardPolicy.AUTO
         if readers.in_step and trainer_cut:
-            # Every worker reads all of it and keeps its share, as the DATA policy would; the steps split it.
-            return feed.GlobalBatches(self.global_batches(readers.global_batch_size, start_step))
+            # Every worker reads its share of each batch (all of it, as the DATA policy would, unless the batches
+            # can be read by record); the steps split it.
+            return feed.GlobalBatches(self.worker_batches(readers, start_step))
         return readers.distributed(self, start_step, cut=trainer_cut)
 
 
@@ -258,6 +263,9 @@ class BatchedInput(_DatasetKind):
       adapter: Keras's adapter of a generator or PyDataset (its epoch hooks start and stop
         a PyDataset's workers), else None.
       first: a batch to build the model on, when one could be read without side effects.
+      by_rows: for batches that can be read record by record (a grain MapDataset batched by `.batch()`),
+        `rows -> ` the batches with only rows [begin, end) = rows(batch size) of each read: on several
+        workers, each reads its replicas' rows only. None where each batch comes whole.
     """
 
     dataset: tf.data.Dataset
@@ -267,6 +275,8 @@ class BatchedInput(_DatasetKind):
     example_spec: Any
     adapter: Any = dataclasses.field(default=None, compare=False, repr=False)
     first: Any = dataclasses.field(default=None, compare=False, repr=False)
+    by_rows: Callable[[Callable[[int], tuple[int, int]]], tf.data.Dataset] | None = dataclasses.field(
+        default=None, compare=False, repr=False)
     num_examples = None
 
     def num_steps(self, global_batch_size: int) -> int | None:
@@ -275,12 +285,22 @@ class BatchedInput(_DatasetKind):
     def _sharding(self, num_workers: int) -> tuple[str, str]:
         if self.adapter is None:
             return super()._sharding(num_workers)
-        return ("OFF", f"one worker reads the {self.form}" if num_workers == 1 else
-                f"every worker reads every batch of the {self.form} (it yields whole batches) and keeps its "
-                "replicas' rows: one device's numbers")
+        if num_workers == 1:
+            return "OFF", f"one worker reads the {self.form}"
+        if self.by_rows is not None:
+            return ("OFF", f"each worker reads only its replicas' records of every batch of the {self.form} "
+                    f"(1/{num_workers} of them): one device's numbers")
+        return ("OFF", f"every worker reads every batch of the {self.form} (it yields whole batches) and keeps "
+                "its replicas' rows: one device's numbers")
 
     def global_batches(self, global_batch_size: int, start_step: int = 0) -> tf.data.Dataset:
         return self.dataset.skip(start_step) if start_step else self.dataset
+
+    def worker_batches(self, readers: Readers, start_step: int = 0) -> tf.data.Dataset:
+        if self.by_rows is None or readers.num_workers == 1:
+            return super().worker_batches(readers, start_step)
+        batches = self.by_rows(readers.worker_rows)
+        return batches.skip(start_step) if start_step else batches
 
     def full_batch_size(self) -> int:
         """Rows in a full batch (the global batch): declared, or read from the first batch."""
@@ -498,7 +518,10 @@ class Readers:
         self.strategy = strategy
         self.global_batch_size = global_batch_size
         self.shuffle, self.seed = shuffle, seed
-        self.num_workers = strategy_cluster_info(strategy).num_workers
+        cluster = strategy_cluster_info(strategy)
+        self.num_workers = cluster.num_workers
+        local = strategy.num_replicas_in_sync // self.num_workers
+        self._worker_replicas = range(cluster.rank * local, (cluster.rank + 1) * local)
         self.in_step = feed.supports(strategy)  # CPU replicas read in the step, not through tf.distribute
         # A dataset read from its start is distributed once and iterated again each epoch:
         # distributing it rewrites its graph, which costs milliseconds each time.
@@ -506,6 +529,10 @@ class Readers:
 
     def __call__(self, inp: Input, epoch: int | None = None, start_step: int = 0, until: int | None = None):
         return inp.reader(self, epoch, start_step, until)
+
+    def worker_rows(self, size: int) -> tuple[int, int]:
+        """[begin, end) of the rows of a global batch of `size` examples that this worker's replicas compute on."""
+        return arrays_lib.computed_rows(size, self._worker_replicas, self.strategy.num_replicas_in_sync)
 
     def order(self, num_examples: int, *, per_epoch: bool) -> arrays_lib.OrderFn:
         """epoch -> the order of the examples: each epoch's, from the seed (when shuffling); else as given."""
@@ -521,7 +548,7 @@ class Readers:
                 if known is inp:
                     return feed.DistributedBatches(iter(dataset), composite=feed.has_composite(inp.example_spec))
         if cut:
-            batches = inp.global_batches(self.global_batch_size, start_step)
+            batches = inp.worker_batches(self, start_step)
             dataset = self.strategy.distribute_datasets_from_function(lambda context: feed.cut_shares(batches, context))
         else:
             policy, _ = shard_policy(inp.dataset, self.num_workers)

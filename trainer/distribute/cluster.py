@@ -34,6 +34,12 @@ class ClusterInfo:
         # With no dedicated chief, worker 0 plays the chief (TF's convention).
         return self.task_type == "worker" and self.task_id == 0 and not self.has_chief_task
 
+    @property
+    def rank(self) -> int:
+        """This task's place among the tasks that compute, as TensorFlow numbers them (the chief first, then the
+        workers): its replicas are those from `rank` times the replicas of a task on."""
+        return self.task_id + (1 if self.task_type == "worker" and self.has_chief_task else 0)
+
 
 def parse_tf_config(raw: str | Mapping[str, Any] | None) -> ClusterInfo:
     """Parses a TF_CONFIG value (JSON text or dict) into a `ClusterInfo`.
