@@ -115,6 +115,23 @@ def test_a_batch_given_that_agrees_with_a_dataset_function_trains():
     assert np.isfinite(history.history["loss"][0])
 
 
+@pytest.mark.parametrize("distributed", [False, True], ids=["function", "distributed from it"])
+def test_a_dataset_function_is_called_once_to_read_and_once_to_tell_its_batch(distributed):
+    """Every epoch reads one distributed dataset, as model.fit reads the one it is given in the strategy's
+    scope: the function is not called again each epoch, nor for the model's build and the pass's length."""
+    x, y, w = tiny_data(96)
+    strategy, contexts = mirrored(2), []
+
+    def fn(context):
+        contexts.append(context.num_replicas_in_sync)
+        return tf.data.Dataset.from_tensor_slices((x, y, w)).batch(context.get_per_replica_batch_size(32))
+
+    data = [strategy.distribute_datasets_from_function(fn) if distributed else fn for _ in range(2)]
+    made = len(contexts)
+    Trainer(strategy=strategy, verbose=0).fit(tiny_model(), data[0], validation_data=data[1], epochs=3)
+    assert contexts[made:] == [2] * (2 if distributed else 4)  # the batch of each; the dataset read, if not given
+
+
 def test_a_distributed_dataset_under_another_strategy_is_refused_naming_both():
     x, y, w = tiny_data(96)
     ours, theirs = mirrored(2), mirrored(2)

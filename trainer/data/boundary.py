@@ -404,7 +404,7 @@ def _distributed(x: Any, arg: str, *, class_weight: Any, warn: bool) -> BatchedI
     source = _compat.distributed_source(x)
     if source.fn is not None:
         class_weights.refused(class_weight, "a dataset distributed from a function", "weights in the datasets it makes")
-        return FunctionInput(source.fn, options=source.options)
+        return FunctionInput(source.fn, options=source.options, distributed=x)
     view = _keras_view(source.dataset, "tf.data.Dataset", arg, class_weight=class_weight, shuffle=False, warn=warn)
     return _checked_dataset(view, arg, class_weight, batched=True)
 

@@ -358,11 +358,19 @@ class FunctionInput(_Input):
     """A function `input_context -> tf.data.Dataset` (per-worker pipelines); it shards and batches itself.
 
     `options` are the `tf.distribute.InputOptions` of a dataset the user
-    distributed from the function (None: TensorFlow's defaults).
+    distributed from the function (None: TensorFlow's defaults), and
+    `distributed` that dataset, which is read as it is.
+
+    The function is called once for the distributed dataset that every epoch
+    reads (not at all when the user distributed it), and once more for a
+    dataset of this strategy's input context, read apart from it, that tells
+    the batch (and gives a batch to build the model on, and whether the
+    length is known).
     """
 
     fn: DatasetFn
     options: Any = dataclasses.field(default=None, compare=False)
+    distributed: Any = dataclasses.field(default=None, compare=False, repr=False)
     form = "dataset function"
     num_examples = None
 
@@ -370,23 +378,25 @@ class FunctionInput(_Input):
         return "per worker", "your dataset function shards by its input_context"
 
     def sample(self, n: int) -> Any:
-        return next(iter(self.fn(tf.distribute.InputContext())))
+        return next(iter(self._probe()))
 
     @property
     def unknown_to_keras(self) -> bool:
-        """Whether the dataset it makes, which model.fit would read on one device, is of unknown length."""
-        return int(self.fn(tf.distribute.InputContext()).cardinality()) < 0
+        """Whether model.fit, reading the function's dataset on one device, can't tell a pass's length (whose
+        length is known or not alike for every input context)."""
+        return int(self._probe().cardinality()) < 0
 
     def global_batch_size(self, strategy: tf.distribute.Strategy) -> int:
         """The global batch the steps run: a replica's batch, as the function makes it for this strategy's
         input context (its element spec's leading dimension, else its first batch's rows), times the replicas."""
+        self._read_by(strategy)  # made first, as the user's own call would make it
         replicas = strategy.num_replicas_in_sync
         pipelines = strategy_cluster_info(strategy).num_workers
         per_replica_mode = (self.options is not None and self.options.experimental_replication_mode
                             == tf.distribute.InputReplicationMode.PER_REPLICA)
         context = tf.distribute.InputContext(num_input_pipelines=replicas if per_replica_mode else pipelines,
                                              input_pipeline_id=0, num_replicas_in_sync=replicas)
-        dataset = self.fn(context)
+        dataset = self._made(("context", id(strategy)), lambda: self.fn(context))
         leaves = tf.nest.flatten(dataset.element_spec)
         leading = leaves[0].shape[0] if leaves and leaves[0].shape.rank else None
         if leading is None:
@@ -398,11 +408,31 @@ class FunctionInput(_Input):
 
     def reader(self, readers: Readers, epoch: int | None = None, start_step: int = 0, until: int | None = None):
         del epoch, start_step, until  # it restarts the epoch
-        return feed.DistributedBatches(iter(readers.strategy.distribute_datasets_from_function(self.fn, self.options)))
+        return feed.DistributedBatches(iter(self._read_by(readers.strategy)))
 
     def per_worker_dataset(self, ctx: tf.distribute.InputContext, num_workers: int,
                            global_batch_size: int) -> tf.data.Dataset:
         return self.fn(ctx).repeat()
+
+    def _read_by(self, strategy: tf.distribute.Strategy) -> Any:
+        """The distributed dataset that `strategy`'s epochs read: the user's, else made here once."""
+        if self.distributed is not None and _compat.distributed_source(self.distributed).strategy is strategy:
+            return self.distributed
+        return self._made(("distributed", id(strategy)),
+                          lambda: strategy.distribute_datasets_from_function(self.fn, self.options))
+
+    def _probe(self) -> tf.data.Dataset:
+        """A dataset from the function to look at, read apart from those the steps read: the one made for an
+        input context already, else one device's."""
+        made = [d for d in self.__dict__.get("_datasets", {}).values() if isinstance(d, tf.data.Dataset)]
+        return made[0] if made else self._made("one device", lambda: self.fn(tf.distribute.InputContext()))
+
+    def _made(self, key: Any, make: Callable[[], Any]) -> Any:
+        """What `make` makes (a dataset from `fn`), once per key."""
+        made = self.__dict__.setdefault("_datasets", {})  # frozen: the cache is the instance's own
+        if key not in made:
+            made[key] = make()
+        return made[key]
 
 
 @dataclasses.dataclass(frozen=True)
