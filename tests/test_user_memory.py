@@ -12,15 +12,19 @@ import pytest
 from conftest import TESTS, mirrored, run_python, tiny_data, tiny_model
 from trainer import Trainer
 from trainer.data import arrays as arrays_lib
+from trainer.data import boundary
 from trainer.data import feed
 
 
-@pytest.fixture
-def mapped(tmp_path):
+@pytest.fixture(params=["float32", "float64"])
+def mapped(tmp_path, request):
+    """x and w mapped from files; float64 ones are fed as float32, as model.fit feeds float64 arrays."""
     x, y, w = tiny_data(100)
-    path = tmp_path / "x.bin"
-    x.tofile(path)
-    return np.memmap(path, dtype="float32", mode="r", shape=x.shape), y, w
+    files = []
+    for name, array in (("x", x), ("w", w)):
+        array.astype(request.param).tofile(tmp_path / name)
+        files.append(np.memmap(tmp_path / name, dtype=request.param, mode="r", shape=array.shape))
+    return files[0], y, files[1]
 
 
 def test_a_memmap_and_its_views_are_mapped_and_an_array_in_memory_is_not(mapped):
@@ -35,15 +39,31 @@ def test_a_memmap_trains_to_model_fits_numbers_on_two_replicas(mapped, reader, m
     if reader == "accelerator":
         monkeypatch.setenv(feed.ACCELERATOR_READER, "1")
     reference = tiny_model(optimizer="adam", lr=0.01)
-    expected = reference.fit(np.array(x), y, sample_weight=w, batch_size=32, epochs=2, shuffle=False, verbose=0)
+    expected = reference.fit(np.array(x), y, sample_weight=np.array(w), batch_size=32, epochs=2, shuffle=False,
+                             verbose=0)
     model = tiny_model(optimizer="adam", lr=0.01)
-    history = Trainer(strategy=mirrored(2), verbose=0).fit(model, x, y, sample_weight=w, batch_size=32, epochs=2,
-                                                            shuffle=False)
+    trainer = Trainer(strategy=mirrored(2), verbose=0)
+    history = trainer.fit(model, x, y, sample_weight=w, batch_size=32, epochs=2, shuffle=False)
     assert sorted(history.history) == sorted(expected.history)
     for key, values in expected.history.items():
         np.testing.assert_allclose(history.history[key], values, rtol=1e-5, err_msg=key)
     for got, want in zip(model.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(trainer.evaluate(model, x, y, sample_weight=w, batch_size=32),
+                               reference.evaluate(np.array(x), y, sample_weight=np.array(w), batch_size=32, verbose=0),
+                               rtol=1e-5)
+    np.testing.assert_allclose(trainer.predict(model, x, batch_size=32),
+                               reference.predict(np.array(x), batch_size=32, verbose=0), rtol=1e-5, atol=1e-6)
+
+
+def test_a_float64_memmap_stays_mapped_until_its_rows_are_taken(mapped):
+    """Converted whole, it would be read whole on every worker; its rows are cast as they are taken."""
+    x, y, w = mapped
+    inp = boundary.as_input(x, y, w, arg="x")
+    assert all(arrays_lib.is_mapped(a) for a in (inp.arrays[0], inp.arrays[2]))
+    taken = arrays_lib.take(inp.arrays[0], np.array([3, 1]))
+    assert taken.dtype == np.float32 and not arrays_lib.is_mapped(taken)
+    np.testing.assert_array_equal(taken, np.asarray(x[[3, 1]], np.float32))
 
 
 

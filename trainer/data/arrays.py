@@ -145,7 +145,7 @@ def _take(host: Any, rows: tf.Tensor) -> tf.Tensor:
     """`rows` of a host copy: gathered from the variable, or read from a mapped file."""
     if not isinstance(host, np.ndarray):
         return tf.gather(host, rows)
-    taken = tf.numpy_function(lambda r: np.take(host, r, axis=0), [rows], tf.as_dtype(host.dtype), stateful=False)
+    taken = tf.numpy_function(lambda r: take(host, r), [rows], tf.as_dtype(fed_dtype(host)), stateful=False)
     return tf.ensure_shape(taken, rows.shape[:1].concatenate(host.shape[1:]))
 
 
@@ -166,6 +166,23 @@ def row_slice(t: Any, begin: tf.Tensor, end: tf.Tensor) -> Any:
         begin, end, rest = tf.cast(begin, tf.int64), tf.cast(end, tf.int64), t.dense_shape[1:]
         return tf.sparse.slice(t, tf.concat([[begin], tf.zeros_like(rest)], 0), tf.concat([[end - begin], rest], 0))
     return t[begin:end]
+
+
+def as_float32(value: Any) -> Any:
+    """A float64 NumPy array as float32, anything else as it is: float64 would double memory and be cast by every
+    layer anyway. A mapped file keeps its float64 rows until they are taken (`take`), so that each worker reads
+    its own rows only."""
+    return value.astype(np.float32) if isinstance(value, np.ndarray) and value.dtype == np.float64 else value
+
+
+def fed_dtype(array: np.ndarray) -> np.dtype:
+    """The dtype of the rows `take` gives of `array`."""
+    return np.dtype(np.float32) if array.dtype == np.float64 else array.dtype
+
+
+def take(array: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """`rows` of an array, as the steps are fed them (`fed_dtype`)."""
+    return as_float32(np.take(array, rows, axis=0))
 
 
 def is_mapped(array: Any) -> bool:

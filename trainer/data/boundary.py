@@ -32,6 +32,7 @@ import tensorflow as tf
 from trainer import _compat
 from trainer.data import class_weights
 from trainer.data import arrays as arrays_lib
+from trainer.data.arrays import as_float32
 from trainer.data.checks import check_data, subject
 from trainer.data.inputs import ArrayInput, BatchedInput, DatasetInput, FunctionInput, Input
 from trainer.user_line import user_stacklevel
@@ -346,7 +347,8 @@ def _reject_nested_lists(part: Any, arg: str, name: str) -> None:
 def _as_array(value: Any) -> Any:
     if isinstance(value, (tf.RaggedTensor, tf.SparseTensor)):  # read through tf.data (`ArrayInput.reader`)
         return value
-    return as_float32(np.asarray(value))
+    value = np.asarray(value)
+    return value if arrays_lib.is_mapped(value) else as_float32(value)  # a mapped file's rows: as they are taken
 
 
 def as_slices(data: Any) -> Any:
@@ -357,12 +359,6 @@ def as_slices(data: Any) -> Any:
     if isinstance(data, dict):
         return {key: as_slices(value) for key, value in data.items()}
     return as_float32(data)
-
-
-def as_float32(value: Any) -> Any:
-    """A float64 NumPy array as float32, anything else as it is: float64 would double memory and be cast by every
-    layer anyway."""
-    return value.astype(np.float32) if isinstance(value, np.ndarray) and value.dtype == np.float64 else value
 
 
 def _text_as_bytes(array: np.ndarray) -> np.ndarray:

@@ -50,7 +50,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from trainer.data.arrays import OrderFn, computed_slices, row_slice, uniform_rows
+from trainer.data.arrays import OrderFn, computed_slices, fed_dtype, row_slice, take, uniform_rows
 from trainer.distribute import strategy as strategy_lib
 from trainer.distribute.cluster import is_parameter_server
 
@@ -125,7 +125,7 @@ class ArrayFeed:
         # What the traced step loop depends on: structure, dtypes and per-example shapes, and the rows of a
         # replica's step when every step has the same (`step_batch`).
         self.signature = (tf.nest.map_structure(lambda _: 0, arrays),
-                          tuple((a.dtype.str, a.shape[1:]) for a in self.leaves), uniform_rows(self._sizes))
+                          tuple((fed_dtype(a).str, a.shape[1:]) for a in self.leaves), uniform_rows(self._sizes))
 
     def run(self, loops, num_steps: int) -> int:
         """Runs up to `num_steps` steps through `loops.feed`, a call per piece; returns how many ran."""
@@ -194,7 +194,7 @@ class ArrayFeed:
         tracked = np.stack([self._tracked_begins[steps, replica], self._tracked_ends[steps, replica],
                             starts - self._starts[steps, 0],
                             (self._tracked_ends[steps] - self._tracked_begins[steps]).sum(axis=1)], axis=1)
-        return [np.take(a, rows, axis=0) for a in self.leaves] + [bounds, global_counts, tracked.astype(np.int64)]
+        return [take(a, rows) for a in self.leaves] + [bounds, global_counts, tracked.astype(np.int64)]
 
 
 Fetched = list  # the tensors of one `fetch`: rows of every array, step bounds, global counts, tracked rows

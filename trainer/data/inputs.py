@@ -114,8 +114,12 @@ class ArrayInput(_Input):
 
     def sample(self, n: int) -> Any:
         """The first `n` examples, to build the model on."""
-        return tf.nest.map_structure(
-            lambda a: arrays_lib.row_slice(a, 0, n) if _composite(a) else tf.convert_to_tensor(a[:n]), self.arrays)
+        def first(a):
+            if _composite(a):
+                return arrays_lib.row_slice(a, 0, n)
+            return tf.convert_to_tensor(arrays_lib.as_float32(a[:n]))
+
+        return tf.nest.map_structure(first, self.arrays)
 
     @property
     def reader_per_pass(self) -> bool:
@@ -149,8 +153,8 @@ class ArrayInput(_Input):
 
     def composite_batches(self, order: np.ndarray, global_batch_size: int, start_step: int) -> tf.data.Dataset:
         """The global batches of one pass in `order`, from step `start_step`: each gathered from the arrays, as
-        Keras's array adapter gathers them."""
-        arrays = self.arrays
+        Keras's array adapter gathers them (a mapped file whole: the tensors hold all of their arrays)."""
+        arrays = tf.nest.map_structure(arrays_lib.as_float32, self.arrays)
         rows = tf.data.Dataset.from_tensor_slices(order.astype(np.int64)).batch(global_batch_size).skip(start_step)
         return rows.map(lambda r: tf.nest.map_structure(lambda a: arrays_lib.gather_rows(a, r), arrays)).prefetch(
             tf.data.AUTOTUNE)
@@ -164,7 +168,8 @@ class ArrayInput(_Input):
     def per_worker_dataset(self, ctx: tf.distribute.InputContext, num_workers: int,
                            global_batch_size: int) -> tf.data.Dataset:
         # The arrays travel inside the dataset graph: fine for modest data; read files for more.
-        ds = tf.data.Dataset.from_tensor_slices(self.arrays).shard(num_workers, _worker_index())
+        ds = tf.data.Dataset.from_tensor_slices(tf.nest.map_structure(arrays_lib.as_float32, self.arrays))
+        ds = ds.shard(num_workers, _worker_index())
         return ds.shuffle(-(-self.num_examples // num_workers)).repeat().batch(global_batch_size)
 
 
