@@ -87,6 +87,7 @@ from .adapters import (  # noqa: F401
     is_grain_dataset,
     keras_adapter,
     keras_view,
+    service_jobs,
 )
 from .auto_shard import file_shard  # noqa: F401
 from .distributed_data import DistributedSource, distributed_source, is_distributed_dataset  # noqa: F401

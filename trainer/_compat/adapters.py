@@ -169,14 +169,9 @@ def keras_view(x: Any, *, class_weight: Any = None, shuffle: bool = False, warn:
 
 
 
-def dataset_shuffles(dataset: tf.data.Dataset) -> list[tuple[bool, bool]]:
-    """(reshuffles each time it is read, seeded) for each shuffle in `dataset`'s graph, functions included.
-
-    `Dataset._as_serialized_graph` (2.0-2.21) and the Shuffle* ops' inputs
-    (input, buffer_size, seed, seed2, ...): a shuffle is unseeded when both
-    seeds are 0 (no op seed, no global seed when the dataset was made). A graph
-    that cannot be read (a dataset of Python objects) gives no shuffles.
-    """
+def _graph_nodes(dataset: tf.data.Dataset) -> list[tuple[dict, Any]]:
+    """(nodes by name, node) for every node of `dataset`'s graph, functions included: `Dataset._as_serialized_graph`
+    (2.0-2.21). A graph that cannot be read (a dataset of Python objects) gives none."""
     from tensorflow.core.framework import graph_pb2
 
     try:
@@ -186,17 +181,44 @@ def dataset_shuffles(dataset: tf.data.Dataset) -> list[tuple[bool, bool]]:
     found = []
     for nodes in [graph.node, *(function.node_def for function in graph.library.function)]:
         by_name = {node.name: node for node in nodes}
-
-        def constant(name: str) -> int | None:
-            node = by_name.get(name.split(":")[0].lstrip("^"))
-            if node is None or node.op != "Const" or not node.attr["value"].tensor.int64_val:
-                return None
-            return node.attr["value"].tensor.int64_val[0]
-
-        for node in nodes:
-            if not node.op.startswith("Shuffle"):
-                continue
-            reshuffles = node.attr["reshuffle_each_iteration"].b if "reshuffle_each_iteration" in node.attr else True
-            seeds = [constant(name) for name in node.input[2:4]]
-            found.append((reshuffles, seeds != [0, 0]))
+        found += [(by_name, node) for node in nodes]
     return found
+
+
+def _constant(by_name: dict, name: str) -> Any:
+    """The TensorProto of the Const node that input `name` comes from, or None."""
+    node = by_name.get(name.split(":")[0].lstrip("^"))
+    return node.attr["value"].tensor if node is not None and node.op == "Const" else None
+
+
+def dataset_shuffles(dataset: tf.data.Dataset) -> list[tuple[bool, bool]]:
+    """(reshuffles each time it is read, seeded) for each shuffle in `dataset`'s graph, functions included.
+
+    The Shuffle* ops' inputs are (input, buffer_size, seed, seed2, ...): a shuffle is unseeded when both seeds
+    are 0 (no op seed, no global seed when the dataset was made).
+    """
+    found = []
+    for by_name, node in _graph_nodes(dataset):
+        if not node.op.startswith("Shuffle"):
+            continue
+        reshuffles = node.attr["reshuffle_each_iteration"].b if "reshuffle_each_iteration" in node.attr else True
+        seeds = [_constant(by_name, name) for name in node.input[2:4]]
+        seeds = [seed.int64_val[0] if seed is not None and seed.int64_val else None for seed in seeds]
+        found.append((reshuffles, seeds != [0, 0]))
+    return found
+
+
+def service_jobs(dataset: tf.data.Dataset) -> list[str]:
+    """The tf.data service jobs `dataset` reads from (`tf.data.experimental.service.distribute`), by name: "" for
+    a job of each reader's own, else the `job_name` its readers share, each handed other elements of it. The
+    DataServiceDataset ops' input named `job_name` (found by their OpDef, TF 2.18-2.21)."""
+    from tensorflow.python.framework import op_def_registry
+
+    jobs = []
+    for by_name, node in _graph_nodes(dataset):
+        if not node.op.startswith("DataServiceDataset"):
+            continue
+        inputs = [arg.name for arg in op_def_registry.get(node.op).input_arg]
+        name = _constant(by_name, node.input[inputs.index("job_name")]) if "job_name" in inputs else None
+        jobs.append(name.string_val[0].decode() if name is not None and name.string_val else "")
+    return jobs

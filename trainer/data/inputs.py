@@ -516,6 +516,11 @@ def shard_policy(dataset: tf.data.Dataset, num_workers: int) -> tuple[Any, str]:
     """The auto-shard policy for a user dataset, and the reason, for the plan."""
     policy_enum = tf.data.experimental.AutoShardPolicy
     chosen = dataset.options().experimental_distribute.auto_shard_policy
+    # tf.data service sets OFF on a dataset reading a job by name, which its readers share
+    shared = [job for job in _compat.service_jobs(dataset) if job] if num_workers > 1 else []
+    if shared and chosen == policy_enum.OFF:
+        return chosen, (f"the workers share the tf.data service job {shared[0]!r}, which hands each other batches, "
+                        "and TensorFlow's strategy cuts each worker's over its replicas: not one device's numbers")
     if chosen != policy_enum.AUTO:
         return chosen, "set on the dataset by the user"
     if num_workers == 1:
