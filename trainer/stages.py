@@ -162,7 +162,9 @@ def by_file_shards(train: inputs_lib.Input, strategy: tf.distribute.Strategy, sc
 
 def check_model(model: models.ModelOrBuilder, mixed_precision: str | None, *, compiled: bool = True) -> None:
     """A model (not a builder, which is checked once built) that is compiled, if `compiled`, and whose dtype
-    policy agrees with the Trainer's `mixed_precision`."""
+    policy agrees with the Trainer's `mixed_precision`; first, versions and hooks that keep the trainer's promise
+    (`_compat.check_platform`)."""
+    _compat.check_platform()
     if compiled and _compat.is_model(model):
         models.check_compiled(model)
     models.check_precision(model, mixed_precision)
@@ -233,6 +235,7 @@ def fit_plan(strategy: tf.distribute.Strategy, inp: inputs_lib.Input, schedule: 
         batch_source=schedule.source,
         execution_source="; ".join(filter(None, [*sources, jit_note])),
         process=process,
+        platform=_compat.check_platform(),
         placement=moved,
         cluster=cluster_source() if num_workers > 1 or parameter_server or restarted() else "",
         unguarded=unguarded,

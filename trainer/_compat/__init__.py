@@ -1,9 +1,9 @@
 """The private Keras and TensorFlow attributes the trainer reads, one module per internal it depends on.
 
 Each names the versions it was checked on (the supported range is setup.cfg's,
-tested at both ends by CI); each has a fallback or fails with a message that
-names it, so a release that moves one breaks here, not somewhere in a step
-function. The rest of the trainer imports them from here (`_compat.name`):
+tested at both ends by CI); a hook whose target is gone is named before the
+first call (`platform`), so a release that moves one breaks there, not
+somewhere in a step function. The rest of the trainer imports them from here (`_compat.name`):
 
 - `replicas`: Keras's replica scaling of losses and gradients, its optimizer's
   clipping and accumulation, synchronized BatchNormalization's statistics, the
@@ -27,13 +27,16 @@ function. The rest of the trainer imports them from here (`_compat.name`):
 - `coordination`: the coordination service's key-value store;
 - `patches`: the install of the Keras functions that `replicas` and
   `trainer.engine.draws` replace while a step is traced;
-- `onednn`, `slurm`, `masks`, `version`: oneDNN's state, Slurm's host lists,
-  Keras masks, Keras's version.
+- `version`, `platform`: the versions CI tests and the gates within them; the
+  check, before a call, that the versions are tested and every hook's target is
+  there (refused otherwise, unless the user opts in);
+- `onednn`, `slurm`, `masks`: oneDNN's state, Slurm's host lists, Keras masks.
 """
 
 from __future__ import annotations
 
 from .version import KERAS_VERSION, batch_end_index, debug_limits  # noqa: F401
+from .platform import check as check_platform  # noqa: F401
 from .masks import get_keras_mask, set_keras_mask  # noqa: F401
 from .slurm import expand_hostlist, expand_tasks_per_node  # noqa: F401
 from .variables import (  # noqa: F401
@@ -66,7 +69,7 @@ from .compiled import (  # noqa: F401
 )
 from .sharded import gradients, is_sharded  # noqa: F401
 from .patches import Patches  # noqa: F401
-from .replicas import needs_one_apply, replica_hooks, replica_hooks_supported, replica_share  # noqa: F401
+from .replicas import needs_one_apply, replica_hooks, replica_share  # noqa: F401
 from .random_state import (  # noqa: F401
     RANDOM_FUNCTIONS,
     global_random_state_kept,

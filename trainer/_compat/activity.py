@@ -8,7 +8,7 @@ import contextlib
 import keras
 import tensorflow as tf
 
-from .version import KERAS_VERSION
+from .version import KERAS_GE_3_14
 from .variables import all_layers
 
 # Activity regularizers ------------------------------------------------------------
@@ -22,7 +22,7 @@ from .variables import all_layers
 # a mean times the examples, which the replicas add up to the one-device sum.
 
 
-ACTIVITY_SUMS = KERAS_VERSION < (3, 14)  # the activity regularizer is a sum over the batch
+ACTIVITY_SUMS = not KERAS_GE_3_14  # the activity regularizer is a sum over the batch
 
 
 class _ScaledActivity:

@@ -9,6 +9,11 @@ import inspect
 import threading
 from typing import Callable
 
+import keras
+
+from .patches import Patches
+from .version import KERAS_GE_3_15
+
 
 # Keras's own fit, evaluate and predict ---------------------------------------------
 #
@@ -28,10 +33,19 @@ from typing import Callable
 
 try:
     from keras.src.backend.tensorflow.trainer import TensorFlowTrainer as _TFTrainer
-except ImportError:  # pragma: no cover - no TensorFlow backend: nothing to route
+except ImportError:  # pragma: no cover - `_compat.platform` names it before a call
     _TFTrainer = None
-# The base of every backend's trainer (keras/src/trainers/trainer.py, 3.8-3.15): what has Keras's own fit.
-from keras.src.trainers.trainer import Trainer as _KerasTrainer  # noqa: E402
+try:  # the base of every backend's trainer (keras/src/trainers/trainer.py, 3.8-3.15): what has Keras's own fit
+    from keras.src.trainers import trainer as _trainers
+except ImportError:  # pragma: no cover
+    _trainers = None
+_KerasTrainer = getattr(_trainers, "Trainer", keras.Model)
+
+# Read, not replaced: listed so that `_compat.platform` checks that they are there before a call.
+_TARGETS = Patches("Keras's fit, evaluate and predict, routed to the trainer's steps",
+                   [(name, _TFTrainer, name, None, "TensorFlowTrainer (keras/src/backend/tensorflow/trainer.py)")
+                    for name in ("fit", "evaluate", "predict")]
+                   + [("keras_trainer", _trainers, "Trainer", None, "keras/src/trainers/trainer.py")], {})
 
 
 def is_model(obj) -> bool:
@@ -90,17 +104,6 @@ def keras_methods_hooked(dispatch: Callable):
 
 def on_batch_resets_metrics() -> bool:
     """Whether Keras's `train_on_batch` and `test_on_batch` reset the metrics before their batch, so that each
-    call logs its own batch alone: Keras 3.15 does (`self.reset_metrics()`), 3.8 lets them accumulate across
-    calls. Read from the method itself, the one place that says it for the installed version."""
-    if _TFTrainer is None:  # pragma: no cover
-        return True
-    global _RESETS
-    if _RESETS is None:
-        try:
-            _RESETS = "reset_metrics()" in inspect.getsource(_TFTrainer.__dict__["train_on_batch"])
-        except (OSError, TypeError):  # pragma: no cover - no source shipped: the newer behaviour
-            _RESETS = True
-    return _RESETS
-
-
-_RESETS: bool | None = None
+    call logs its own batch alone: from Keras 3.15 (`self.reset_metrics()`); 3.8-3.14 let them accumulate
+    across calls."""
+    return KERAS_GE_3_15

@@ -78,9 +78,8 @@ RANDOM_FUNCTIONS = ("normal", "uniform", "randint", "truncated_normal", "dropout
 
 
 def keras_random_module() -> Any:
-    """The module whose functions draw Keras's random numbers on TensorFlow, or None if it is not there."""
-    if _tf_random is None or not all(hasattr(_tf_random, name) for name in (*RANDOM_FUNCTIONS, "_cast_seed")):
-        return None
+    """The module whose functions draw Keras's random numbers on TensorFlow (with `_cast_seed`, which
+    `keras_seed` reads), or None if it could not be imported."""
     return _tf_random
 
 

@@ -340,22 +340,26 @@ def _summed_update(name: str):
     return update
 
 
-_HOOKS = (  # (key, owner, attribute, replacement)
-    ("scale", _loss_module, "scale_loss_for_distribution", _scale),
-    ("unscale", _loss_module, "unscale_loss_for_distribution", _unscale),
-    ("gradients", _TFOptimizer, "_all_reduce_sum_gradients", _all_reduce_sum_gradients),
-    ("clip", _BaseOptimizer, "_clip_gradients", _clip_gradients),
-    ("apply", _BaseOptimizer, "apply", _apply),
-    ("merge_call", _interim, "maybe_merge_call", None),  # replaced only inside `_apply`'s cross-replica call
-    ("moments_sync", _tf_nn, "_compute_moments_sync", _compute_moments_sync),
-    ("assign_add", _KerasVariable, "assign_add", _summed_update("assign_add")),
-    ("assign_sub", _KerasVariable, "assign_sub", _summed_update("assign_sub")),
-) + ((("ps_update", _PSExtended, "_update", _ps_update),) if _PSExtended is not None else ())
-_PATCHES = Patches(_HOOKS, _originals)
-
-
-def replica_hooks_supported() -> bool:
-    return _PATCHES.supported()
+_LOSS = "keras/src/losses/loss.py"
+_TF_OPTIMIZER = "TFOptimizer (keras/src/backend/tensorflow/optimizer.py)"
+_OPTIMIZER = "BaseOptimizer (keras/src/optimizers/base_optimizer.py)"
+_VARIABLE = "Variable (keras/src/backend/common/variables.py)"
+_HOOKS = (  # (key, owner, attribute, replacement, where)
+    ("scale", _loss_module, "scale_loss_for_distribution", _scale, _LOSS),
+    ("unscale", _loss_module, "unscale_loss_for_distribution", _unscale, _LOSS),
+    ("gradients", _TFOptimizer, "_all_reduce_sum_gradients", _all_reduce_sum_gradients, _TF_OPTIMIZER),
+    ("clip", _BaseOptimizer, "_clip_gradients", _clip_gradients, _OPTIMIZER),
+    ("apply", _BaseOptimizer, "apply", _apply, _OPTIMIZER),
+    # replaced only inside `_apply`'s cross-replica call
+    ("merge_call", _interim, "maybe_merge_call", None, "tensorflow/python/distribute/merge_call_interim.py"),
+    ("moments_sync", _tf_nn, "_compute_moments_sync", _compute_moments_sync, "keras/src/backend/tensorflow/nn.py"),
+    ("assign_add", _KerasVariable, "assign_add", _summed_update("assign_add"), _VARIABLE),
+    ("assign_sub", _KerasVariable, "assign_sub", _summed_update("assign_sub"), _VARIABLE),
+) + ((("ps_update", _PSExtended, "_update", _ps_update,
+       "ParameterServerStrategyExtended (tensorflow/python/distribute/parameter_server_strategy.py)"),)
+     if _PSExtended is not None else ())
+_PATCHES = Patches("the replicas' loss and gradient shares, clipping, accumulation, synchronized statistics and "
+                   "summed variables", _HOOKS, _originals)
 
 
 @contextlib.contextmanager
@@ -369,9 +373,6 @@ def replica_hooks():
     Installed only for the duration (Keras's functions are put back after), and
     only the threads inside `replica_share` see other factors than Keras's.
     """
-    if not replica_hooks_supported():  # pragma: no cover - checked on Keras 3.15
-        yield
-        return
     with _PATCHES.installed():
         yield
 

@@ -8,7 +8,10 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from keras.src.backend.common.variables import Variable as _KerasVariable
+try:  # keras/src/backend/common/variables.py (3.8-3.15)
+    from keras.src.backend.common.variables import Variable as _KerasVariable
+except ImportError:  # pragma: no cover - `_compat.platform` names it before a call
+    _KerasVariable = None
 
 from .compiled import compile_loss, compile_metrics, loss_tracker
 from .patches import Patches
@@ -49,8 +52,10 @@ def _read_as(name: str, convert: Any) -> Any:
     return method
 
 
-_SCALAR_READS = Patches([("int", _KerasVariable, "__int__", _read_as("int", int)),
-                         ("float", _KerasVariable, "__float__", _read_as("float", float))], _SCALAR_ORIGINALS)
+_WHERE = "Variable (keras/src/backend/common/variables.py)"
+_SCALAR_READS = Patches("a callback's int() and float() of a scalar variable",
+                        [("int", _KerasVariable, "__int__", _read_as("int", int), _WHERE),
+                         ("float", _KerasVariable, "__float__", _read_as("float", float), _WHERE)], _SCALAR_ORIGINALS)
 
 
 def scalar_reads():

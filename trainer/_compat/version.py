@@ -1,19 +1,42 @@
-"""The Keras version, as (major, minor).
+"""The Keras and TensorFlow versions: the range CI tests, and the gates of what changed within it.
 """
 
 from __future__ import annotations
 
 import keras
+import tensorflow as tf
 
-def _keras_version() -> tuple[int, ...]:
+
+def _major_minor(text: str) -> tuple[int, int]:
     parts = []
-    for part in keras.version().split(".")[:2]:
+    for part in (text.split(".") + ["0", "0"])[:2]:
         digits = "".join(c for c in part if c.isdigit())
         parts.append(int(digits or 0))
-    return tuple(parts)
+    return parts[0], parts[1]
 
 
-KERAS_VERSION = _keras_version()  # (major, minor)
+KERAS_VERSION = _major_minor(keras.version())
+TF_VERSION = _major_minor(tf.__version__)
+
+# What CI tests: the oldest tier (.ci/oldest) and setup.cfg's newest. Outside it the trainer refuses to train,
+# unless the user opts in (`_compat.platform`).
+TESTED = {"Keras": ((3, 8), (3, 15)), "TensorFlow": ((2, 18), (2, 21))}
+INSTALLED = {"Keras": (keras.version(), KERAS_VERSION), "TensorFlow": (tf.__version__, TF_VERSION)}
+
+# What changed in Keras within the range, and from which version; each gate is read in one place.
+KERAS_GE_3_11 = KERAS_VERSION >= (3, 11)  # on_*_batch_end gets a call's last step (`batch_end_index`)
+KERAS_GE_3_14 = KERAS_VERSION >= (3, 14)  # an activity regularizer's value is a mean over the batch (`activity`)
+KERAS_GE_3_15 = KERAS_VERSION >= (3, 15)  # train_on_batch and test_on_batch reset the metrics first (`keras_methods`)
+
+
+def untested() -> list[str]:
+    """The installed versions outside the tested range, in words ("Keras 3.16.0 (tested 3.8-3.15)")."""
+    found = []
+    for name, (text, version) in INSTALLED.items():
+        low, high = TESTED[name]
+        if not low <= version <= high:
+            found.append(f"{name} {text} (tested {low[0]}.{low[1]}-{high[0]}.{high[1]})")
+    return found
 
 
 def debug_limits() -> tuple[int | None, int | None]:
@@ -32,4 +55,4 @@ def batch_end_index(begin: int, steps: int) -> int:
     """The batch index Keras's loops give `on_*_batch_end` for a call of `steps` steps from `begin`: the call's
     last step from Keras 3.11 on (its epoch iterator yields `begin, end`), the step it began at before
     (keras/src/backend/tensorflow/trainer.py, 3.8-3.10: `on_train_batch_end(step, logs)`)."""
-    return begin + steps - 1 if KERAS_VERSION >= (3, 11) else begin
+    return begin + steps - 1 if KERAS_GE_3_11 else begin

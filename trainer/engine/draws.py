@@ -67,9 +67,6 @@ def replica_rows(batch: Any, placed: tuple[tf.Tensor, tf.Tensor] | None, *, xla:
 @contextlib.contextmanager
 def hooks():
     """While step functions are traced: Keras's random functions draw the replica's rows of one device's draw."""
-    if _PATCHES is None:  # pragma: no cover - checked on Keras 3.8 and 3.15
-        yield
-        return
     with _PATCHES.installed():
         yield
 
@@ -252,5 +249,7 @@ def _dropout(inputs, rate, noise_shape=None, seed=None):
 _REPLACEMENTS = {"normal": _normal, "uniform": _uniform, "randint": _randint, "truncated_normal": _truncated_normal,
                  "dropout": _dropout}
 _KERAS_RANDOM = _compat.keras_random_module()
-_PATCHES = None if _KERAS_RANDOM is None else _compat.Patches(
-    [(name, _KERAS_RANDOM, name, _REPLACEMENTS[name]) for name in _compat.RANDOM_FUNCTIONS], _originals)
+_PATCHES = _compat.Patches(
+    "one device's random draws (dropout, noise, keras.random) on each replica's rows",
+    [(name, _KERAS_RANDOM, name, _REPLACEMENTS.get(name), "keras/src/backend/tensorflow/random.py")
+     for name in (*_compat.RANDOM_FUNCTIONS, "_cast_seed")], _originals)  # `_cast_seed` is only read

@@ -79,6 +79,7 @@ class Plan:
     batch_source: str = ""  # where the global batch came from, when not the Trainer's settings
     execution_source: str = ""  # which settings chose steps per call and XLA, when not the Trainer's
     process: str = ""  # what the trainer changed for the whole process (malloc.tune_process), in words
+    platform: str = ""  # untested versions or missing hooks the user opted into (_compat.check_platform)
     placement: str = ""  # how the model entered the strategy's scope (placement.Move.describe), when it moved
     cluster: str = ""  # where the tasks' cluster came from (cluster.cluster_source), on several tasks
     unguarded: tuple[str, ...] = ()  # callbacks that run on every worker without knowing it (loop.unguarded)
@@ -194,6 +195,8 @@ class Plan:
                                                global_batch_size=self.global_batch_size)))
         if self.process:
             rows.append(("process", self.process))
+        if self.platform:
+            rows.append(("versions", self.platform))
         width = max(len(k) for k, _ in rows)
         return "Training plan\n" + "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
 

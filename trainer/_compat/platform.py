@@ -1,0 +1,39 @@
+"""Whether this process can keep the trainer's promise: tested Keras and TensorFlow, every hook's target there.
+
+The trainer gives one device's numbers through hooks into Keras's and
+TensorFlow's private code (`Patches.registry`), each checked on the range CI
+tests (`version.TESTED`). Outside that range, or with a target gone, the first
+fit, evaluate or predict refuses, unless the user opts in
+(TRAINER_UNTESTED_VERSIONS=1): then it trains, with the hooks whose targets are
+there, and the plan says what is no longer guaranteed.
+"""
+
+from __future__ import annotations
+
+from .patches import UNTESTED_OPT_IN, Patches, opted_in
+from .version import TESTED, untested
+
+
+def _range(name: str) -> str:
+    (low_major, low_minor), (high_major, high_minor) = TESTED[name]
+    return f"{name} {low_major}.{low_minor}-{high_major}.{high_minor}"
+
+
+def check() -> str:
+    """'' where the trainer is tested and every hook's target is there. Else, when the user opted in, the plan's
+    note of what differs; otherwise raises RuntimeError naming what was found, the tested range and the way out."""
+    versions = untested()
+    missing = [(patches, patches.missing()) for patches in Patches.registry]
+    missing = [(patches.purpose, targets) for patches, targets in missing if targets]
+    if not versions and not missing:
+        return ""
+    found = "; ".join([*versions, *(f"no {', '.join(targets)}" for _, targets in missing)])
+    if not opted_in():
+        raise RuntimeError(
+            f"The trainer gives one device's numbers through hooks into Keras's and TensorFlow's own code, tested on "
+            f"{_range('Keras')} and {_range('TensorFlow')}, and can't promise them here. Found: {found}. Install "
+            f"tested versions (pip install 'keras>=3.8,<3.16' 'tensorflow>=2.18.1,<2.22'), or set "
+            f"{UNTESTED_OPT_IN}=1 to train anyway: the plan then says which hooks are in place.")
+    lost = (f"; without hooks for {', '.join(purpose for purpose, _ in missing)}, these follow Keras's own "
+            "per-replica arithmetic" if missing else "; every hook is in place")
+    return (f"untested ({UNTESTED_OPT_IN}=1): {found}{lost}; the numbers are not guaranteed to be one device's")
