@@ -197,17 +197,17 @@ def _keras_x_mapped(*components):
 
 
 def features(inp: Input, model: Any) -> Input:
-    """What predict feeds the model from `inp`: the features of `(x, y)` elements, as Keras's predict reads them.
+    """What predict feeds the model from `inp`: the features of `(x, y[, sample_weight])` elements, as Keras's
+    predict reads them (`unpack_x_y_sample_weight`: x is a tuple's first part, for tuples of 1 to 3).
 
-    An element that is a tuple of as many tensors as `model` has inputs is
-    taken whole, as the features of a multi-input model (Keras would read its
-    first tensor as x and the second as y).
+    A tuple of more parts, which Keras refuses, is taken whole where the model
+    has as many inputs: the features of a multi-input model.
     """
     if not isinstance(inp, (DatasetInput, BatchedInput)):
         return inp
     spec = inp.example_spec
     inputs = getattr(model, "inputs", None) if _compat.is_model(model) and model.built else None
-    if isinstance(spec, tuple) and inputs is not None and len(spec) == len(inputs) > 1:
+    if isinstance(spec, tuple) and inputs is not None and len(spec) == len(inputs) > 3:
         return inp
     return _features_only(inp)
 
