@@ -143,3 +143,35 @@ def test_a_returned_value_that_no_metric_made_is_logged_as_model_fit_logs_it(ret
     assert history.keys() == reference.keys() and len(reference) == 2
     for key, values in reference.items():
         np.testing.assert_allclose(history[key], values, rtol=1e-5, err_msg=key)
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_kerass_distiller_trains_on_its_own_compute_loss_as_model_fit(replicas):
+    """keras.distillation.Distiller compiles its base with loss=None and computes its loss itself: a method of
+    Keras's own, not of its base model, which the trainer's step calls as Keras's would."""
+    if not hasattr(keras, "distillation"):
+        pytest.skip("this Keras has no keras.distillation")
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(50, 6)).astype("float32"), (rng.normal(size=50) > 0).astype("int64")
+
+    def distiller():
+        keras.utils.set_random_seed(0)
+        teacher = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(2)])
+        student = keras.Sequential([keras.Input((6,)), keras.layers.Dense(2)])
+        built = keras.distillation.Distiller(teacher=teacher, student=student,
+                                             distillation_losses=keras.distillation.LogitsDistillation(temperature=2.0))
+        built.compile(optimizer=keras.optimizers.SGD(0.1),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        return built
+
+    reference, model = distiller(), distiller()
+    expected = reference.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    trainer = Trainer(strategy=mirrored(replicas), lr_scaling=None, verbose=0)
+    history = trainer.fit(model, x, y, batch_size=16, epochs=2, shuffle=False)
+    assert sorted(history.history) == sorted(expected.history)  # loss, total, student, distillation, accuracy
+    for key, values in expected.history.items():
+        np.testing.assert_allclose(history.history[key], values, rtol=1e-5, err_msg=key)
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(trainer.evaluate(model, x, y, batch_size=16),
+                               reference.evaluate(x, y, batch_size=16, verbose=0), rtol=1e-5)

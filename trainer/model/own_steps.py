@@ -14,10 +14,11 @@ MODEL_STEPS = ("train_step", "test_step", "predict_step", "compute_loss", "compu
 
 
 def overridden(model: keras.Model, name: str) -> bool:
-    """Whether `model`'s class (not Keras) defines the method `name`."""
+    """Whether `model`'s class brings its own method `name`, not the one of Keras's base model and trainer:
+    a user's model, a KerasHub task, Keras's own `keras.distillation.Distiller` (its `compute_loss`)."""
     for klass in type(model).__mro__:
         if name in vars(klass):
-            return not klass.__module__.startswith("keras.")
+            return klass not in keras.Model.__mro__
     return False
 
 
