@@ -521,3 +521,42 @@ def test_after_fit_the_model_works_without_any_strategy_and_on_other_layouts(dat
     theirs.fit(x, y, batch_size=32, shuffle=False, verbose=0)
     for a, b in zip(state(ours), state(theirs), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+_RNG = np.random.default_rng(0)
+_X = _RNG.normal(size=(40, 5)).astype("float32")
+_TARGETS = {  # (targets, output units, activation): what Keras's "crossentropy" becomes for each
+    "binary": ((_X[:, 0] > 0).astype("float32"), 1, "sigmoid"),
+    "sparse categorical": (_RNG.integers(0, 3, 40), 3, "softmax"),
+    "categorical": (np.eye(3, dtype="float32")[_RNG.integers(0, 3, 40)], 3, "softmax"),
+}
+
+
+@pytest.mark.parametrize("name", ["crossentropy", "ce"])
+@pytest.mark.parametrize("kind", list(_TARGETS))
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_a_loss_named_crossentropy_resolves_as_keras_resolves_it(kind, name, replicas):
+    y, units, activation = _TARGETS[kind]
+
+    def model():
+        keras.utils.set_random_seed(0)
+        built = keras.Sequential([keras.Input((5,)), keras.layers.Dense(units, activation=activation)])
+        built.compile("sgd", loss=name, metrics=["accuracy"])
+        return built
+
+    reference, trained = model(), model()
+    expected = reference.fit(_X, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    history = Trainer(strategy=mirrored(replicas), lr_scaling=None, verbose=0).fit(trained, _X, y, batch_size=8,
+                                                                                  epochs=2, shuffle=False)
+    assert sorted(history.history) == sorted(expected.history)
+    for key, values in expected.history.items():
+        np.testing.assert_allclose(history.history[key], values, rtol=1e-5, err_msg=key)
+    for got, want in zip(trained.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_sparse_labels_out_of_range_are_refused_under_crossentropy_too():
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(3, activation="softmax")])
+    model.compile("sgd", loss="crossentropy")
+    with pytest.raises(ValueError, match=r"must hold class indices in \[0, 3\)"):
+        Trainer(strategy="default", verbose=0).fit(model, _X, np.full(40, 3), batch_size=8)

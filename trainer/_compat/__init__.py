@@ -64,6 +64,7 @@ from .compiled import (  # noqa: F401
     loss_tracker,
     metric_variables_on_read,
     requested_initial_epoch,
+    resolved_loss,
     results_recorded,
     symbolic_build,
 )

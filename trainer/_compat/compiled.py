@@ -142,3 +142,14 @@ def requested_initial_epoch(model: keras.Model) -> int | None:
     Keras's BackupAndRestore does, and `Model.fit` starts from it when set (keras/src/backend/tensorflow/
     trainer.py `fit`: `self._initial_epoch or initial_epoch`; 3.8-3.15)."""
     return getattr(model, "_initial_epoch", None)
+
+
+def resolved_loss(identifier: Any, y_true: Any, y_pred: Any) -> Any:
+    """A compiled loss as Keras resolves it for one output: a name through `keras.losses.get`, except
+    "crossentropy" and "ce", which Keras picks from the targets' and the output's shapes (binary, sparse
+    categorical or categorical; `compile_utils.get_loss`, keras/src/trainers/compile_utils.py, 3.8-3.15)."""
+    if not isinstance(identifier, str):
+        return identifier
+    from keras.src.trainers.compile_utils import get_loss
+
+    return get_loss(identifier, y_true, y_pred)

@@ -161,7 +161,7 @@ def _check_sparse_labels(model: keras.Model, y: Any, arg: str) -> None:
     else:
         return
     for name, labels, loss_k, output in checks:
-        ignore = _sparse_ignore_class(loss_k)
+        ignore = _sparse_ignore_class(_compat.resolved_loss(loss_k, labels, output) if output is not None else loss_k)
         if ignore is False or output is None or output.shape[-1] is None or labels.dtype.kind not in "iuf":
             continue
         classes = int(output.shape[-1])
@@ -177,12 +177,12 @@ def _check_sparse_labels(model: keras.Model, y: Any, arg: str) -> None:
 
 
 def _sparse_ignore_class(loss: Any) -> Any:
-    """False unless `loss` is sparse categorical crossentropy; else its ignore_class (None or a label)."""
-    if isinstance(loss, str):
-        loss = keras.losses.get(loss)
+    """False unless `loss` (as Keras resolved it) is sparse categorical crossentropy; else its ignore_class
+    (None or a label)."""
     if isinstance(loss, keras.losses.SparseCategoricalCrossentropy):
         return loss.get_config().get("ignore_class")
-    return None if loss is keras.losses.sparse_categorical_crossentropy else False
+    function = getattr(loss, "fn", loss)  # Keras wraps a loss function it resolved from a name
+    return None if function is keras.losses.sparse_categorical_crossentropy else False
 
 
 def _auto_named(tensor: Any) -> bool:
