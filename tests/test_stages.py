@@ -48,9 +48,14 @@ def test_the_data_stage_refuses_validation_freq_0_when_fit_validates():
 
 
 def test_the_model_stage_refuses_an_uncompiled_model_but_predict_takes_it():
+    """In Keras's own words first, so that what matches Keras's message matches the trainer's."""
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-    with pytest.raises(ValueError, match="compile"):
+    with pytest.raises(ValueError) as keras_error:
+        model.fit(np.zeros((4, 4)), np.zeros(4), verbose=0)
+    with pytest.raises(ValueError) as ours:
         stages.check_model(model, None)
+    assert str(ours.value).startswith(str(keras_error.value))
+    assert "Received: an uncompiled Sequential. Call model.compile(optimizer=..., loss=...)" in str(ours.value)
     stages.check_model(model, None, compiled=False)
 
 

@@ -59,10 +59,12 @@ def check_compiled(model: Any, arg: str = "model") -> None:
     missing = [need for need in needs if getattr(model, "optimizer", None) is None]
     if getattr(model, "compiled", False) and not missing:
         return
-    got = f"a {type(model).__name__} compiled without {' or '.join(missing)}" if getattr(model, "compiled", False) \
+    compiled = getattr(model, "compiled", False)
+    got = f"a {type(model).__name__} compiled without {' or '.join(missing)}" if compiled \
         else f"an uncompiled {type(model).__name__}"
     raise ValueError(
-        f"`{arg}` must be compiled{' with ' + ' and '.join(needs) if needs else ''}. Received: {got}. "
+        ("" if compiled else "You must call `compile()` before using the model. ")  # Keras's own words first
+        + f"`{arg}` must be compiled{' with ' + ' and '.join(needs) if needs else ''}. Received: {got}. "
         "Call model.compile(optimizer=..., loss=...) first (a model with its own train_step or compute_loss "
         "may leave out what its step does not use)."
     )
