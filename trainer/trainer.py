@@ -332,7 +332,8 @@ class Trainer:
         model = checks.check_fit(model, train, val, batch=schedule.batch, epoch_steps=schedule.steps_per_epoch,
                                  epochs=call.epochs, initial_epoch=call.initial_epoch,
                                  warmup=(self.warmup_epochs, schedule.lr.warmup_steps))
-        process, model, compiled, lr_plan, move = self._model_in_scope(model, strategy, train, lr=schedule.lr)
+        process, model, compiled, lr_plan, move = self._model_in_scope(model, strategy, train, schedule.batch,
+                                                                       lr=schedule.lr)
         with move:  # on the way out the user's model goes home with its trained state, as after model.fit
             steps, steps_source = stages.fusion(self.steps_per_execution, compiled, schedule.batch,
                                                 schedule.steps_per_epoch, call.callbacks)
@@ -383,7 +384,7 @@ class Trainer:
         stages.check_model(model, self.mixed_precision)
         batch, _ = self._batch_plan(strategy, inp, batch_size, planned_batch)
         model = checks.check_evaluate(model, inp, batch=batch)
-        _, model, compiled, _, move = self._model_in_scope(model, strategy, inp)
+        _, model, compiled, _, move = self._model_in_scope(model, strategy, inp, batch)
         with move:
             known = inp.num_steps(batch.global_batch_size)
             callback_list = _one_pass_callbacks(callbacks, model, verbose, steps, known,
@@ -426,7 +427,7 @@ class Trainer:
         model = checks.check_predict(model, inp, batch=batch)
         malloc.tune_process(self.tune_malloc)
         model = models.from_builder(model, strategy, self.seed, self.mixed_precision)
-        sample_x = engine_lib.sample_batch(model, inp)
+        sample_x = engine_lib.sample_batch(model, inp, batch.global_batch_size, strategy.num_replicas_in_sync)
         with placement.move_in(model, strategy, self._in_scope.table(model, strategy), sample_x, targets=False):
             if is_parameter_server(strategy):
                 strategy = tf.distribute.get_strategy()  # inline on the coordinator
@@ -448,7 +449,7 @@ class Trainer:
         inp, batch = self._one_batch(strategy, x, y, sample_weight, class_weight=class_weight, training=True)
         stages.check_model(model, self.mixed_precision)
         _, model, compiled, _, move = self._model_in_scope(
-            model, strategy, inp, lr=engine_lib.LRSettings(None, batch.global_batch_size, batch, 0))
+            model, strategy, inp, batch, lr=engine_lib.LRSettings(None, batch.global_batch_size, batch, 0))
         with move, loop.one_pass(self._readers(compiled.strategy, batch, shuffle=False), inp, read_all=True) as reader:
             if _compat.on_batch_resets_metrics():
                 compiled.objective.reset()
@@ -462,7 +463,7 @@ class Trainer:
         before it as `train_on_batch`'s)."""
         inp, batch = self._one_batch(strategy, x, y, sample_weight, training=False)
         stages.check_model(model, self.mixed_precision)
-        _, model, compiled, _, move = self._model_in_scope(model, strategy, inp)
+        _, model, compiled, _, move = self._model_in_scope(model, strategy, inp, batch)
         with move, loop.one_pass(self._readers(compiled.eval_strategy, batch, shuffle=False), inp,
                                  read_all=True) as reader:
             if _compat.on_batch_resets_metrics():
@@ -694,14 +695,16 @@ class Trainer:
                                    batch, warmup_steps)
         return stages.Schedule(batch, source, user_steps, steps_per_epoch, lr)
 
-    def _model_in_scope(self, model, strategy, inp, lr: engine_lib.LRSettings | None = None):
+    def _model_in_scope(self, model, strategy, inp, batch: scaling.BatchPlan,
+                        lr: engine_lib.LRSettings | None = None):
         """(the process's change, model, engine, LR plan, move): the checks are done, so the process may
         change now (`malloc`), and the model goes into the strategy's scope for the call (`move`, a context
-        manager that brings it back)."""
+        manager that brings it back), built on the first of `batch`'s steps."""
         process = malloc.tune_process(self.tune_malloc)
         model, compiled, lr_plan, move = engine_lib.build(
-            model, strategy, inp, seed=self.seed, jit_compile=self.jit_compile, cache=self._engines,
-            in_scope=self._in_scope, lr=lr, mixed_precision=self.mixed_precision, batch_norm=self.batch_norm)
+            model, strategy, inp, global_batch_size=batch.global_batch_size, seed=self.seed,
+            jit_compile=self.jit_compile, cache=self._engines, in_scope=self._in_scope, lr=lr,
+            mixed_precision=self.mixed_precision, batch_norm=self.batch_norm)
         return process, model, compiled, lr_plan, move
 
     def _run_epochs(self, compiled: engine_lib.Engine, context: loop.TrainContext, call: stages.FitCall,

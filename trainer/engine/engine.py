@@ -16,6 +16,7 @@ import keras
 import tensorflow as tf
 
 from trainer import _compat, scaling
+from trainer.data import arrays as arrays_lib
 from trainer.data import inputs as inputs_lib
 from trainer.distribute import strategy as strategy_lib
 from trainer.distribute.cluster import is_parameter_server
@@ -151,6 +152,7 @@ def build(
     strategy: tf.distribute.Strategy,
     inp: inputs_lib.Input,
     *,
+    global_batch_size: int,
     seed: int | None,
     jit_compile: bool | str,
     cache: "list[Engine]",
@@ -165,6 +167,7 @@ def build(
     (`placement.Move`): the caller puts it home with `move.back()`.
 
     Args:
+      global_batch_size: the call's global batch: the model is built on the first step's examples.
       lr: the learning-rate settings when training; None for evaluation.
       cache: recent engines (at most `CACHE_SIZE`), reused while model, strategy,
         optimizer, compiled losses and metrics, backing variables and settings match.
@@ -174,7 +177,7 @@ def build(
         several replicas train in sync (`models.synchronize_batch_norm`); "per_replica": with each replica's.
     """
     model = models.from_builder(model, strategy, seed, mixed_precision)
-    batch = sample_batch(model, inp)
+    batch = sample_batch(model, inp, global_batch_size, strategy.num_replicas_in_sync)
     models.check_loss(model, keras.utils.unpack_x_y_sample_weight(batch)[0], training=lr is not None)
     move = placement.move_in(model, strategy, in_scope.table(model, strategy), batch, targets=True)
     try:
@@ -210,10 +213,15 @@ def build(
     return model, engine, lr_plan, move
 
 
-def sample_batch(model: keras.Model, inp: inputs_lib.Input) -> Any:
-    """A few examples to build `model` on: as many as its fixed batch size, if it has one (`checks` checked
-    the batches against it)."""
-    return inp.sample(models.fixed_batch_size(model) or 2)
+def sample_batch(model: keras.Model, inp: inputs_lib.Input, global_batch_size: int, num_replicas: int) -> Any:
+    """The examples to build `model` on: as many as the first replica computes on in the first step, the shape
+    its step is traced with (a batch of another size can fail where the user's does not: targets that
+    broadcast against the outputs at one row, keras-team/keras#20712; and Keras's warnings about the inputs,
+    which name their shapes, would show twice); as many as the model's fixed batch size, if it has one
+    (`checks` checked the batches against it)."""
+    first = global_batch_size if inp.num_examples is None else min(global_batch_size, inp.num_examples)
+    _, rows = arrays_lib.computed_rows(max(1, first), range(1), num_replicas)
+    return inp.sample(models.fixed_batch_size(model) or rows)
 
 
 def _same(a: tuple, b: tuple) -> bool:
