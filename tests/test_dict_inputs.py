@@ -127,3 +127,31 @@ def test_keras_warnings_show_once_on_the_chief_of_two_workers(tmp_path):
     lines = [line for line in proc.stdout.splitlines() if "The structure of `inputs` doesn't match" in line]
     assert lines and all(line.startswith("[worker:0]") for line in lines), proc.stdout[-3000:]
     assert "[worker:0] trained" in proc.stdout and "[worker:1] trained" in proc.stdout
+
+
+def _shown(fit) -> list[str]:
+    """The first lines of Keras's warnings that Python's default filter shows during `fit` (each text once)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        fit()
+    return sorted(str(w.message).splitlines()[0] for w in caught if "keras" in w.filename)
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_a_warning_about_the_inputs_shows_as_often_as_under_model_fit(replicas):
+    """Keras's warning names the inputs' shapes: the trainer's build on another number of rows than its
+    steps' showed it twice. (An uneven last batch, which the trainer's step traces with its own shape and
+    Keras's with an open one, still shows it once more.)"""
+    inputs = {"a": keras.Input((3,), name="a"), "b": keras.Input((2,), name="b")}
+
+    def model():
+        keras.utils.set_random_seed(0)
+        built = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Concatenate()([inputs["a"], inputs["b"]])))
+        built.compile("sgd", "mse")
+        return built
+
+    x, y = [np.ones((16, 3), "float32"), np.ones((16, 2), "float32")], np.ones((16, 1), "float32")
+    expected = _shown(lambda: model().fit(x, y, batch_size=8, epochs=2, verbose=0))
+    trainer = Trainer(strategy="default" if replicas == 1 else mirrored(2), batch_size=8, verbose=0)
+    assert expected == ["The structure of `inputs` doesn't match the expected structure."]
+    assert _shown(lambda: trainer.fit(model(), x, y, epochs=2)) == expected
