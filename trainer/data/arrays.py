@@ -12,6 +12,7 @@ from __future__ import annotations
 import mmap
 from typing import Any, Callable
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -111,7 +112,9 @@ def array_dataset_fn(
                 rows = rows_in_order[start : start + size]
                 if uniform is not None:
                     rows = tf.ensure_shape(rows, [uniform])
-                return tf.nest.map_structure(lambda v: _take(v, rows), host), global_count, tracked, where
+                # tf.data would stack a list of inputs into one tensor: a tuple, as Keras's own arrays give one
+                return keras.tree.lists_to_tuples(tf.nest.map_structure(lambda v: _take(v, rows), host)), \
+                    global_count, tracked, where
 
             skip = tf.where(epoch == epochs.start, tf.constant(start_step * local, tf.int64), 0)
             # A serial map measured faster than a parallel one here (bench/throughput.py):
@@ -138,11 +141,13 @@ def host_copy(arrays: Any) -> Any:
     """
     # Inside a user's strategy scope a variable would be replicated: use tensors there.
     fill = tf.constant if tf.distribute.has_strategy() else _fill_variable
-    return tf.nest.map_structure(lambda a: a if is_mapped(a) else fill(a), arrays)
+    return tf.nest.map_structure(lambda a: a if a is None or is_mapped(a) else fill(a), arrays)
 
 
 def _take(host: Any, rows: tf.Tensor) -> tf.Tensor:
-    """`rows` of a host copy: gathered from the variable, or read from a mapped file."""
+    """`rows` of a host copy: gathered from the variable, or read from a mapped file (None stays)."""
+    if host is None:
+        return None
     if not isinstance(host, np.ndarray):
         return tf.gather(host, rows)
     taken = tf.numpy_function(lambda r: take(host, r), [rows], tf.as_dtype(fed_dtype(host)), stateful=False)
@@ -161,7 +166,9 @@ def _fill_variable(array: np.ndarray) -> tf.Variable:
 
 
 def row_slice(t: Any, begin: tf.Tensor, end: tf.Tensor) -> Any:
-    """Rows `begin` to `end` of a tensor: dense, ragged or sparse."""
+    """Rows `begin` to `end` of a tensor: dense, ragged or sparse (None, an optional input's absence, stays)."""
+    if t is None:
+        return None
     if isinstance(t, tf.SparseTensor):
         begin, end, rest = tf.cast(begin, tf.int64), tf.cast(end, tf.int64), t.dense_shape[1:]
         return tf.sparse.slice(t, tf.concat([[begin], tf.zeros_like(rest)], 0), tf.concat([[end - begin], rest], 0))
@@ -204,7 +211,9 @@ def num_rows(array: Any) -> int:
 
 
 def gather_rows(t: Any, rows: tf.Tensor) -> Any:
-    """The rows `rows` (distinct) of a tensor, in that order: dense, ragged or sparse."""
+    """The rows `rows` (distinct) of a tensor, in that order: dense, ragged or sparse (None stays)."""
+    if t is None:
+        return None
     if not isinstance(t, tf.SparseTensor):
         return tf.gather(t, rows)
     # Each entry's row moves to the row's position in `rows`; entries of rows not asked for are dropped.

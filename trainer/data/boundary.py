@@ -34,6 +34,7 @@ from trainer.data import class_weights
 from trainer.data import arrays as arrays_lib
 from trainer.data.arrays import as_float32
 from trainer.data.checks import check_data, subject
+from trainer.data.feed import spec_rank
 from trainer.data.inputs import ArrayInput, BatchedInput, DatasetInput, FunctionInput, Input
 from trainer.user_line import user_stacklevel
 
@@ -305,7 +306,7 @@ def _adapted(view: _compat.KerasView, form: str) -> BatchedInput:
     of `y` overwritten in 2 runs of 8, and the next epoch trained on them). A grain MapDataset batched by
     `.batch()` can also be read record by record (`BatchedInput.by_rows`).
     """
-    leading = [tf.TensorShape(np.shape(t))[:1] for t in tf.nest.flatten(view.first)]
+    leading = [tf.TensorShape(np.shape(t))[:1] for t in tf.nest.flatten(view.first) if t is not None]
     batch_size = int(leading[0][0]) if leading and leading[0].rank else None
     whole_tuple = isinstance(view.dataset.element_spec, tuple)  # `map` hands a tuple over as its components
 
@@ -320,13 +321,16 @@ def _adapted(view: _compat.KerasView, form: str) -> BatchedInput:
 
 
 def _owned(batch: Any) -> Any:
-    """A batch in memory of its own."""
-    return tf.nest.map_structure(lambda t: tf.raw_ops.DeepCopy(x=t), batch, expand_composites=True)
+    """A batch in memory of its own; an empty `tf.experimental.Optional`, which Keras's adapters make of None
+    (an optional input's absence), as None, which Keras's steps hand the model for it."""
+    batch = tf.nest.map_structure(lambda t: None if isinstance(t, tf.experimental.Optional) else t, batch)
+    return tf.nest.map_structure(lambda t: None if t is None else tf.raw_ops.DeepCopy(x=t), batch,
+                                 expand_composites=True)
 
 
 def _per_example(spec: Any) -> Any:
     return tf.nest.map_structure(
-        lambda s: tf.TensorSpec(s.shape[1:], s.dtype) if s.shape.rank else s, spec)
+        lambda s: tf.TensorSpec(s.shape[1:], s.dtype) if spec_rank(s) else s, spec)
 
 
 def _reject_nested_lists(part: Any, arg: str, name: str) -> None:
@@ -345,8 +349,8 @@ def _reject_nested_lists(part: Any, arg: str, name: str) -> None:
 
 
 def _as_array(value: Any) -> Any:
-    if isinstance(value, (tf.RaggedTensor, tf.SparseTensor)):  # read through tf.data (`ArrayInput.reader`)
-        return value
+    if value is None or isinstance(value, (tf.RaggedTensor, tf.SparseTensor)):  # an optional input's absence;
+        return value  # tensors that tf.data reads (`ArrayInput.reader`)
     value = np.asarray(value)
     return value if arrays_lib.is_mapped(value) else as_float32(value)  # a mapped file's rows: as they are taken
 
@@ -373,7 +377,7 @@ def _text_as_bytes(array: np.ndarray) -> np.ndarray:
 
 
 def _common_length(arrays: Any, arg: str) -> int:
-    leaves = tf.nest.flatten(arrays)
+    leaves = [a for a in tf.nest.flatten(arrays) if a is not None]  # None: an optional input's absence
     lengths = [arrays_lib.num_rows(a) for a in leaves]
     if any(n < 0 for n in lengths):
         raise ValueError(
@@ -410,7 +414,7 @@ def _checked_dataset(view: _compat.KerasView, arg: str, class_weight: Any = None
     """An unbatched dataset, which the trainer batches, or a batched one (`batched`: known to be), whose batches
     are the global batches."""
     dataset, batched, batch_size = view.dataset, batched or view.batched, view.batch_size
-    shapes = [s.shape for s in tf.nest.flatten(dataset.element_spec)]
+    shapes = [s.shape for s in tf.nest.flatten(dataset.element_spec) if hasattr(s, "shape")]
     if not batched and shapes and all(s.rank and s[0] is None for s in shapes):
         batched = True  # every leading dimension unknown: batches from a source this walk can't see into
     if class_weight is not None:

@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from trainer.data import arrays as arrays_lib
 from trainer.data import inputs as inputs_lib
+from trainer.data.feed import spec_rank
 from trainer.user_line import user_stacklevel
 
 PARTS = ("x", "y", "sample_weight")
@@ -28,7 +29,8 @@ def check_data(inp, arg: str, *, steps_arg: str | None, steps: int | None, with_
     if isinstance(inp, inputs_lib.ArrayInput):
         for part, struct in parts(inp.arrays, with_targets).items():
             for name, array in leaves(struct, part):
-                _check_array(array, name, part, arg)
+                if array is not None:  # an optional input's absence
+                    _check_array(array, name, part, arg)
         if with_targets and isinstance(inp.arrays, tuple) and len(inp.arrays) == 3:
             _check_sample_weight(inp.arrays[2], arg, per_example=False)
     elif isinstance(inp, (inputs_lib.DatasetInput, inputs_lib.BatchedInput)):
@@ -40,7 +42,7 @@ def check_data(inp, arg: str, *, steps_arg: str | None, steps: int | None, with_
                 f"{arg}.map(lambda e: (e['image'], e['label']))."
             )
         unknown = [name for part, struct in parts(spec, with_targets).items()
-                   for name, leaf in leaves(struct, part) if leaf.shape.rank is None]
+                   for name, leaf in leaves(struct, part) if spec_rank(leaf, 0) is None]
         if unknown:
             raise ValueError(
                 f"Every component of `{arg}`'s elements needs a known rank, to be batched and checked against "
@@ -130,7 +132,8 @@ def subject(arg: str, name: str) -> str:
 
 def describe_spec(spec: Any) -> str:
     """An element's tf.TensorSpecs in words: "(float32[8], int64[])"."""
-    return str(tf.nest.map_structure(lambda s: f"{s.dtype.name}{list(s.shape)}", spec)).replace('"', "")
+    return str(tf.nest.map_structure(lambda s: "None" if not hasattr(s, "shape") else f"{s.dtype.name}{list(s.shape)}",
+                                     spec)).replace('"', "")
 
 
 def structure(inp) -> Any:

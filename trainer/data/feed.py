@@ -111,7 +111,7 @@ class ArrayFeed:
 
     def __init__(self, arrays: Any, order: OrderFn, *, global_batch_size: int, num_replicas: int,
                  epochs: range = range(1), start_step: int = 0):
-        self.leaves = tf.nest.flatten(arrays)
+        self.leaves = [a for a in tf.nest.flatten(arrays) if a is not None]  # None: an optional input's absence
         # [steps, replicas]: where the rows each replica computes on start in the epoch order, how many,
         # and which of them it counts in the metrics.
         self._starts, self._sizes, self._tracked_begins, self._tracked_ends = computed_slices(
@@ -124,7 +124,7 @@ class ArrayFeed:
         self.step = start_step  # the next step of the current epoch
         # What the traced step loop depends on: structure, dtypes and per-example shapes, and the rows of a
         # replica's step when every step has the same (`step_batch`).
-        self.signature = (tf.nest.map_structure(lambda _: 0, arrays),
+        self.signature = (tf.nest.map_structure(lambda a: None if a is None else 0, arrays),
                           tuple((fed_dtype(a).str, a.shape[1:]) for a in self.leaves), uniform_rows(self._sizes))
 
     def run(self, loops, num_steps: int) -> int:
@@ -239,8 +239,16 @@ def step_batch(fetched: Fetched, i: tf.Tensor, signature: tuple) -> Share:
     parts = [r[begin:end] for r in rows]
     if uniform is not None:
         parts = [tf.ensure_shape(part, (uniform, *part.shape[1:])) for part in parts]
-    batch = tf.nest.pack_sequence_as(structure, parts)
+    present = iter(parts)
+    batch = tf.nest.pack_sequence_as(structure, [None if leaf is None else next(present)
+                                                 for leaf in tf.nest.flatten(structure)])
     return Share(batch, global_counts[i], (tracked[i, 0], tracked[i, 1]), (tracked[i, 2], tracked[i, 3]))
+
+
+def first_leaf(batch: Any) -> Any:
+    """The first tensor of a batch, whose rows are the batch's (None leaves, an optional input's absence, have
+    none)."""
+    return next(leaf for leaf in tf.nest.flatten(batch) if leaf is not None)
 
 
 def replica_share(batch: Any) -> Share:
@@ -254,7 +262,7 @@ def replica_share(batch: Any) -> Share:
     """
     context = tf.distribute.get_replica_context()
     replicas = context.num_replicas_in_sync
-    size = tf.shape(tf.nest.flatten(batch)[0], tf.int64)[0]
+    size = tf.shape(first_leaf(batch), tf.int64)[0]
     if replicas == 1:  # nothing to cut
         return Share(batch, tf.cast(size, tf.float32), placed=(tf.constant(0, tf.int64), size))
     return _cut(batch, size, tf.cast(context.replica_id_in_sync_group, tf.int64), replicas)
@@ -274,7 +282,11 @@ def _cut(batch: Any, size: tf.Tensor, replica: tf.Tensor, replicas: int) -> Shar
 
 
 class Cut(NamedTuple):
-    """A replica's `Share` cut in the input pipeline, as a dataset element (`cut_shares`)."""
+    """A replica's `Share` cut in the input pipeline, as a dataset element (`cut_shares`).
+
+    TensorFlow's distributed iterator fails on a None part (its optional's spec has no shape), so an optional
+    input's absence travels as an empty marker (`_ABSENT`), which `share` turns back into None.
+    """
 
     batch: Any
     global_count: tf.Tensor  # float32
@@ -283,11 +295,24 @@ class Cut(NamedTuple):
 
     @classmethod
     def of(cls, share: Share) -> Cut:
-        return cls(share.batch, share.global_count, tf.stack(share.tracked), tf.stack(share.placed))
+        return cls.carrying(share.batch, share.global_count, tf.stack(share.tracked), tf.stack(share.placed))
+
+    @classmethod
+    def carrying(cls, batch: Any, global_count: tf.Tensor, tracked: tf.Tensor, placed: tf.Tensor) -> Cut:
+        marked = tf.nest.map_structure(lambda t: tf.zeros(_ABSENT.shape, _ABSENT.dtype) if t is None else t, batch)
+        return cls(marked, global_count, tracked, placed)
 
     def share(self) -> Share:
-        return Share(self.batch, self.global_count, (self.tracked[0], self.tracked[1]),
-                     (self.placed[0], self.placed[1]))
+        batch = tf.nest.map_structure(lambda t: None if _is_absent(t) else t, self.batch)
+        return Share(batch, self.global_count, (self.tracked[0], self.tracked[1]), (self.placed[0], self.placed[1]))
+
+
+# The marker of a None part: no batch is a bool vector of no rows (`feed` never hands a replica an empty batch).
+_ABSENT = tf.TensorSpec([0], tf.bool)
+
+
+def _is_absent(t: Any) -> bool:
+    return isinstance(t, tf.Tensor) and t.dtype == tf.bool and t.shape.rank == 1 and t.shape[0] == 0  # static
 
 
 def cut_shares(global_batches: tf.data.Dataset, context: tf.distribute.InputContext) -> tf.data.Dataset:
@@ -305,7 +330,7 @@ def cut_shares(global_batches: tf.data.Dataset, context: tf.distribute.InputCont
 
     def cuts(*parts):
         batch = parts[0] if len(parts) == 1 else parts
-        size = tf.shape(tf.nest.flatten(batch)[0], tf.int64)[0]
+        size = tf.shape(first_leaf(batch), tf.int64)[0]
         return tf.data.Dataset.range(local).map(
             lambda i: Cut.of(_cut(batch, size, first_replica + i, replicas)))
 
@@ -380,19 +405,26 @@ def has_composite(element_spec: Any) -> bool:
 
 def shape_key(batch: Any) -> tf.Tensor:
     """Every dimension of every tensor in `batch`, as one int32 vector (the leading ones only if a rank is unknown)."""
-    leaves = tf.nest.flatten(batch)
+    leaves = [t for t in tf.nest.flatten(batch) if t is not None]
     if any(t.shape.rank is None for t in leaves):
         return tf.stack([_rows(t) for t in leaves])
     return tf.concat([_dims(t) for t in leaves], axis=0)
 
 
+def spec_rank(spec: Any, absent: Any = None) -> int | None:
+    """A spec's rank (None: unknown); `absent` for the spec of what is always None (`NoneTensorSpec`, an optional
+    input's absence), which has no shape."""
+    return spec.shape.rank if hasattr(spec, "shape") else absent
+
+
 def shape_key_length(element_spec: Any) -> int:
     """The length of `shape_key` for batches of `element_spec`."""
-    ranks = [spec.shape.rank for spec in tf.nest.flatten(element_spec)]
+    specs = [spec for spec in tf.nest.flatten(element_spec) if hasattr(spec, "shape")]  # not NoneTensorSpec
+    ranks = [spec.shape.rank for spec in specs]
     if None in ranks:
         return len(ranks)
     return sum(1 + spec.shape.rank - spec.ragged_rank if isinstance(spec, tf.RaggedTensorSpec) else spec.shape.rank
-               for spec in tf.nest.flatten(element_spec))
+               for spec in specs)
 
 
 def _rows(t: Any) -> tf.Tensor:
@@ -421,7 +453,7 @@ def whole_share(batch: Any) -> Share:
     its part starts.
     """
     context = tf.distribute.get_replica_context()
-    count = tf.cast(tf.shape(tf.nest.flatten(batch)[0])[0], tf.int64)
+    count = tf.cast(tf.shape(first_leaf(batch))[0], tf.int64)
     if context.num_replicas_in_sync == 1:
         return Share(batch, tf.cast(count, tf.float32), placed=(tf.constant(0, tf.int64), count))
     replica = context.replica_id_in_sync_group

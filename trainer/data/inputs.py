@@ -34,6 +34,7 @@ import tensorflow as tf
 from trainer import _compat
 from trainer.data import arrays as arrays_lib
 from trainer.data import feed
+from trainer.data.feed import spec_rank
 from trainer.distribute.cluster import strategy_cluster_info
 
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
@@ -104,7 +105,7 @@ class ArrayInput(_Input):
 
     def signature(self) -> Any:
         parts = tuple(self.arrays) if isinstance(self.arrays, (tuple, list)) else (self.arrays,)  # as datasets'
-        return tf.nest.map_structure(lambda a: tuple(a.shape[1:]), parts)
+        return tf.nest.map_structure(lambda a: None if a is None else tuple(a.shape[1:]), parts)
 
     def _sharding(self, num_workers: int) -> tuple[str, str]:
         reason = "the trainer splits each global batch into per-replica slices"
@@ -115,7 +116,7 @@ class ArrayInput(_Input):
     def sample(self, n: int) -> Any:
         """The first `n` examples, to build the model on."""
         def first(a):
-            if _composite(a):
+            if a is None or _composite(a):
                 return arrays_lib.row_slice(a, 0, n)
             return tf.convert_to_tensor(arrays_lib.as_float32(a[:n]))
 
@@ -149,7 +150,7 @@ class ArrayInput(_Input):
         fn = arrays_lib.array_dataset_fn(self.host(), self.num_examples, order, readers.global_batch_size, epochs,
                                          start_step)
         return feed.DistributedBatches(iter(readers.strategy.distribute_datasets_from_function(
-            lambda context: fn(context).map(feed.Cut))))
+            lambda context: fn(context).map(feed.Cut.carrying))))
 
     def composite_batches(self, order: np.ndarray, global_batch_size: int, start_step: int) -> tf.data.Dataset:
         """The global batches of one pass in `order`, from step `start_step`: each gathered from the arrays, as
@@ -180,10 +181,10 @@ class _DatasetKind(_Input):
 
     def signature(self) -> Any:
         spec = self.example_spec
-        if any(s.shape.rank is None for s in tf.nest.flatten(spec)):
+        if any(spec_rank(s, 0) is None for s in tf.nest.flatten(spec)):
             return None  # unknown; checks.check_data refuses it
         parts = tuple(spec) if isinstance(spec, (tuple, list)) else (spec,)  # x alone, as arrays pack it
-        return tf.nest.map_structure(lambda s: tuple(s.shape), parts)
+        return tf.nest.map_structure(lambda s: tuple(s.shape) if hasattr(s, "shape") else None, parts)
 
     def _sharding(self, num_workers: int) -> tuple[str, str]:
         policy, reason = shard_policy(self.dataset, num_workers)
@@ -312,7 +313,7 @@ class BatchedInput(_DatasetKind):
         if self.batch_size is not None:
             return self.batch_size
         first = self.first if self.first is not None else next(iter(self.dataset))
-        return int(tf.shape(tf.nest.flatten(first)[0])[0])
+        return int(tf.shape(feed.first_leaf(first))[0])
 
     def sample(self, n: int) -> Any:
         """The batch Keras peeked at; else `n` examples of zeros (empty strings) shaped as the elements.
@@ -324,10 +325,12 @@ class BatchedInput(_DatasetKind):
         """
         if self.first is not None:
             return self.first
-        if any(not s.shape.is_fully_defined() for s in tf.nest.flatten(self.example_spec)):
+        if any(hasattr(s, "shape") and not s.shape.is_fully_defined() for s in tf.nest.flatten(self.example_spec)):
             return next(iter(self.dataset))
 
         def zeros(spec):
+            if not hasattr(spec, "shape"):  # NoneTensorSpec: an optional input's absence
+                return None
             shape = [n, *spec.shape]
             return tf.fill(shape, "") if spec.dtype == tf.string else tf.zeros(shape, spec.dtype)
 

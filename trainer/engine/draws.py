@@ -52,7 +52,7 @@ def replica_rows(batch: Any, placed: tuple[tf.Tensor, tf.Tensor] | None, *, xla:
     if placed is None or context is None or context.num_replicas_in_sync == 1:  # one replica draws as Keras
         _local.placed = None
     else:
-        leaf = tf.nest.flatten(batch)[0]
+        leaf = next(t for t in tf.nest.flatten(batch) if t is not None)  # None: an optional input's absence
         rows = leaf.shape[0] if leaf.shape.rank and leaf.shape[0] is not None else tf.shape(leaf)[0]
         # Philox's counter for the replica's first row, per counter a row takes (low word; see `_skipped`)
         first_row = tf.stack([tf.cast(placed[0], tf.int64), tf.constant(0, tf.int64)])

@@ -86,7 +86,13 @@ def _check_features(model: keras.Model, x: Any, feed: _compat.DictFeed | None, a
             )
         pairs = [(name, leaf, t) for (name, leaf), t in zip(flat, tensors)]
     for name, leaf, tensor in pairs:
-        _check_feature(leaf, name, tensor, arg)
+        if not _absent(leaf):  # None for an input: the model says whether it is optional, as under model.fit
+            _check_feature(leaf, name, tensor, arg)
+
+
+def _absent(leaf: Any) -> bool:
+    """Whether data for an input is None (an array) or always None (an element's `NoneTensorSpec`)."""
+    return leaf is None or type(leaf).__name__ == "NoneTensorSpec"
 
 
 def _check_keys(feed: _compat.DictFeed, x: dict, arg: str) -> None:
