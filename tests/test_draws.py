@@ -1,5 +1,7 @@
 """trainer/engine/draws.py: a replica's random draws are its rows of the draw one device makes for the global batch."""
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -62,3 +64,47 @@ def test_a_draw_that_is_not_per_example_is_the_same_on_every_replica():
     scalar = keras.random.uniform((), seed=3).numpy()
     for part in _per_replica_draws(mirrored(2), lambda rows: keras.random.uniform((), seed=3), 10):
         assert part == scalar
+
+
+class LabelNoiseGAN(keras.Model):
+    """keras.io's GAN step, reduced: label noise drawn over the generated and the real rows together."""
+
+    def __init__(self, per_example: bool):
+        super().__init__()
+        self.per_example = per_example
+        self.discriminator = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        self.seed_generator = keras.random.SeedGenerator(3)
+
+    def call(self, x):
+        return self.discriminator(x)
+
+    def train_step(self, data):
+        real = data[0] if isinstance(data, tuple) else data
+        count = tf.shape(real)[0]
+        labels = tf.concat([tf.ones((count, 1)), tf.zeros((count, 1))], axis=0)
+        if self.per_example:  # a draw over each batch-sized part: each replica its rows of one device's
+            labels += 0.05 * tf.concat([keras.random.uniform((count, 1), seed=self.seed_generator)] * 2, axis=0)
+        else:  # keras.io: one draw over both parts, which no replica's rows are a slice of
+            labels += 0.05 * keras.random.uniform(tf.shape(labels), seed=self.seed_generator)
+        with tf.GradientTape() as tape:
+            logits = self.discriminator(tf.concat([real * 0.5, real], axis=0))
+            loss = keras.ops.mean(keras.losses.binary_crossentropy(labels, logits, from_logits=True))
+        grads = tape.gradient(loss, self.discriminator.trainable_weights)
+        self.optimizer.apply_gradients(zip(grads, self.discriminator.trainable_weights))
+        return {"loss": loss}
+
+
+@pytest.mark.parametrize("per_example, replicas, warned", [(False, 2, 1), (False, 1, 0), (True, 2, 0)])
+def test_a_draw_over_the_data_that_is_not_the_replicas_rows_is_named_once(per_example, replicas, warned):
+    from trainer import Trainer
+
+    model = LabelNoiseGAN(per_example)
+    model.compile(optimizer="sgd")
+    x = np.random.default_rng(0).normal(size=(16, 3)).astype("float32")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")  # each text once, as a user sees it
+        Trainer(strategy=mirrored(replicas), batch_size=8, verbose=0).fit(model, x, epochs=2)
+    named = [w for w in caught if "A random draw in the step has 8 rows" in str(w.message)]
+    assert len(named) == warned, [str(w.message) for w in caught]
+    if warned:
+        assert named[0].filename == __file__  # the user's line: the draw in train_step

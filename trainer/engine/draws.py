@@ -29,13 +29,17 @@ from __future__ import annotations
 
 import contextlib
 import numbers
+import sys
 import threading
+import warnings
 from typing import Any, Callable
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from trainer import _compat
+from trainer.user_line import user_stacklevel
 
 _COUNTER = True  # Philox's counter shortcut; bench/exact_layers_cost.py turns it off to time the global draw
 _local = threading.local()  # .placed: (first row, rows, examples, first row's counter) of the replica traced
@@ -82,8 +86,61 @@ def _rows_of(shape: Any) -> tuple[Any, tuple] | None:
     if leading is None:
         return None
     if isinstance(leading, int):  # a static size follows the rows only where they are static too
-        return (True, placed) if isinstance(rows, int) and leading == rows else None
-    return tf.equal(tf.cast(leading, rows.dtype) if tf.is_tensor(rows) else leading, rows), placed
+        if isinstance(rows, int) and leading == rows:
+            return True, placed
+        if isinstance(rows, int) and leading > rows and leading % rows == 0 and _from_data(shape):
+            _warn_unsliced(leading, rows)
+        return None
+    leading = tf.cast(leading, rows.dtype) if tf.is_tensor(rows) else leading
+    if _from_data(shape) and not getattr(_local, "xla", False):  # XLA compiles no Python: nothing is named there
+        _name_unsliced_when_run(leading, rows)
+    return tf.equal(leading, rows), placed
+
+
+def _from_data(shape: Any) -> bool:
+    """Whether a draw's shape was computed from tensors (`tf.shape(labels)`), not written as numbers."""
+    return tf.is_tensor(shape) or (isinstance(shape, (list, tuple)) and any(tf.is_tensor(d) for d in shape))
+
+
+class _Unsliced(UserWarning):
+    pass
+
+
+_NAMED: dict = {}  # the draws `_warn_unsliced` named from a running step, each once a process
+
+
+def _warn_unsliced(leading: int, rows: int, where: tuple | None = None) -> None:
+    """Names a draw that follows the data but not the replica's rows (keras.io's GANs draw label noise over the
+    generated and the real rows together): each replica draws numbers of its own, not its rows of one
+    device's draw, so the step's numbers are not one device's. `where`: (file, line, module) of the draw."""
+    text = (
+        f"A random draw in the step has {leading} rows, computed from the data, where the replica's batch has "
+        f"{rows}: the trainer gives a replica its rows of one device's draw only for a draw over its own rows, so "
+        f"each replica draws this one on its own, and the numbers differ from one device's. Draw per example "
+        f"instead (a draw over each batch-sized part, e.g. keras.random.uniform((batch_size, 1)) for the "
+        f"generated and for the real rows, then concatenated) to have one device's numbers.")
+    if where is None:
+        warnings.warn(text, _Unsliced, stacklevel=user_stacklevel())
+    else:
+        warnings.warn_explicit(text, _Unsliced, where[0], where[1], module=where[2])
+
+
+def _name_unsliced_when_run(leading: tf.Tensor, rows: Any) -> None:
+    """`_warn_unsliced` from the step, for a draw whose sizes are known only when it runs: a branch that runs
+    only for such a draw (a scalar comparison a step otherwise), pointing at the line found now."""
+    frame = sys._getframe(user_stacklevel() - 1)  # a stacklevel counts this function as 1
+    where = (frame.f_code.co_filename, frame.f_lineno, frame.f_globals.get("__name__", ""))
+
+    def warn(leading, rows):
+        if (where, int(leading)) not in _NAMED:  # once, however the user's filters show warnings
+            _NAMED[(where, int(leading))] = True
+            _warn_unsliced(int(leading), int(rows), where)
+        return np.int32(0)
+
+    rows = tf.cast(rows, leading.dtype)
+    unsliced = tf.logical_and(leading > rows, tf.equal(leading % tf.maximum(rows, 1), 0))
+    tf.cond(unsliced, lambda: tf.numpy_function(warn, [leading, rows], tf.int32, stateful=True),
+            lambda: tf.constant(0, tf.int32))
 
 
 def _leading(shape: Any) -> Any:
