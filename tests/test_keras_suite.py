@@ -20,6 +20,7 @@ from pathlib import Path
 import keras
 import pytest
 
+from conftest import FULL
 from keras_suite.keras_plugin import ROOT, keras_test_files
 
 pytestmark = pytest.mark.slow
@@ -54,7 +55,8 @@ def _run(mode: str, folder: Path, tests: list[str]) -> dict[str, str]:
 # CI) is the full tier's (TRAINER_TESTS=full), with Keras parity on one device in CI (test_keras_parity.py).
 @pytest.mark.parametrize("replicas", [pytest.param("1", marks=pytest.mark.full), "2"])
 def test_keras_suite_passes_beneath_the_trainer(replicas, tmp_path):
-    beneath = _run(replicas, tmp_path, [str(path) for path in keras_test_files(keras.__version__)])
+    files = keras_test_files(keras.__version__, full=FULL)
+    beneath = _run(replicas, tmp_path, [str(path) for path in files])
     passed = [test for test, outcome in beneath.items() if outcome == "passed"]
     assert len(passed) > 150, f"only {len(passed)} of Keras's tests passed beneath the trainer: {beneath}"
     # What does not pass beneath the trainer runs again on Keras alone: what fails there too is not asked of us.

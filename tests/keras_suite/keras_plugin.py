@@ -2,8 +2,11 @@
 
 Keras's source distribution ships its test files. `keras_test_files` downloads
 the one for the installed Keras (once, into `.cache/`) and takes out the files
-the tier runs: `keras/src/trainers/trainer_test.py` and
-`keras/src/callbacks/*_test.py`. They are never copied into the repository.
+the tiers run: `keras/src/trainers/trainer_test.py`, `keras/src/callbacks/*_test.py`
+and `keras/src/distillation/*_test.py`; the full tier adds `keras/src/models/`
+(the functional API, Sequential, cloning) and `keras/src/wrappers/` (the
+scikit-learn wrappers under scikit-learn's estimator checks), minutes more.
+They are never copied into the repository.
 
 A run of them is `python -m pytest -p keras_plugin FILES` (with this folder on the path) with `KERAS_SUITE_MODE`
 set to "plain" (Keras alone) or to a replica count ("1", "2"): then each test
@@ -26,16 +29,20 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".cache" / "keras-tests"
-# The files of Keras's suite that test fit, evaluate, predict and the callbacks; the Orbax callback's tests need
+# The files of Keras's suite that test fit, evaluate, predict and the callbacks, and a model that overrides them
+# (distillation); the full tier's, the models' and the wrappers'. The Orbax callback's tests need
 # orbax-checkpoint, which neither Keras nor the trainer depends on (they fail on Keras alone here).
-MEMBERS = ("keras/src/trainers/trainer_test.py", "keras/src/callbacks/")
+MEMBERS = ("keras/src/trainers/trainer_test.py", "keras/src/callbacks/", "keras/src/distillation/")
+FULL_MEMBERS = ("keras/src/models/", "keras/src/wrappers/")
 LEFT_OUT = ("keras/src/callbacks/orbax_checkpoint_test.py",)
 
 
-def keras_test_files(version: str) -> list[Path]:
-    """The test files of Keras `version`'s source distribution that the tier runs, downloaded once."""
+def keras_test_files(version: str, *, full: bool = False) -> list[Path]:
+    """The test files of Keras `version`'s source distribution that the tier runs (`full`: the full tier's),
+    downloaded once for every member listed."""
     folder = CACHE / version
-    if not (folder / "done").exists():
+    members = MEMBERS + FULL_MEMBERS
+    if not (folder / "done").exists() or (folder / "done").read_text() != "\n".join(members):
         folder.mkdir(parents=True, exist_ok=True)
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-binary", ":all:", "--no-deps",
                         "--dest", str(folder), f"keras=={version}"], check=True)
@@ -43,13 +50,20 @@ def keras_test_files(version: str) -> list[Path]:
         with tarfile.open(archive) as tar:
             for member in tar.getmembers():
                 path = member.name.split("/", 1)[-1]
-                if (member.isfile() and path.endswith("_test.py") and path.startswith(MEMBERS)
+                if (member.isfile() and path.endswith("_test.py") and path.startswith(members)
                         and path not in LEFT_OUT):
-                    member.name = path.rsplit("/", 2)[-2] + "/" + path.rsplit("/", 1)[-1]  # trainers/x_test.py
+                    member.name = _folder(path) + "/" + path.rsplit("/", 1)[-1]  # trainers/x_test.py
                     tar.extract(member, folder, filter="data")
         archive.unlink()
-        (folder / "done").write_text("")
-    return sorted(folder.glob("*/*_test.py"))
+        (folder / "done").write_text("\n".join(members))
+    folders = {_folder(member) for member in MEMBERS + (FULL_MEMBERS if full else ())}
+    return sorted(path for path in folder.glob("*/*_test.py") if path.parent.name in folders)
+
+
+def _folder(path: str) -> str:
+    """"keras/src/trainers/trainer_test.py" and "keras/src/callbacks/" -> "trainers", "callbacks"."""
+    parts = path.rstrip("/").split("/")
+    return parts[-2] if parts[-1].endswith(".py") else parts[-1]
 
 
 # The plugin ------------------------------------------------------------------------
