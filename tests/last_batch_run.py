@@ -52,8 +52,9 @@ for family in chosen or FAMILIES:
         history = trainer.fit(model, data, epochs=2, validation_data=val)
         results[key] = {"history": history.history, "evaluate": trainer.evaluate(model, data, return_dict=True)}
         arrays[f"{key}/weights"] = np.concatenate([w.ravel() for w in model.get_weights()])
+        # (features,): a tuple of several inputs alone would read as (x, y), as in Keras's predict
         arrays[f"{key}/predictions"] = trainer.predict(model, x if form == "arrays" else as_dataset(x, y).map(
-            lambda features, _: features))
+            lambda features, _: (features,)))
     if strategy_name == "none":
         reference = make_model(family)
         x, y = make_data(family, SIZES["fused"], seed=0)
