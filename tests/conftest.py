@@ -98,6 +98,13 @@ def run_script(script, *args, launch: tuple = (), env: dict | None = None,
     return proc
 
 
+def load_run(out, task: str) -> tuple[dict, dict]:
+    """What a run script's `task` saved in `out`: its JSON results, and its arrays (OUT/<task>.json, .npz)."""
+    with open(out / f"{task}.json") as f:
+        results = json.load(f)
+    return results, dict(np.load(out / f"{task}.npz"))
+
+
 def run_python(script: str, *args: str, env: dict | None = None, timeout: int = 300) -> dict:
     """Runs a Python file in a fresh interpreter; returns the JSON it prints last."""
     full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}

@@ -6,13 +6,12 @@ every form through the trainer and inside `Trainer.distribute()` (tests/distribu
 predictions and the optimizer's step count. The refusals run in-process.
 """
 
-import json
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import TESTS, mirrored, run_script, tiny_data, tiny_model
+from conftest import TESTS, load_run, mirrored, run_script, tiny_data, tiny_model
 from trainer import Trainer
 from trainer.data import feed
 
@@ -26,18 +25,11 @@ def _run(*arguments, launch=(), env=None):
     return run_script(SCRIPT, *arguments, launch=launch, env=env)
 
 
-def _load(out, task):
-    with open(out / f"{task}.json") as f:
-        results = json.load(f)
-    arrays = dict(np.load(out / f"{task}.npz"))
-    return results, arrays
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     out = tmp_path_factory.mktemp("reference")
     _run(out, "--reference")
-    results, arrays = _load(out, "single0")
+    results, arrays = load_run(out, "single0")
     return results["reference"], {key.split("/")[1]: value for key, value in arrays.items()}
 
 
@@ -59,13 +51,13 @@ def _assert_one_device(results, arrays, reference):
 @pytest.mark.parametrize("replicas", [1, 2, 3])
 def test_every_form_gives_one_devices_numbers_on_replicas(tmp_path, reference, replicas):
     _run(tmp_path, "--replicas", str(replicas))
-    _assert_one_device(*_load(tmp_path, "single0"), reference)
+    _assert_one_device(*load_run(tmp_path, "single0"), reference)
 
 
 def test_every_form_gives_one_devices_numbers_through_the_accelerator_reader(tmp_path, reference):
     """2 CPU replicas reading as GPUs and TPUs do (TensorFlow's distributed iterator)."""
     _run(tmp_path, "--replicas", "2", env={feed.ACCELERATOR_READER: "1"})
-    _assert_one_device(*_load(tmp_path, "single0"), reference)
+    _assert_one_device(*load_run(tmp_path, "single0"), reference)
 
 
 def test_every_form_gives_one_devices_numbers_on_two_workers(tmp_path, reference):
@@ -73,7 +65,7 @@ def test_every_form_gives_one_devices_numbers_on_two_workers(tmp_path, reference
     whole is cut by the trainer: both give one device's batches of 48."""
     _run(tmp_path, launch=("--workers", "2"))
     for task in ("worker0", "worker1"):
-        _assert_one_device(*_load(tmp_path, task), reference)
+        _assert_one_device(*load_run(tmp_path, task), reference)
 
 
 def _per_replica_fn(x, y, w, global_batch):

@@ -6,13 +6,12 @@ evaluate, weights and predictions must agree with the one-replica run, and each 
 share of the files' bytes. The refusals run in-process.
 """
 
-import json
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import FULL, TESTS, mirrored, run_script, tiny_model
+from conftest import FULL, TESTS, load_run, mirrored, run_script, tiny_model
 from trainer import Trainer
 
 pytestmark = pytest.mark.slow  # subprocesses, layouts or whole trainings: not in the everyday tier
@@ -22,12 +21,6 @@ SCRIPT = str(TESTS / "file_shards_run.py")
 
 def _run(*arguments, launch=()):
     return run_script(SCRIPT, *arguments, launch=launch)
-
-
-def _load(out, task):
-    with open(out / f"{task}.json") as f:
-        result = json.load(f)
-    return result, dict(np.load(out / f"{task}.npz"))
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +35,7 @@ def one_replica(files, tmp_path_factory):
     out = tmp_path_factory.mktemp("one")
     proc = _run(files, out)
     assert "sharding       FILE: 8 file shards, 8 per worker: each worker reads all of the files" in proc.stdout
-    return _load(out, "single0")
+    return load_run(out, "single0")
 
 
 def _assert_same(result, arrays, reference):
@@ -60,7 +53,7 @@ def _assert_same(result, arrays, reference):
 @pytest.mark.parametrize("replicas", [2, 4, 8] if FULL else [2, 8])
 def test_replicas_in_one_process_give_the_one_replica_numbers(files, one_replica, tmp_path, replicas):
     _run(files, tmp_path, "--replicas", replicas)
-    _assert_same(*_load(tmp_path, "single0"), one_replica)
+    _assert_same(*load_run(tmp_path, "single0"), one_replica)
 
 
 @pytest.mark.parametrize("replicas", [1, 2])
@@ -70,7 +63,7 @@ def test_two_workers_give_the_one_replica_numbers_and_read_half_the_files_each(f
     assert "sharding       FILE: 8 file shards, 4 per worker: each worker reads 1/2 of the files" in proc.stdout
     single_read = one_replica[0]["read_bytes"]
     for task in ("worker0", "worker1"):
-        result, arrays = _load(tmp_path, task)
+        result, arrays = load_run(tmp_path, task)
         _assert_same(result, arrays, one_replica)
         # Each worker reads its 8 of the 16 files: about half the bytes one process reads for the same steps.
         assert 0.4 * single_read < result["read_bytes"] < 0.6 * single_read, (result["read_bytes"], single_read)

@@ -6,12 +6,11 @@ given the same grain datasets: history (keys too), evaluate, weights, prediction
 count; and counts the records the source handed out in a steady epoch.
 """
 
-import json
 
 import numpy as np
 import pytest
 
-from conftest import TESTS, run_script
+from conftest import TESTS, load_run, run_script
 from trainer.data import feed
 
 pytest.importorskip("grain")  # the 'ecosystem' extra
@@ -22,17 +21,11 @@ FORMS = ["batch_fn", "records", "shuffled"]
 RECORDS = 100  # in batches of 24: 12 + 12 rows a batch for each of 2 workers, 2 + 2 of the last batch of 4
 
 
-def _load(out, task):
-    with open(out / f"{task}.json") as f:
-        results = json.load(f)
-    return results, dict(np.load(out / f"{task}.npz"))
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     out = tmp_path_factory.mktemp("reference")
     run_script(SCRIPT, out, "--reference")
-    return _load(out, "single0")
+    return load_run(out, "single0")
 
 
 def _assert_one_device(results, arrays, reference):
@@ -54,7 +47,7 @@ def _assert_one_device(results, arrays, reference):
                          ids=["1 replica", "3 replicas", "2 replicas, accelerator reader"])
 def test_one_process_reads_every_record_and_gives_one_devices_numbers(tmp_path, reference, replicas, env):
     run_script(SCRIPT, tmp_path, "--replicas", replicas, env=env)
-    results, arrays = _load(tmp_path, "single0")
+    results, arrays = load_run(tmp_path, "single0")
     _assert_one_device(results, arrays, reference)
     assert reference[0]["records"]["read"] == [RECORDS, RECORDS]  # model.fit's own reading
     assert all(result["read"] == [RECORDS, RECORDS] for result in results.values())
@@ -65,7 +58,7 @@ def test_each_of_two_workers_reads_half_the_records_with_one_devices_numbers(tmp
     """A batch made by the user's `batch_fn` comes whole, so every worker reads all of it; the plans say so."""
     proc = run_script(SCRIPT, tmp_path, launch=("--workers", "2"), env=env)
     for task in ("worker0", "worker1"):
-        results, arrays = _load(tmp_path, task)
+        results, arrays = load_run(tmp_path, task)
         _assert_one_device(results, arrays, reference)
         assert results["records"]["read"] == results["shuffled"]["read"] == [RECORDS // 2] * 2, task
         assert results["batch_fn"]["read"] == [RECORDS, RECORDS], task

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import TESTS, assert_same_run
+from conftest import TESTS, assert_same_run, load_run
 
 pytestmark = pytest.mark.slow  # subprocesses, layouts or whole trainings: not in the everyday tier
 
@@ -24,19 +24,13 @@ def _launch(out, *extra, workers=2, env=None, timeout=240):
     return subprocess.run(command, capture_output=True, text=True, env={**ENV, **(env or {})}, timeout=timeout)
 
 
-def _load(out, task):
-    with open(out / f"{task}.json") as f:
-        result = json.load(f)
-    return result, dict(np.load(out / f"{task}.npz"))
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     out = tmp_path_factory.mktemp("single")
     proc = subprocess.run([sys.executable, SCRIPT, str(out), "default"], capture_output=True, text=True, env=ENV,
                           timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return _load(out, "single0")
+    return load_run(out, "single0")
 
 
 def test_two_workers_match_the_single_process_run(tmp_path, reference):
@@ -46,7 +40,7 @@ def test_two_workers_match_the_single_process_run(tmp_path, reference):
     assert "2 in sync over 2 worker(s)" in proc.stdout
     assert "cluster        trainer-launch on this machine: 2 workers; chief: worker 0" in proc.stdout
     assert not any(line.startswith("[worker:1] Epoch") for line in proc.stdout.splitlines())  # chief only
-    worker0, worker1 = _load(tmp_path, "worker0"), _load(tmp_path, "worker1")
+    worker0, worker1 = load_run(tmp_path, "worker0"), load_run(tmp_path, "worker1")
     assert worker0[0].pop("is_chief") and not worker1[0].pop("is_chief")
     assert worker0[0] == worker1[0]  # identical history and evaluate() on both workers, 2 replicas on each
     np.testing.assert_array_equal(worker0[1]["weights"], worker1[1]["weights"])
@@ -65,7 +59,7 @@ def test_four_workers_of_two_replicas_match_the_single_process_run(tmp_path, ref
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "8 in sync over 4 worker(s)" in proc.stdout
     assert "43 examples (3 replica(s) get 6, 5 get 5)" in proc.stdout
-    results = [_load(tmp_path, f"worker{i}") for i in range(4)]
+    results = [load_run(tmp_path, f"worker{i}") for i in range(4)]
     for result, arrays in results:
         result.pop("is_chief")
         assert result.pop("replicas") == 8
@@ -80,7 +74,7 @@ def test_four_nodes_match_the_single_process_run(tmp_path, reference):
     assert statuses == [0, 0, 0, 0], "\n".join(out[-2000:] for out in outs)
     assert "trainer-launch on 4 nodes (node 0 at localhost): 4 workers; chief: worker 0" in outs[0]
     for i in range(4):
-        assert_same_run(*_load(tmp_path, f"worker{i}"), reference)
+        assert_same_run(*load_run(tmp_path, f"worker{i}"), reference)
 
 
 @pytest.mark.full  # the full tier's scale layouts (TRAINER_TESTS=full)
@@ -89,7 +83,7 @@ def test_eight_replicas_in_one_process_match_the_single_device_run(tmp_path, ref
     proc = subprocess.run([sys.executable, SCRIPT, str(tmp_path), "mirrored"], capture_output=True, text=True,
                           env={**ENV, "REPLICAS": "8"}, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result, arrays = _load(tmp_path, "single0")
+    result, arrays = load_run(tmp_path, "single0")
     assert result.pop("replicas") == 8
     assert_same_run(result, arrays, reference)
 
@@ -109,7 +103,7 @@ def test_a_dead_worker_stops_the_job_and_backup_resumes_it(tmp_path, reference):
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert ("BackupAndRestore: resuming from epoch 1, step 8 (" in resumed.stdout
             and "written on 2 replica(s) over 2 worker(s))" in resumed.stdout), resumed.stdout[-3000:]
-    result, arrays = _load(tmp_path, "single0")
+    result, arrays = load_run(tmp_path, "single0")
     assert result["epochs"] == [1] and result["replicas"] == 2
     np.testing.assert_allclose(arrays["weights"], reference[1]["weights"], rtol=1e-5, atol=1e-7)
     assert not (tmp_path / "files" / "backup" / "backup.npz").exists()
@@ -130,7 +124,7 @@ def test_a_sigterm_to_one_worker_makes_every_worker_save_the_same_step(tmp_path,
                              capture_output=True, text=True, env={**ENV, "REPLICAS": "2"}, timeout=240)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "BackupAndRestore: resuming from epoch 1, step 12 (" in resumed.stdout, resumed.stdout[-3000:]
-    result, arrays = _load(tmp_path, "single0")
+    result, arrays = load_run(tmp_path, "single0")
     np.testing.assert_allclose(arrays["weights"], reference[1]["weights"], rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(arrays["predictions"], reference[1]["predictions"], rtol=1e-5, atol=1e-6)
 
@@ -160,8 +154,8 @@ def test_two_nodes_match_the_single_process_run(tmp_path, reference):
     assert "[worker:0]   cluster        trainer-launch on 2 nodes (node 0 at localhost): 2 workers; chief: worker 0" \
         in out0
     assert "[worker:0]   replicas       2 in sync over 2 worker(s)" in out0 and "Training plan" not in out1
-    assert_same_run(*_load(tmp_path, "worker0"), reference)
-    assert_same_run(*_load(tmp_path, "worker1"), reference)
+    assert_same_run(*load_run(tmp_path, "worker0"), reference)
+    assert_same_run(*load_run(tmp_path, "worker1"), reference)
 
 
 @pytest.mark.full  # the full tier's scale layouts (TRAINER_TESTS=full)
@@ -179,7 +173,7 @@ def test_a_node_gone_mid_epoch_stops_the_job_and_the_rerun_resumes(tmp_path, ref
     (out0, out1), statuses = _nodes(tmp_path, "backup")
     assert statuses == [0, 0], out0[-3000:] + out1[-3000:]
     assert "[worker:0] BackupAndRestore: resuming from epoch 1, step 8" in out0
-    result, arrays = _load(tmp_path, "worker1")
+    result, arrays = load_run(tmp_path, "worker1")
     assert result["epochs"] == [1]
     np.testing.assert_allclose(arrays["weights"], reference[1]["weights"], rtol=1e-5, atol=1e-7)
 
@@ -200,7 +194,7 @@ def test_an_elastic_job_resumes_exactly_on_the_node_that_is_left(tmp_path, refer
     # Which one is a race; either resumes to the uninterrupted run's numbers (asserted below).
     assert (re.search(r"\[worker:0\] BackupAndRestore: resuming from epoch 1, step [08] \(", out0)
             and "written on 2 replica(s) over 2 worker(s))" in out0), out0[-3000:]
-    result, arrays = _load(tmp_path, "worker0")
+    result, arrays = load_run(tmp_path, "worker0")
     assert result["epochs"] == [1] and result["replicas"] == 1
     np.testing.assert_allclose(arrays["weights"], reference[1]["weights"], rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(arrays["predictions"], reference[1]["predictions"], rtol=1e-5, atol=1e-6)
