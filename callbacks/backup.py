@@ -64,9 +64,10 @@ class BackupAndRestore(ContextAware):
     Needs `Trainer.fit`, which resumes through its `TrainContext`; for a plain
     `Model.fit` use `keras.callbacks.BackupAndRestore`.
 
-    Note: the metrics logged for an epoch that resumed mid-way cover only the
-    steps run after the resume. Exact resume needs array inputs or datasets
-    read once per epoch; a dataset function restarts its epoch from the first
+    A backup taken mid-epoch also holds the metrics' totals so far, so the
+    resumed epoch logs its loss and metrics over all of its steps, as an
+    uninterrupted run does. Exact resume needs array inputs or datasets read
+    once per epoch; a dataset function restarts its epoch from the first
     batch, and a dataset read with `steps_per_epoch` restarts its stream.
 
     Args:
@@ -192,8 +193,12 @@ class BackupAndRestore(ContextAware):
             arrays = {f"model_{i}": np.asarray(v.numpy()) for i, v in enumerate(self.model.variables)}
             arrays.update({f"optimizer_{i}": np.asarray(v.numpy())
                            for i, v in enumerate(self.model.optimizer.variables)})
+        metrics = self.context.metric_states if step else None  # an epoch's start resets them
+        if metrics is not None:
+            arrays.update({f"metrics_{i}": state for i, state in enumerate(metrics)})
         plan = self.context.plan
         state = {"epoch": epoch, "step": step, "model_vars": len(self.model.variables),
+                 "metric_vars": None if metrics is None else len(metrics),
                  "optimizer_vars": len(self.model.optimizer.variables), "learning_rate": "unscaled",
                  "global_batch_size": plan.global_batch_size, "replicas": plan.num_replicas,
                  "workers": plan.num_workers}
@@ -231,6 +236,8 @@ class BackupAndRestore(ContextAware):
             for prefix, variables in (("model", model_vars), ("optimizer", optimizer_vars)):
                 for i, variable in enumerate(variables):
                     variable.assign(backup[f"{prefix}_{i}"])
+            if state.get("metric_vars") is not None:
+                self.context.initial_metric_states = [backup[f"metrics_{i}"] for i in range(state["metric_vars"])]
         if state.get("learning_rate") == "unscaled":
             rescale_learning_rate(self.model.optimizer, self.context.lr_plan)
         return state

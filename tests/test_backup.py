@@ -23,6 +23,22 @@ def _run(workdir, *extra, form="arrays", env=None):
                           capture_output=True, text=True, env=env, timeout=300)
 
 
+def _logged(workdir):
+    """The JSONLogger's rows without their timings: epoch, loss, learning rate."""
+    with open(workdir / "log.jsonl") as f:
+        rows = [json.loads(line) for line in f]
+    return [{k: v for k, v in row.items() if k not in ("epoch_time", "examples_per_second")} for row in rows]
+
+
+def _assert_same_log(workdir, reference):
+    """The resumed run's log continues without duplicates, and the epoch it resumed mid-way logs the loss over
+    all of its steps, as the uninterrupted run does."""
+    rows, expected = _logged(workdir), _logged(reference)
+    assert [row.keys() for row in rows] == [row.keys() for row in expected]
+    for row, want in zip(rows, expected):
+        assert row == pytest.approx(want, rel=1e-5), (rows, expected)
+
+
 def _weights(workdir):
     with np.load(workdir / "out.npz") as f:
         return [f[k] for k in sorted(f.files, key=lambda k: int(k.split("_")[1]))]
@@ -64,8 +80,7 @@ def test_interrupted_run_resumes_to_the_same_weights(tmp_path, uninterrupted, ho
     for resumed, reference in zip(_weights(tmp_path), _weights(uninterrupted)):
         np.testing.assert_allclose(resumed, reference, rtol=1e-6, atol=1e-6)
     assert not (tmp_path / "backup" / "backup.npz").exists()  # removed once training completed
-    with open(tmp_path / "log.jsonl") as f:
-        assert [json.loads(line)["epoch"] for line in f] == [0, 1, 2]  # the log continued, no duplicates
+    _assert_same_log(tmp_path, uninterrupted)
 
 
 @pytest.mark.slow
@@ -84,6 +99,7 @@ def test_a_backup_written_on_two_replicas_resumes_mid_epoch_on_three_to_the_same
     np.testing.assert_array_equal(np.load(tmp_path / "out_counts.npy"), np.full(250, 3.0))
     for resumed, expected in zip(_weights(tmp_path), _weights(reference), strict=True):
         np.testing.assert_allclose(resumed, expected, rtol=1e-5, atol=1e-6)
+    _assert_same_log(tmp_path, reference)  # the metric totals saved on 2 replicas go on on 3
 
 
 @pytest.mark.slow

@@ -53,6 +53,11 @@ class TrainContext:
       step: steps finished in the current epoch.
       initial_epoch, initial_step: where training starts. A callback may move
         them forward in `on_train_begin` to resume (see BackupAndRestore).
+      initial_metric_states: with a mid-epoch `initial_step`, what the model's
+        metric variables held there (`metric_states` of the run that stopped),
+        so that the resumed epoch logs its metrics over all of its steps.
+      metric_states: the model's metric variables as one device holds them, at
+        the last step boundary; kept while a callback resumes (`resumes = True`).
       examples_seen: examples trained on in this call to fit.
       fusion: how many steps each call runs (fixed, or sized from step time).
       step_seconds: wall seconds spent inside step calls in this call to fit
@@ -70,6 +75,8 @@ class TrainContext:
     epochs: int
     initial_epoch: int = 0
     initial_step: int = 0
+    initial_metric_states: list[np.ndarray] | None = None
+    metric_states: list[np.ndarray] | None = None
     epoch: int = 0
     step: int = 0
     examples_seen: int = 0
@@ -235,6 +242,7 @@ def _run_epochs(source: StepSource, context: TrainContext, callbacks: keras.call
                 validation: Validation | None, eval_steps: Steps) -> dict[str, Any]:
     model, objective = source.steps.model, source.objective
     batch_logs = any(overrides_batch_hooks(c) for c in callbacks.callbacks)
+    keep_states = any(getattr(c, "resumes", False) for c in callbacks.callbacks)
     model.stop_training = False
     callbacks.on_train_begin()  # a resuming callback may move initial_epoch/initial_step here
     resumed = _compat.requested_initial_epoch(model)  # Keras's own BackupAndRestore, as model.fit reads it
@@ -248,15 +256,28 @@ def _run_epochs(source: StepSource, context: TrainContext, callbacks: keras.call
             first_step = context.initial_step if epoch == context.initial_epoch else 0
             context.epoch, context.step = epoch, first_step
             objective.reset()
+            if first_step and context.initial_metric_states is not None:
+                _resume_metrics(objective, context)
             callbacks.on_epoch_begin(epoch)
             with source.epoch(epoch, first_step) as run_steps:
-                _train_epoch(run_steps, source.passes, model, objective, context, callbacks, batch_logs)
+                _train_epoch(run_steps, source.passes, model, objective, context, callbacks, batch_logs,
+                             keep_states)
             logs = end_epoch(epoch, objective, eval_steps, validation, callbacks)
             if model.stop_training:
                 break
         end_training(model, context, callbacks, logs)
     source.end()
     return logs
+
+
+def _resume_metrics(objective, context: TrainContext) -> None:
+    """Puts back the metric totals of the step training resumes at, so the epoch logs all of its steps."""
+    if objective.states_fit(context.initial_metric_states):
+        objective.restore_states(context.initial_metric_states, context.is_chief)
+    elif context.is_chief:
+        warnings.warn(f"The backup's metric totals do not fit this model's metrics (another compile?), so the "
+                      f"metrics logged for epoch {context.initial_epoch} cover only the steps from "
+                      f"{context.initial_step} on. The weights resume exactly.", stacklevel=user_stacklevel())
 
 
 def end_training(model: keras.Model, context: TrainContext, callbacks: keras.callbacks.CallbackList, logs) -> None:
@@ -308,8 +329,9 @@ def end_epoch(epoch: int, objective, eval_steps: Steps, validation: Validation |
 
 
 def _train_epoch(run_steps: Callable[[int], int], passes: Passes, model: keras.Model, objective,
-                 context: TrainContext, callbacks, batch_logs: bool) -> None:
-    """Runs the epoch's step calls from `context.step` on, while `passes` gives the epoch steps.
+                 context: TrainContext, callbacks, batch_logs: bool, keep_states: bool) -> None:
+    """Runs the epoch's step calls from `context.step` on, while `passes` gives the epoch steps; with
+    `keep_states`, keeps the metrics' variables of each call's end in `context.metric_states`.
 
     The batch hooks bracket each call of `context.fusion.steps` steps, as
     Keras's bracket each call of `steps_per_execution`; a call that reaches the
@@ -338,7 +360,9 @@ def _train_epoch(run_steps: Callable[[int], int], passes: Passes, model: keras.M
             # A fixed steps_per_execution names its calls as Keras's do (`_compat.batch_end_index`), even where a
             # call ran fewer (the epoch's or the data's end); sized calls name the step they ended on.
             last = _compat.batch_end_index(begin, max(ran, context.fusion.steps)) if fixed else begin + ran - 1
-            callbacks.on_train_batch_end(last, objective.results() if batch_logs else None)
+            logs = objective.results(keep_states=keep_states) if batch_logs or keep_states else None
+            context.metric_states = objective.states if keep_states else None
+            callbacks.on_train_batch_end(last, logs if batch_logs else None)
         begin += context.fusion.steps if fixed else ran
         if model.stop_training:
             break

@@ -35,11 +35,13 @@ import re
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from trainer import _compat
 from trainer.data.arrays import row_slice
 from trainer.engine.tracing import graph_function
+from trainer.model import placement
 from trainer.model.own_steps import ModelSteps
 
 def flat_masks(y_pred: Any) -> list[Any]:
@@ -78,7 +80,9 @@ class Objective:
         self.strategy = strategy
         self.loss_tracker = _compat.loss_tracker(model)
         self.model_steps = ModelSteps.of(model)
-        self._read = self._reset = None
+        self._read = self._read_states = self._reset = None
+        # The metrics' variables as one device holds them, as of the last `results(keep_states=True)`.
+        self.states: list[np.ndarray] | None = None
         self._log_sources: dict[str, dict[str, str | None] | None] = {}  # by the model's own step: `name_logs`
         self._held: dict[str, dict[str, tf.Variable]] = {}  # the last step's other returned values, by method
 
@@ -187,20 +191,42 @@ class Objective:
                                             name="returned_" + re.sub(r"[^A-Za-z0-9_.]", "_", str(key)))
             held[key].assign(value)
 
-    def results(self, method: str = "train_step") -> dict[str, Any]:
+    def results(self, method: str = "train_step", keep_states: bool = False) -> dict[str, Any]:
         """The model's metrics over every example since `reset`, as Python values, under the keys that
-        `model.fit` logs after `method` (the model's own step may name them: `name_logs`)."""
-        if self._read is None:
-            # One graph call reads every tracker: eager reads of distributed variables cost
-            # a dispatch each, and the loop reads after every step call.
-            self._read = graph_function(lambda: tf.nest.map_structure(_read, self.model.get_metrics_result()))
-        values = {name: _to_python(value) for name, value in self._read().items()}
+        `model.fit` logs after `method` (the model's own step may name them: `name_logs`). With `keep_states`,
+        the same graph call also reads every metric's variables into `states` (a backup's, to resume them)."""
+        if keep_states:
+            if self._read_states is None:
+                self._read_states = graph_function(lambda: (
+                    tf.nest.map_structure(_read, self.model.get_metrics_result()),
+                    [placement.one_device_value(_compat.backing(v)) for v in self.model.metrics_variables]))
+            read, states = self._read_states()
+            self.states = [np.asarray(state) for state in states]
+        else:
+            if self._read is None:
+                # One graph call reads every tracker: eager reads of distributed variables cost
+                # a dispatch each, and the loop reads after every step call.
+                self._read = graph_function(lambda: tf.nest.map_structure(_read, self.model.get_metrics_result()))
+            read = self._read()
+        values = {name: _to_python(value) for name, value in read.items()}
         sources = self._log_sources.get(method)
         if sources is None:
             return values
         held = self._held.get(method, {})
         return {key: values[source] if source is not None else _to_python(_read(held[key]))
                 for key, source in sources.items() if source is not None or key in held}
+
+    def states_fit(self, states: list[np.ndarray]) -> bool:
+        """Whether `states` (a backup's `states`) has a value of the right shape for every metric variable."""
+        variables = self.model.metrics_variables
+        return len(states) == len(variables) and all(
+            tuple(np.shape(state)) == tuple(variable.shape) for state, variable in zip(states, variables))
+
+    def restore_states(self, states: list[np.ndarray], is_chief: bool) -> None:
+        """Puts `states` (`states_fit`) back in the metrics, after a `reset`: a metric then reads as it did when
+        they were kept, on any layout (a total goes to the chief's first replica, zeros to the others)."""
+        for variable, state in zip(self.model.metrics_variables, states, strict=True):
+            placement.fill(_compat.backing(variable), tf.constant(state, variable.dtype), first_holds_sum=is_chief)
 
 
 def _read(value: Any) -> Any:

@@ -113,9 +113,9 @@ class Move:
             _, home = self.homes.get(id(variable), (None, None))
             if home is None:  # created in the scope during the call
                 with tf.init_scope():
-                    home = _variable_like(current, variable.name, _read(current, local))
+                    home = _variable_like(current, variable.name, one_device_value(current, local))
             else:
-                _fill(home, _read(current, local), first_holds_sum=True)
+                fill(home, one_device_value(current, local), first_holds_sum=True)
             self.table.inside[id(variable)] = (variable, current)
             _compat.set_backing(variable, home)
         before = {id(optimizer): previous for optimizer, previous in self.optimizer_strategies}
@@ -172,14 +172,14 @@ def _move_variables(move: Move, variables: list) -> None:
         if home is None or id(variable) in move.stay:
             continue
         known_variable, inside = move.table.inside.get(id(variable), (None, None))
-        value = _read(home)
+        value = one_device_value(home)
         if known_variable is variable and inside.shape == home.shape and inside.dtype == home.dtype:
-            _fill(inside, value, first_holds_sum)
+            fill(inside, value, first_holds_sum)
         else:
             with strategy.scope(), tf.init_scope():
                 inside = _variable_like(home, variable.name, value)
             if not _compat.is_sharded(inside) and inside.synchronization == ON_READ:
-                _fill(inside, value, first_holds_sum)
+                fill(inside, value, first_holds_sum)
         move.homes[id(variable)] = (variable, home)
         _compat.set_backing(variable, inside)
 
@@ -239,7 +239,7 @@ def _variable_like(like: Any, name: str, value: Any) -> tf.Variable:
                        synchronization=like.synchronization)
 
 
-def _read(variable: Any, local: bool = False) -> tf.Tensor:
+def one_device_value(variable: Any, local: bool = False) -> tf.Tensor:
     """A variable's value as one device sees it: on-read variables summed or averaged over the replicas
     (with `local`, over this process's replicas only, with no collective)."""
     if _compat.is_sharded(variable):  # its shards, put together
@@ -257,7 +257,7 @@ def _read(variable: Any, local: bool = False) -> tf.Tensor:
     return total / len(parts) if variable.aggregation == tf.VariableAggregation.MEAN else total
 
 
-def _fill(target: Any, value: Any, first_holds_sum: bool) -> None:
+def fill(target: Any, value: Any, first_holds_sum: bool) -> None:
     """Puts `value` in a variable so that it reads back as `value`, one local copy at a time.
 
     A distributed on-read variable summed over replicas (a metric's total)
