@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import shutil
 import tempfile
@@ -80,11 +81,16 @@ def replace_atomically(write, final_path: str, suffix: str = "") -> None:
     directory is atomic on POSIX); the temporary file is removed on failure.
     The file's data reaches the disk before the rename, and the rename before
     this returns, so a power cut leaves the old file or the new one, never a
-    renamed file with nothing in it.
+    renamed file with nothing in it. A process killed mid-write leaves its
+    temporary file (`.NAME.tmp-*`): the next write of the same file removes it.
     """
     directory = os.path.dirname(os.path.abspath(final_path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=directory)
+    prefix = f".{os.path.basename(final_path)}.tmp-"
+    for torn in glob.glob(os.path.join(glob.escape(directory), glob.escape(prefix) + "*")):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(torn)
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=directory)
     os.close(fd)
     try:
         write(tmp)

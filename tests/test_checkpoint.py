@@ -2,6 +2,7 @@
 
 import errno
 import os
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -92,6 +93,18 @@ def test_a_full_disk_mid_write_keeps_the_last_checkpoint_and_says_so(tmp_path):
 
 
 @pytest.mark.slow
+def test_the_next_write_removes_what_a_writer_killed_mid_write_left(tmp_path):
+    from trainer.callbacks._cluster import replace_atomically
+
+    torn = tmp_path / ".backup.npz.tmp-k1lled.npz"  # a writer SIGKILLed mid-write leaves its temporary file
+    torn.write_bytes(b"half a backup")
+    other = tmp_path / ".last.keras.tmp-k1lled.keras"  # another file's: its own next write removes it
+    other.write_bytes(b"half a checkpoint")
+    replace_atomically(lambda path: Path(path).write_bytes(b"whole"), str(tmp_path / "backup.npz"), suffix=".npz")
+    assert sorted(os.listdir(tmp_path)) == [other.name, "backup.npz"]
+    assert (tmp_path / "backup.npz").read_bytes() == b"whole"
+
+
 def test_a_crash_after_an_eviction_leaves_no_index_entry_without_its_file(tmp_path):
     class FailOnSecondSaveOfEpochTwo(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
