@@ -342,6 +342,25 @@ def test_a_node_that_comes_back_joins_at_the_next_restart(tmp_path):
     assert "[launcher] restart 2 of 2: 2 nodes, 2 workers now" in out_back
 
 
+def test_a_node_that_comes_back_to_a_job_that_then_completes_ends_with_it(tmp_path):
+    """Node 1 returns while node 0 trains alone; no restart comes, and node 0 tells it the job is done."""
+    script = _script(tmp_path, ELASTIC)
+    port = launch.free_ports(1)[0]
+    node0, node1 = (_elastic_node(rank, port, script, "wait,wait", 1, cwd=tmp_path) for rank in (0, 1))
+    _wait_for(tmp_path / "started-0-worker1")
+    node1.kill()
+    _wait_for(tmp_path / "started-1-worker0")
+    back = _elastic_node(1, port, script, "wait,wait", 1, cwd=tmp_path)  # waits for a restart that never comes
+    time.sleep(2)
+    (tmp_path / "go-1").touch()  # round 1 completes the job
+    out0, out_back = _outputs(node0, back)
+    node1.communicate()
+    assert (node0.returncode, back.returncode) == (0, 0), out0 + out_back
+    assert ("[launcher] node 1: the job completed while this node waited to join it at a restart; nothing to do"
+            in out_back)
+    assert "round" not in out_back  # it ran no task
+
+
 def test_a_preempted_node_stops_its_tasks_and_leaves_and_the_others_go_on(tmp_path):
     script = _script(tmp_path, ELASTIC)
     port = launch.free_ports(1)[0]

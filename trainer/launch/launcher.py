@@ -154,6 +154,9 @@ def run_nodes(command: Sequence[str], *, nnodes: tuple[int, int], node_rank: int
                                        master_port=master_port, workers=workers, ps=ps, timeout=timeout,
                                        free_ports=free_ports, secret=secret, node_addr=node_addr, host=host,
                                        round_=round_, interrupted=lambda: bool(requested))
+            except rendezvous.JobEnded as ended:
+                say(out, str(ended))
+                return 0
             except rendezvous.RendezvousError as err:
                 say(out, f"node {node_rank}: {err}")
                 return 128 + requested[0] if requested else 1
@@ -167,6 +170,8 @@ def run_nodes(command: Sequence[str], *, nnodes: tuple[int, int], node_rank: int
             status = run_tasks(command, plan.cluster, plan.tasks, origin=plan.origin, env=env, out=out,
                                link=plan.link, requested=requested)
             if not _restarts(plan.link, status, plan.restart, max_restarts, out, after=": meeting at the rendezvous"):
+                if host is not None and status == 0:
+                    host.dismiss("the job completed while this node waited to join it at a restart; nothing to do")
                 return status
             round_ = dataclasses.replace(round_, restart=plan.restart + 1,
                                          previous=rendezvous.layout(plan.cluster, plan.nodes))

@@ -45,6 +45,10 @@ class Interrupted(RendezvousError):
     """Ctrl-C or SIGTERM before every node had arrived."""
 
 
+class JobEnded(RendezvousError):
+    """The job completed while this node waited to join it at its next restart: there is nothing to do."""
+
+
 def read_secret(path: str | None, environ=os.environ) -> bytes:
     """The job's shared secret: the file at `path` (its first line), else `TRAINER_RDZV_SECRET`.
 
@@ -169,6 +173,8 @@ def join(*, nnodes: tuple[int, int], node_rank: int, master_addr: str, master_po
         hello = None  # node 0 challenges once it holds a rendezvous (at once, or at the job's next restart)
         while hello is None and time.monotonic() < deadline:
             hello = _waited(channel, TICK, interrupted, node_rank)
+        if hello is not None and "ended" in hello:
+            raise JobEnded(f"node {node_rank}: {hello['ended']}")
         if hello is None or "challenge" not in hello:
             raise RendezvousError(f"node {node_rank} reached {where}, but what answered is not node 0's launcher "
                                   "(no challenge). Check --master-addr and --master-port on every node.")
@@ -236,6 +242,13 @@ class Host:
                 f"node 0 cannot serve the rendezvous on port {master_port} ({err}). Pass a free --master-port, the "
                 "same on every node."
             ) from None
+
+    def dismiss(self, why: str) -> None:
+        """Tells the nodes that came back and wait for the next restart that there is none: `why`."""
+        while select.select([self.listener], [], [], 0)[0]:
+            channel = Channel(self.listener.accept()[0])
+            channel.send({"ended": why})
+            channel.close()
 
     def __enter__(self) -> "Host":
         return self
