@@ -55,7 +55,9 @@ class BackupAndRestore(ContextAware):
     position: epoch and step within it. Array inputs are shuffled from (seed,
     epoch), so the position alone restores the data order, and a resumed run
     ends with the same weights as an uninterrupted one. Each backup replaces
-    the previous one atomically. On SIGTERM (a preemption notice) a backup is
+    the previous one atomically, once every other callback had that step's or
+    epoch's end hook: a crash in between never leaves a backup past an epoch
+    whose log row or checkpoint is missing. On SIGTERM (a preemption notice) a backup is
     saved at the next step boundary and the process exits with status 143.
     Across workers, a SIGTERM to any of them makes every worker save the same
     step and exit: the first told names the next boundary (`_preemption.py`).
@@ -117,12 +119,13 @@ class BackupAndRestore(ContextAware):
 
     def on_train_batch_end(self, batch, logs=None):
         epoch, step = self.context.epoch, self.context.step
-        if self.save_freq != "epoch" and step // self.save_freq > self._saved_block and _finite_loss(logs):
+        due = self.save_freq != "epoch" and step // self.save_freq > self._saved_block and _finite_loss(logs)
+        if due:
             self._saved_block = step // self.save_freq
-            self._save(epoch, step)
         self._boundary += 1
-        if self._stops_here():
-            self._exit_preempted(epoch, step)
+        stops = self._stops_here()
+        if due or stops:
+            self.context.defer(lambda: self._at_boundary(epoch, step, stops))
 
     def on_epoch_begin(self, epoch, logs=None):
         self._saved_block = self.context.step // self.save_freq if self.save_freq != "epoch" else 0
@@ -130,10 +133,9 @@ class BackupAndRestore(ContextAware):
     def on_epoch_end(self, epoch, logs=None):
         if not _finite_loss(logs):  # stopped by NanGuard: the weights it restored are from mid-epoch
             return
-        self._save(epoch + 1, 0)
         self._boundary += 1
-        if self._stops_here():
-            self._exit_preempted(epoch + 1, 0)
+        stops = self._stops_here()
+        self.context.defer(lambda: self._at_boundary(epoch + 1, 0, stops))
 
     def on_train_end(self, logs=None):
         self._restore_handler()
@@ -143,6 +145,14 @@ class BackupAndRestore(ContextAware):
             os.remove(self.path)
 
     # Machinery ---------------------------------------------------------------
+
+    def _at_boundary(self, epoch: int, step: int, stops: bool) -> None:
+        """Saves (and, for a SIGTERM, exits) once every callback had this boundary's hook: a backup then
+        never holds a position past an epoch whose log row or checkpoint a crash kept from being written."""
+        if stops:
+            self._exit_preempted(epoch, step)
+        else:
+            self._save(epoch, step)
 
     def _layout_change(self, state: dict) -> str:
         """", written on 2 replica(s) over 1 worker(s)" when the backup came from another layout, else ""."""

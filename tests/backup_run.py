@@ -4,7 +4,7 @@ The data are shuffled each epoch and the model counts how often it trained on ea
 FORM=batched or FORM=pydataset gives fit the same data as a batched tf.data.Dataset or a
 PyDataset (unshuffled), whose batches of 16 are the global batches.
 
-Usage: python backup_run.py BACKUP_DIR OUT_NPZ [kill|term EPOCH STEP]
+Usage: python backup_run.py BACKUP_DIR OUT_NPZ [kill|term EPOCH STEP | kill-at-epoch-end EPOCH]
 Environment: REPLICAS (default 2), DROPOUT (default 0.3), BATCH=global for a global batch of 16 on any layout.
 Exit status: 0 when training completed; killed runs die by SIGKILL, SIGTERM runs exit 143.
 """
@@ -85,8 +85,22 @@ rng = np.random.default_rng(0)
 x = rng.normal(size=(250, 8)).astype("float32")
 y = (x[:, 0] > 0).astype("int64") + (x[:, 1] > 1).astype("int64")
 x = np.concatenate([x, np.arange(len(x), dtype="float32")[:, None]], axis=1)  # the last column: example id
+class KillAtEpochEnd(keras.callbacks.Callback):
+    """SIGKILLs the process in `on_epoch_end` of `epoch`: after the backup's hook, before the logger's."""
+
+    def __init__(self, epoch):
+        super().__init__()
+        self.epoch = epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == self.epoch:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
 callbacks = [BackupAndRestore(backup_dir, save_freq=5), JSONLogger(os.path.join(backup_dir, "..", "log.jsonl"))]
-if len(sys.argv) > 3:
+if len(sys.argv) > 3 and sys.argv[3] == "kill-at-epoch-end":
+    callbacks.insert(1, KillAtEpochEnd(int(sys.argv[4])))
+elif len(sys.argv) > 3:
     callbacks.insert(0, KillAt(sys.argv[3], int(sys.argv[4]), int(sys.argv[5])))
 
 

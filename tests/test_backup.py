@@ -83,6 +83,31 @@ def test_interrupted_run_resumes_to_the_same_weights(tmp_path, uninterrupted, ho
     _assert_same_log(tmp_path, uninterrupted)
 
 
+@pytest.mark.parametrize("form", ["arrays", "pydataset", pytest.param("batched", marks=pytest.mark.full)])
+@pytest.mark.slow
+def test_a_kill_between_the_callbacks_epoch_ends_leaves_no_backup_past_the_logged_epochs(tmp_path, uninterrupted,
+                                                                                      form):
+    """Killed in on_epoch_end of epoch 1, after BackupAndRestore's hook and before JSONLogger's: the backup
+    saves once every callback had the hook, so the last one is from the epoch's last step (16), and the re-run
+    trains no step of epoch 1, ends it again, logs its row, and reads epoch 2 whole."""
+    reference = uninterrupted
+    if form != "arrays":  # the batched forms read in input order: a reference of their own
+        reference = tmp_path / "reference"
+        reference.mkdir()
+        assert _run(reference, form=form).returncode == 0
+    first = _run(tmp_path, "kill-at-epoch-end", "1", form=form)
+    assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
+    with np.load(tmp_path / "backup" / "backup.npz") as backup:
+        assert (json.loads(str(backup["state"]))["epoch"], json.loads(str(backup["state"]))["step"]) == (1, 16)
+    second = _run(tmp_path, form=form)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "resuming from epoch 1, step 16" in second.stdout
+    np.testing.assert_array_equal(np.load(tmp_path / "out_counts.npy"), np.full(250, 3.0))  # none read twice
+    _assert_same_log(tmp_path, reference)  # epoch 1's row too
+    for resumed, expected in zip(_weights(tmp_path), _weights(reference), strict=True):
+        np.testing.assert_allclose(resumed, expected, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.slow
 def test_a_backup_written_on_two_replicas_resumes_mid_epoch_on_three_to_the_same_weights(tmp_path):
     # A global batch of 16 on both layouts (split 8+8, then 6+5+5), no dropout (each replica draws its own).

@@ -80,3 +80,14 @@ def test_an_unknown_pass_ends_where_its_reader_runs_dry():
     passes.ran(4, 6)  # the data ran out after 4
     assert passes.spent and passes.cut_short(4) and passes.call_steps(4, 8) == 0
     assert passes.begin_epoch(1) and (passes.index, passes.step) == (1, 0)
+
+
+@pytest.mark.parametrize("steps_per_epoch", [None, 10])
+def test_a_run_resumed_after_the_passs_last_step_reads_the_next_pass_in_the_next_epoch(steps_per_epoch):
+    """A backup taken at the last step of a pass (killed before the epoch's end was saved) resumes there: the
+    epoch runs no step, and the next epoch reads the next pass from its start."""
+    resumed = Passes.starting_at(0, steps_per_epoch, 10)
+    assert resumed.begin_epoch(1, 10)
+    assert resumed.call_steps(10, 4) == 0 and not resumed.cut_short(10)  # nothing left, and no "ran out"
+    resumed.begin_epoch(2)
+    assert (resumed.index, resumed.step) == (2, 0) and resumed.call_steps(0, 4) == 4

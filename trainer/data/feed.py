@@ -145,10 +145,10 @@ class ArrayFeed:
     def claim(self, num_steps: int) -> tuple[int, int]:
         """(first step, steps) for the next call: up to `num_steps` steps of the current epoch.
 
-        Moves to the next epoch once the current one is done; (0, 0) when every
-        epoch has been served.
+        Moves to the next epoch once the current one is done (also a first one
+        resumed after its last step); (0, 0) when every epoch has been served.
         """
-        if self._rows is None or self.step >= self.steps_per_epoch:
+        while self._rows is None or self.step >= self.steps_per_epoch:
             epoch = next(self._epochs, None)
             if epoch is None:
                 return 0, 0

@@ -84,6 +84,8 @@ class Passes:
         if new:
             self.index, self.step, self.spent = self.index + 1 + (0 if exact else skipped), 0, False
         self.step += first_step
+        if self.pass_steps is not None and self.step >= self.pass_steps:
+            self.spent = True  # resumed after the pass's last step (killed before the epoch's end was saved)
         return new or first_step > 0 or skipped > 0
 
     def call_steps(self, epoch_step: int, wanted: int) -> int:

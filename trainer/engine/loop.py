@@ -67,6 +67,10 @@ class TrainContext:
       on_leave: what callbacks set up for the fit's duration and undo when it
         leaves, whether it ends or raises (Keras's protocol has no hook for an
         error): BackupAndRestore's SIGTERM handler. Run last first.
+      deferred: what a callback leaves (`defer`) for once every callback has had
+        the step's or the epoch's end hook: BackupAndRestore's save, so that a
+        backup never says an epoch is done before a logger wrote its row or a
+        checkpoint was taken.
     """
 
     strategy: tf.distribute.Strategy
@@ -84,10 +88,20 @@ class TrainContext:
     step_seconds: float = 0.0
     lr_plan: Any = None
     on_leave: list[Callable[[], None]] = dataclasses.field(default_factory=list)
+    deferred: list[Callable[[], None]] = dataclasses.field(default_factory=list)
 
     @property
     def is_chief(self) -> bool:
         return self.cluster.is_chief
+
+    def defer(self, work: Callable[[], None]) -> None:
+        self.deferred.append(work)
+
+    def run_deferred(self) -> None:
+        """Runs what the callbacks deferred at this boundary, in the order they deferred it."""
+        work, self.deferred[:] = list(self.deferred), []
+        for item in work:
+            item()
 
     def examples_in(self, steps: int, first_step: int) -> int:
         """Examples in `steps` steps from `first_step` of an epoch (the last batch may be partial)."""
@@ -182,7 +196,9 @@ class ReaderSteps:
         self.inp.epoch_begin()
         self._epoch = epoch
         placed = self.passes.begin_epoch(epoch, first_step)
-        if not self._held or (placed and self.inp.reader_per_pass):
+        if self.passes.spent:
+            pass  # resumed after the pass's last step: no reader, whose read-ahead would take the next pass's
+        elif not self._held or (placed and self.inp.reader_per_pass):
             # Arrays: one reader for the passes the remaining epochs can read (at most one new pass each).
             self._new_reader(epoch=self.passes.index, start_step=self.passes.step,
                              until=self.passes.index + self.epochs - epoch)
@@ -263,6 +279,7 @@ def _run_epochs(source: StepSource, context: TrainContext, callbacks: keras.call
                 _train_epoch(run_steps, source.passes, model, objective, context, callbacks, batch_logs,
                              keep_states)
             logs = end_epoch(epoch, objective, eval_steps, validation, callbacks)
+            context.run_deferred()
             if model.stop_training:
                 break
         end_training(model, context, callbacks, logs)
@@ -363,6 +380,7 @@ def _train_epoch(run_steps: Callable[[int], int], passes: Passes, model: keras.M
             logs = objective.results(keep_states=keep_states) if batch_logs or keep_states else None
             context.metric_states = objective.states if keep_states else None
             callbacks.on_train_batch_end(last, logs if batch_logs else None)
+            context.run_deferred()
         begin += context.fusion.steps if fixed else ran
         if model.stop_training:
             break
