@@ -83,8 +83,8 @@ x, y = x[:EXAMPLES], y[:EXAMPLES]
 x = np.concatenate([x, np.arange(EXAMPLES, dtype="float32")[:, None]], axis=1)  # the last column: example id
 x_val = np.concatenate([x_val, np.zeros((len(x_val), 1), "float32")], axis=1)
 
-# Progress first: a backup it announces is written after the line, so a fault drawn at a step lands after it.
-callbacks = [Progress(), BackupAndRestore(backup_dir, save_freq=SAVE_FREQ), JSONLogger(os.path.join(out, "log.jsonl"))]
+# Progress last: its `soak-begin` line names where the backup resumed training.
+callbacks = [BackupAndRestore(backup_dir, save_freq=SAVE_FREQ), JSONLogger(os.path.join(out, "log.jsonl")), Progress()]
 history = trainer.fit(build, x, y, epochs=EPOCHS, validation_data=(x_val, y_val), callbacks=callbacks)
 if cluster_info().is_chief:
     model = history.model
