@@ -201,6 +201,35 @@ def test_an_elastic_job_resumes_exactly_on_the_node_that_is_left(tmp_path, refer
     assert not os.listdir(tmp_path / "elastic" / "fit-1")  # the backup goes once training completes
 
 
+SIGTERM_SCRIPT = """
+import os, signal, sys, time
+from trainer import Trainer, cluster_info
+trainer = Trainer(strategy="multi_worker")  # starts the cluster's coordination service
+with open("/proc/self/status") as f:
+    caught = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt")) >> (signal.SIGTERM - 1) & 1
+print("SIGTERM caught in C:", bool(caught), flush=True)
+if cluster_info().task_id == 1:
+    os.kill(os.getpid(), signal.SIGTERM)  # a stop before training begins (a launcher's, Slurm's)
+    time.sleep(30)
+    print("alive 30 s after SIGTERM", flush=True)
+time.sleep(30)
+"""
+
+
+def test_a_sigterm_before_training_ends_a_worker_at_once(tmp_path):
+    """TensorFlow's coordination service catches SIGTERM in C++ for its preemption notifier, and a worker then
+    lived on after one; the trainer puts Python's handler back when it makes the strategy."""
+    script = tmp_path / "sigterm.py"
+    script.write_text(SIGTERM_SCRIPT)
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "trainer.launch", "--workers", "2", str(script)],
+                          capture_output=True, text=True, env=ENV, timeout=120)
+    assert proc.returncode == 143, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("SIGTERM caught in C: False") == 2, proc.stdout[-3000:]
+    assert "[launcher] task worker:1 was stopped by SIGTERM (exit status 143)" in proc.stdout
+    assert "alive" not in proc.stdout and time.monotonic() - start < 25
+
+
 def test_a_dead_peer_is_named_by_every_survivor_not_a_hang():
     """Three workers without a launcher; worker 1 dies: both others end with an error naming it."""
     from trainer.launch.launcher import cluster_spec, free_ports

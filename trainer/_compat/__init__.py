@@ -24,7 +24,7 @@ somewhere in a step function. The rest of the trainer imports them from here (`_
   trainer's engine;
 - `strategies`: MirroredStrategy's collective keys, MultiWorkerMirroredStrategy's
   devices on a CPU worker;
-- `coordination`: the coordination service's key-value store;
+- `coordination`: the coordination service's key-value store, and the SIGTERM handler it takes;
 - `patches`: the install of the Keras functions that `replicas` and
   `trainer.engine.draws` replace while a step is traced;
 - `version`, `platform`: the versions CI tests and the gates within them; the
@@ -105,4 +105,4 @@ from .strategies import (  # noqa: F401
     parameter_server_tasks,
     worker_cpu_replicas,
 )
-from .coordination import cluster_key, cluster_store_running, put_cluster_key  # noqa: F401
+from .coordination import cluster_key, cluster_store_running, put_cluster_key, sigterm_kept  # noqa: F401

@@ -1,7 +1,12 @@
-"""The key-value store of the coordination service that MultiWorkerMirroredStrategy starts.
+"""The coordination service that MultiWorkerMirroredStrategy starts: its key-value store, and its SIGTERM handler.
 """
 
 from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from typing import Iterator
 
 import tensorflow as tf
 
@@ -37,3 +42,26 @@ def cluster_key(key: str, timeout_seconds: float) -> str | None:
         return context.context().get_config_key_value(key, max(1, int(timeout_seconds * 1000)))
     except tf.errors.DeadlineExceededError:
         return None
+
+
+@contextlib.contextmanager
+def sigterm_kept() -> Iterator[None]:
+    """Puts back, after the block, the SIGTERM handler Python had before it (on the main thread).
+
+    The coordination service that MultiWorkerMirroredStrategy starts installs a C++ SIGTERM handler of its
+    own, TensorFlow's preemption notifier (`preemption_notifier.cc`, 2.18-2.21; measured 2026-11-28), which
+    only records the signal for TensorFlow's PreemptionCheckpointHandler. Python's `signal.getsignal` still
+    says SIG_DFL, but the process lives on after a SIGTERM: a launcher's or Slurm's stop of a task that has
+    not begun training (still forming the cluster, building the model) waits out its grace period (10 s, or
+    Slurm's 30 s) before its SIGKILL. The trainer saves on SIGTERM itself (BackupAndRestore), so it puts
+    Python's handler back: a SIGTERM again ends the task (status 143), or reaches the user's own handler.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if before is not None:  # None: a handler Python did not install, which is not Python's to put back
+            signal.signal(signal.SIGTERM, before)

@@ -212,7 +212,8 @@ def _multi_worker(communication: str = "auto", timeout_seconds: float | None = D
         implementation=_COMMUNICATION[communication], timeout_seconds=timeout_seconds
     )
     try:
-        with _compat.worker_cpu_replicas():  # a worker's logical CPUs are replicas, as under MirroredStrategy
+        # A worker's logical CPUs are replicas, as under MirroredStrategy; a SIGTERM still ends the task.
+        with _compat.worker_cpu_replicas(), _compat.sigterm_kept():
             made = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=_slurm_resolver(),
                                                              communication_options=options)
         _made_multi_worker = (wanted, made)
