@@ -407,10 +407,13 @@ class Disk:
             raise PermissionError(f"mount -t tmpfs failed ({done.stderr.strip()}): run the soak as root")
 
     def fill(self, leave: int) -> None:
-        """Fills the disk until `leave` bytes are free."""
-        stat = os.statvfs(self.where)
-        with open(self.filler, "wb") as f:
-            f.write(b"\0" * max(0, stat.f_bavail * stat.f_frsize - leave))
+        """Fills the disk, then frees `leave` bytes of it."""
+        chunk = b"\0" * (1 << 20)
+        with open(self.filler, "wb", buffering=0) as f:
+            with contextlib.suppress(OSError):  # ENOSPC: full
+                while True:
+                    f.write(chunk)
+            f.truncate(max(0, os.fstat(f.fileno()).st_size - leave))
 
     def free(self) -> None:
         with contextlib.suppress(FileNotFoundError):
