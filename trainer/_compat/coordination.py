@@ -52,9 +52,11 @@ def sigterm_kept() -> Iterator[None]:
     own, TensorFlow's preemption notifier (`preemption_notifier.cc`, 2.18-2.21; measured 2026-11-28), which
     only records the signal for TensorFlow's PreemptionCheckpointHandler. Python's `signal.getsignal` still
     says SIG_DFL, but the process lives on after a SIGTERM: a launcher's or Slurm's stop of a task that has
-    not begun training (still forming the cluster, building the model) waits out its grace period (10 s, or
-    Slurm's 30 s) before its SIGKILL. The trainer saves on SIGTERM itself (BackupAndRestore), so it puts
-    Python's handler back: a SIGTERM again ends the task (status 143), or reaches the user's own handler.
+    not begun training (building the model, say) waits out its grace period (10 s, or Slurm's 30 s) before
+    its SIGKILL. The trainer saves on SIGTERM itself (BackupAndRestore), so it puts Python's handler back: a
+    SIGTERM again ends the task (status 143), or reaches the user's own handler. Not while the strategy is
+    made: a task waiting there for a peer that died holds Python's lock in TensorFlow's C++ until the
+    cluster forms, so nothing can put the handler back before that (measured: a watcher thread never ran).
     """
     if threading.current_thread() is not threading.main_thread():
         yield
