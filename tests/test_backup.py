@@ -83,7 +83,8 @@ def test_interrupted_run_resumes_to_the_same_weights(tmp_path, uninterrupted, ho
     _assert_same_log(tmp_path, uninterrupted)
 
 
-@pytest.mark.parametrize("form", ["arrays", "pydataset", pytest.param("batched", marks=pytest.mark.full)])
+@pytest.mark.parametrize("form", ["arrays", pytest.param("pydataset", marks=pytest.mark.full),
+                                  pytest.param("batched", marks=pytest.mark.full)])
 @pytest.mark.slow
 def test_a_kill_between_the_callbacks_epoch_ends_leaves_no_backup_past_the_logged_epochs(tmp_path, uninterrupted,
                                                                                       form):

@@ -1,8 +1,8 @@
 """The fault soak (soak.py): a job over two nodes meets random faults and ends as the uninterrupted run.
 
 CI draws 3 faults of the kinds no other test strikes (a kill inside a backup's write, a full disk while one
-is written, a kill during the rendezvous); the full tier draws 20, of every kind. docs/reliability.md reports
-the full tier's figures.
+is written, a kill during the rendezvous) on trainer-launch's two nodes; the full tier draws 20, of every
+kind, there and under Slurm. docs/reliability.md reports the full tier's figures.
 """
 
 import json
@@ -19,14 +19,15 @@ pytestmark = pytest.mark.slow  # whole multi-node jobs: not in the everyday tier
 SOAK = str(TESTS / "soak.py")
 
 
-def _soak(out, seed: int, faults: int, kinds: str | None = None) -> dict:
+def _soak(out, seed: int, faults: int, kinds: str | None = None, slurm: bool = False) -> dict:
     if os.geteuid() != 0:
-        pytest.skip("the soak's full disk is a small tmpfs it mounts: run the tests as root")
+        pytest.skip("the soak's full disk is a small tmpfs it mounts (and Slurm's daemons run as root): run the "
+                    "tests as root")
     command = [sys.executable, SOAK, "--seed", str(seed), "--faults", str(faults), "--out", str(out)]
-    proc = subprocess.run(command + (["--kinds", kinds] if kinds else []), capture_output=True, text=True,
-                          timeout=1500)
+    command += (["--kinds", kinds] if kinds else []) + (["--slurm"] if slurm else [])
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=1500)
     if proc.returncode == 3:
-        pytest.skip(f"no tmpfs could be mounted here: {proc.stderr.strip()}")
+        pytest.skip(f"this machine can't run the soak: {proc.stderr.strip()}")
     report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else None
     assert proc.returncode == 0 and report is not None, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert report["matches_uninterrupted"] and not report["problems"], proc.stdout
@@ -44,9 +45,10 @@ def test_a_kill_in_a_write_a_full_disk_and_a_kill_in_the_rendezvous_lose_nothing
     assert {"full-disk", "kill-in-rendezvous"} <= kinds
 
 
-@pytest.mark.full  # the full tier's (TRAINER_TESTS=full): about 3 minutes
-def test_twenty_random_faults_of_every_kind_lose_nothing(tmp_path):
-    report = _soak(tmp_path, seed=3, faults=20)
+@pytest.mark.full  # the full tier's (TRAINER_TESTS=full): about 3 minutes, and 5 under Slurm
+@pytest.mark.parametrize("slurm", [False, True], ids=["trainer-launch", "slurm"])
+def test_twenty_random_faults_of_every_kind_lose_nothing(tmp_path, slurm):
+    report = _soak(tmp_path, seed=3, faults=20, slurm=slurm)
     kinds = {fault["kind"] for fault in report["faults"]}
     assert kinds >= {"kill-worker", "term-worker", "kill-in-write", "kill-launcher", "full-disk",
                      "kill-in-rendezvous"}, kinds
