@@ -324,38 +324,35 @@ def test_a_node_killed_mid_run_restarts_the_job_on_the_nodes_left(tmp_path):
     assert not (tmp_path / "started-1-worker1").exists()
 
 
-def test_a_node_that_comes_back_joins_at_the_next_restart(tmp_path):
+def _node_1_lost_and_back(tmp_path, plan: str, restarts: int):
+    """Node 1 dies in round 0 and comes back while node 0 runs round 1 alone, which then ends as `plan` says;
+    the outputs and statuses of node 0 and of the node that came back."""
     script = _script(tmp_path, ELASTIC)
     port = launch.free_ports(1)[0]
-    node0, node1 = (_elastic_node(rank, port, script, "wait,fail,done", 2, cwd=tmp_path) for rank in (0, 1))
+    node0, node1 = (_elastic_node(rank, port, script, plan, restarts, cwd=tmp_path) for rank in (0, 1))
     _wait_for(tmp_path / "started-0-worker1")
     node1.kill()
     _wait_for(tmp_path / "started-1-worker0")  # the job goes on alone
-    back = _elastic_node(1, port, script, "wait,fail,done", 2, cwd=tmp_path)  # waits for the next restart
+    back = _elastic_node(1, port, script, plan, restarts, cwd=tmp_path)  # waits for the next restart
     time.sleep(2)
-    (tmp_path / "go-1").touch()  # round 1 fails: the job restarts, with node 1 again
+    (tmp_path / "go-1").touch()  # round 1 ends
     out0, out_back = _outputs(node0, back)
     node1.communicate()
-    assert (node0.returncode, back.returncode) == (0, 0), out0 + out_back
+    return (out0, out_back), (node0.returncode, back.returncode)
+
+
+def test_a_node_that_comes_back_joins_at_the_next_restart(tmp_path):
+    (out0, out_back), statuses = _node_1_lost_and_back(tmp_path, "wait,fail,done", 2)  # round 1 fails: a restart
+    assert statuses == (0, 0), out0 + out_back
     assert "[launcher] restart 2 of 2: 2 nodes, 2 workers now (before: 1 node, 1 worker)" in out0
     assert "round 2 worker1 trainer-launch on 2 nodes" in out_back
     assert "[launcher] restart 2 of 2: 2 nodes, 2 workers now" in out_back
 
 
 def test_a_node_that_comes_back_to_a_job_that_then_completes_ends_with_it(tmp_path):
-    """Node 1 returns while node 0 trains alone; no restart comes, and node 0 tells it the job is done."""
-    script = _script(tmp_path, ELASTIC)
-    port = launch.free_ports(1)[0]
-    node0, node1 = (_elastic_node(rank, port, script, "wait,wait", 1, cwd=tmp_path) for rank in (0, 1))
-    _wait_for(tmp_path / "started-0-worker1")
-    node1.kill()
-    _wait_for(tmp_path / "started-1-worker0")
-    back = _elastic_node(1, port, script, "wait,wait", 1, cwd=tmp_path)  # waits for a restart that never comes
-    time.sleep(2)
-    (tmp_path / "go-1").touch()  # round 1 completes the job
-    out0, out_back = _outputs(node0, back)
-    node1.communicate()
-    assert (node0.returncode, back.returncode) == (0, 0), out0 + out_back
+    """No restart comes after node 1 returns: node 0 tells it the job is done."""
+    (out0, out_back), statuses = _node_1_lost_and_back(tmp_path, "wait,wait", 1)  # round 1 completes the job
+    assert statuses == (0, 0), out0 + out_back
     assert ("[launcher] node 1: the job completed while this node waited to join it at a restart; nothing to do"
             in out_back)
     assert "round" not in out_back  # it ran no task
