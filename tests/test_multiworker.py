@@ -88,6 +88,7 @@ def test_eight_replicas_in_one_process_match_the_single_device_run(tmp_path, ref
     assert_same_run(result, arrays, reference)
 
 
+@pytest.mark.full  # the full tier's: CI's tier kills workers under trainer-launch's restarts (test_soak.py)
 def test_a_dead_worker_stops_the_job_and_backup_resumes_it(tmp_path, reference):
     start = time.monotonic()
     proc = _launch(tmp_path, "backup", env={"KILL_TASK": "worker1"})
@@ -281,7 +282,8 @@ def test_uneven_last_batches_of_datasets_on_two_workers_match_one_process(tmp_pa
             np.testing.assert_allclose(weights[key], reference_weights[key], rtol=1e-5, atol=1e-6, err_msg=key)
 
 
-@pytest.mark.parametrize("mode", ["fit", "distribute"])
+# The full tier's `distribute` (TRAINER_TESTS=full): CI's tier runs the tutorial through fit.
+@pytest.mark.parametrize("mode", ["fit", pytest.param("distribute", marks=pytest.mark.full)])
 def test_tensorflows_multi_worker_tutorial_trains_on_two_workers(tmp_path, mode):
     """The tutorial's strategy made first, its model built in the strategy's scope (keras-team/keras#20585: Keras 3's
     own fit fails there), moved to `Trainer(strategy=strategy).fit` and to `Trainer().distribute()`: the Trainer

@@ -75,6 +75,7 @@ def test_srun_of_two_tasks_trains_as_one_process(slurm, reference, tmp_path):
     assert sorted(os.listdir(tmp_path / "files")) == ["ckpt", "log.jsonl"]  # only the chief writes
 
 
+@pytest.mark.full  # the full tier's, with the Slurm soak (test_soak.py); CI's names a dead peer in test_multiworker
 def test_a_task_killed_mid_epoch_is_named_by_the_survivor_and_a_new_job_resumes(slurm, reference, tmp_path):
     """Task 1 dies at epoch 1, step 8; with Slurm's default (no --kill-on-bad-exit) srun waits for task 0,
     which ends with an error naming worker 1 and its address. The job submitted again resumes from the
