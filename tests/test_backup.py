@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 
+import keras
 import numpy as np
 import pytest
 
@@ -204,6 +205,27 @@ def test_a_fit_that_raises_leaves_the_sigterm_handler_as_it_found_it(tmp_path):
 def test_bad_save_freq():
     with pytest.raises(ValueError, match=r"`save_freq`.*save_freq='batch'"):
         BackupAndRestore("x", save_freq="batch")
+
+
+@pytest.mark.slow
+def test_a_backup_whose_metric_totals_do_not_fit_resumes_the_weights_and_says_so(tmp_path):
+    x, y, w = tiny_data(64)
+    trainer = Trainer(strategy="default", per_replica_batch_size=8, verbose=0)
+
+    class Stop(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 4:
+                raise RuntimeError("stopped")  # after the backup at step 4
+
+    with pytest.raises(RuntimeError, match="stopped"):
+        trainer.fit(tiny_model(), (x, y), epochs=2, callbacks=[BackupAndRestore(tmp_path, save_freq=4), Stop()])
+    with np.load(tmp_path / "backup.npz") as backup:
+        assert json.loads(str(backup["state"]))["metric_vars"] > 0  # the loss's and the metrics' totals
+    other = tiny_model()
+    other.compile(other.optimizer, other.loss, metrics=["accuracy"])  # one metric fewer than at the backup
+    with pytest.warns(UserWarning, match=r"metric totals do not fit .* epoch 0 cover only the steps from 4 on"):
+        history = trainer.fit(other, (x, y), epochs=2, callbacks=[BackupAndRestore(tmp_path, save_freq=4)])
+    assert history.epoch == [0, 1] and np.isfinite(history.history["loss"]).all()
 
 
 @pytest.mark.slow
