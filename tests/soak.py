@@ -398,6 +398,7 @@ class Disk:
     def __init__(self, where: Path):
         self.where = where
         self.filler = where / "filler"
+        self._keeper: tuple[threading.Event, threading.Thread] | None = None
 
     def mount(self) -> None:
         self.where.mkdir(parents=True, exist_ok=True)
@@ -407,15 +408,32 @@ class Disk:
             raise PermissionError(f"mount -t tmpfs failed ({done.stderr.strip()}): run the soak as root")
 
     def fill(self, leave: int) -> None:
-        """Fills the disk, then frees `leave` bytes of it."""
-        chunk = b"\0" * (1 << 20)
-        with open(self.filler, "wb", buffering=0) as f:
-            with contextlib.suppress(OSError):  # ENOSPC: full
-                while True:
-                    f.write(chunk)
-            f.truncate(max(0, os.fstat(f.fileno()).st_size - leave))
+        """Fills the disk but for `leave` bytes, and keeps it so until `free()`: a backup whose write began
+        before the fill, and fitted, frees the one it replaces, and the next write must meet a full disk too."""
+        f = open(self.filler, "wb", buffering=0)
+        self._top_up(f, leave)
+        stop = threading.Event()
+        self._keeper = stop, threading.Thread(target=self._keep, args=(f, leave, stop), daemon=True)
+        self._keeper[1].start()
+
+    def _keep(self, f, leave: int, stop: threading.Event) -> None:
+        with f:
+            while not stop.wait(0.01):
+                self._top_up(f, leave)
+
+    def _top_up(self, f, leave: int) -> None:
+        stats = os.statvfs(self.where)
+        extra = stats.f_bavail * stats.f_frsize - leave
+        with contextlib.suppress(OSError):  # ENOSPC: the job's write took the space first
+            while extra > 0:
+                extra -= f.write(b"\0" * min(extra, 1 << 20))
 
     def free(self) -> None:
+        if self._keeper is not None:
+            stop, thread = self._keeper
+            stop.set()
+            thread.join()
+            self._keeper = None
         with contextlib.suppress(FileNotFoundError):
             os.remove(self.filler)
 
