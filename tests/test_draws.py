@@ -11,17 +11,18 @@ from conftest import mirrored
 from trainer.engine import draws
 
 
-def _per_replica_draws(strategy, draw, global_rows: int, philox: bool = True):
-    """What `draw(rows)` gives each replica of `strategy` when a global batch of `global_rows` is cut in order."""
+def _per_replica_draws(strategy, draw, global_rows: int, philox: bool = True, dynamic: bool = False):
+    """What `draw(rows)` gives each replica of `strategy` when a global batch of `global_rows` is cut in order
+    (`dynamic`: with the rows known only when the step runs, as the trainer cuts arrays)."""
     replicas = strategy.num_replicas_in_sync
     sizes = [global_rows // replicas + (r < global_rows % replicas) for r in range(replicas)]
     firsts = np.cumsum([0] + sizes[:-1])
 
-    @tf.function
-    def step():
+    @tf.function(input_signature=[tf.TensorSpec([replicas], tf.int64)])
+    def step(given_sizes):
         def replica_fn():
             r = tf.distribute.get_replica_context().replica_id_in_sync_group
-            rows = tf.gather(tf.constant(sizes, tf.int64), r)
+            rows = tf.gather(given_sizes if dynamic else tf.constant(sizes, tf.int64), r)  # a constant folds
             batch = tf.zeros(tf.stack([rows, 1]))
             with draws.hooks(), draws.replica_rows(batch, (tf.gather(tf.constant(firsts, tf.int64), r),
                                                            tf.constant(global_rows, tf.int64))):
@@ -30,7 +31,7 @@ def _per_replica_draws(strategy, draw, global_rows: int, philox: bool = True):
 
     draws._COUNTER = philox
     try:
-        return [t.numpy() for t in strategy.experimental_local_results(step())]
+        return [t.numpy() for t in strategy.experimental_local_results(step(tf.constant(sizes, tf.int64)))]
     finally:
         draws._COUNTER = True
 
@@ -66,12 +67,41 @@ def test_a_draw_that_is_not_per_example_is_the_same_on_every_replica():
         assert part == scalar
 
 
+def _stacked(rows, parts: int = 2):
+    """A tensor made as keras.io's GAN labels are: `parts` parts of `rows` rows, concatenated."""
+    return keras.ops.concatenate([tf.fill(tf.stack([rows, 3]), float(j)) for j in range(parts)], axis=0)
+
+
+STACKED = {
+    "uniform": lambda t: keras.random.uniform(keras.ops.shape(t), seed=7),
+    "normal": lambda t: keras.random.normal(tf.shape(t), seed=7),
+    "randint": lambda t: keras.random.randint(tf.shape(t), 0, 100, seed=7),
+    "truncated_normal": lambda t: keras.random.truncated_normal(keras.ops.shape(t), seed=7),
+    "dropout": lambda t: keras.random.dropout(t, 0.4, seed=7),
+}
+
+
+@pytest.mark.parametrize("dynamic", [True, False], ids=["dynamic", "static"])
+@pytest.mark.parametrize("philox", [True, False], ids=["counter", "global_draw"])
+@pytest.mark.parametrize("name", list(STACKED))
+@pytest.mark.parametrize("replicas,rows,parts", [(2, 9, 2), (3, 7, 3)])
+def test_a_draw_shaped_like_a_concatenation_of_the_replicas_rows_takes_each_parts_rows(name, replicas, rows, parts,
+                                                                                      philox, dynamic):
+    one_device = STACKED[name](_stacked(rows, parts)).numpy()
+    got = _per_replica_draws(mirrored(replicas), lambda n: STACKED[name](_stacked(n, parts)), rows, philox, dynamic)
+    sizes = [rows // replicas + (r < rows % replicas) for r in range(replicas)]
+    firsts = np.cumsum([0] + sizes[:-1])
+    for part, first, size in zip(got, firsts, sizes):
+        want = np.concatenate([one_device[j * rows + first:j * rows + first + size] for j in range(parts)])
+        assert np.array_equal(part, want)
+
+
 class LabelNoiseGAN(keras.Model):
     """keras.io's GAN step, reduced: label noise drawn over the generated and the real rows together."""
 
-    def __init__(self, per_example: bool):
+    def __init__(self, noise: str):
         super().__init__()
-        self.per_example = per_example
+        self.noise = noise
         self.discriminator = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
         self.seed_generator = keras.random.SeedGenerator(3)
 
@@ -80,25 +110,27 @@ class LabelNoiseGAN(keras.Model):
 
     def train_step(self, data):
         real = data[0] if isinstance(data, tuple) else data
-        count = tf.shape(real)[0]
-        labels = tf.concat([tf.ones((count, 1)), tf.zeros((count, 1))], axis=0)
-        if self.per_example:  # a draw over each batch-sized part: each replica its rows of one device's
-            labels += 0.05 * tf.concat([keras.random.uniform((count, 1), seed=self.seed_generator)] * 2, axis=0)
-        else:  # keras.io: one draw over both parts, which no replica's rows are a slice of
+        count = keras.ops.shape(real)[0]
+        labels = keras.ops.concatenate([keras.ops.ones((count, 1)), keras.ops.zeros((count, 1))], axis=0)
+        if self.noise == "labels":  # keras.io: one draw shaped like the labels, the generated rows' then the real
+            labels += 0.05 * keras.random.uniform(keras.ops.shape(labels), seed=self.seed_generator)
+        elif self.noise == "tf.shape":
             labels += 0.05 * keras.random.uniform(tf.shape(labels), seed=self.seed_generator)
+        else:  # twice the rows, not made by a concatenation: no replica's rows are a slice of one device's draw
+            labels += 0.05 * keras.random.uniform((2 * count, 1), seed=self.seed_generator)
         with tf.GradientTape() as tape:
-            logits = self.discriminator(tf.concat([real * 0.5, real], axis=0))
+            logits = self.discriminator(keras.ops.concatenate([real * 0.5, real], axis=0))
             loss = keras.ops.mean(keras.losses.binary_crossentropy(labels, logits, from_logits=True))
         grads = tape.gradient(loss, self.discriminator.trainable_weights)
         self.optimizer.apply_gradients(zip(grads, self.discriminator.trainable_weights))
         return {"loss": loss}
 
 
-@pytest.mark.parametrize("per_example, replicas, warned", [(False, 2, 1), (False, 1, 0), (True, 2, 0)])
-def test_a_draw_over_the_data_that_is_not_the_replicas_rows_is_named_once(per_example, replicas, warned):
+@pytest.mark.parametrize("noise, replicas, warned", [("doubled", 2, 1), ("doubled", 1, 0), ("labels", 2, 0)])
+def test_a_draw_over_the_data_that_is_not_the_replicas_rows_is_named_once(noise, replicas, warned):
     from trainer import Trainer
 
-    model = LabelNoiseGAN(per_example)
+    model = LabelNoiseGAN(noise)
     model.compile(optimizer="sgd")
     x = np.random.default_rng(0).normal(size=(16, 3)).astype("float32")
     with warnings.catch_warnings(record=True) as caught:
@@ -108,3 +140,32 @@ def test_a_draw_over_the_data_that_is_not_the_replicas_rows_is_named_once(per_ex
     assert len(named) == warned, [str(w.message) for w in caught]
     if warned:
         assert named[0].filename == __file__  # the user's line: the draw in train_step
+
+
+@pytest.mark.parametrize("noise", ["labels", "tf.shape"])
+@pytest.mark.parametrize("form", ["arrays", "static_dataset"])
+@pytest.mark.parametrize("replicas", [2, 3])
+def test_label_noise_drawn_over_the_generated_and_the_real_rows_gives_one_devices_numbers(noise, form, replicas):
+    """A draw shaped like a concatenation of parts that are each the replica's rows takes, part by part, the
+    replica's rows of one device's draw: 15 arrays' examples in batches of 6 (an uneven last batch of 3, sizes
+    known when the step runs), or a dataset of batches of 6 with drop_remainder (static sizes)."""
+    from trainer import Trainer
+
+    x = np.random.default_rng(1).normal(size=(15, 3)).astype("float32")
+    data = x if form == "arrays" else tf.data.Dataset.from_tensor_slices(x).batch(6, drop_remainder=True)
+    batch_size = 6 if form == "arrays" else None
+    runs = []
+    for trainer in (None, Trainer(strategy=mirrored(replicas), batch_size=6, verbose=0, shuffle=False)):
+        keras.utils.set_random_seed(4)
+        model = LabelNoiseGAN(noise)
+        model.compile(optimizer=keras.optimizers.SGD(0.5))
+        if trainer is None:
+            history = model.fit(data, batch_size=batch_size, epochs=3, shuffle=False, verbose=0)
+        else:
+            history = trainer.fit(model, data, epochs=3)
+        runs.append((history.history, [w.numpy() for w in model.weights]))
+    (want_history, want), (got_history, got) = runs
+    assert got_history.keys() == want_history.keys()
+    np.testing.assert_allclose(got_history["loss"], want_history["loss"], rtol=1e-5)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)

@@ -18,11 +18,19 @@ the global batch* (`Share.placed`: where the rows start, and the examples):
   may count otherwise: there the replica draws the whole global batch's
   numbers and keeps its rows (`_global_rows`), R times the numbers.
 
-A draw whose leading dimension is not the replica's rows (a weight's noise, a
-draw of one number per step) is not per example: it stays as Keras makes it,
-the same on every replica, as on one device. A dimension is taken as the rows
-when it is dynamic and equals the rows when the step runs, or when both are
-static and equal.
+A draw shaped like a tensor the step made by `tf.concat` of parts that are
+each the replica's rows (keras.io's GANs draw label noise over the generated
+rows and the real rows together) takes, part by part, the replica's rows of
+each part of one device's draw (`_in_blocks`). The parts are read back from the
+draw's size (`tf.shape(labels)[0]`), or, where all sizes are static and no op
+is left to read, found among the step's concatenations (`_stacked_like`).
+
+Any other draw whose leading dimension is not the replica's rows (a weight's
+noise, a draw of one number per step) is not per example: it stays as Keras
+makes it, the same on every replica, as on one device. A dimension is taken as
+the rows when it is dynamic and equals the rows when the step runs, or when
+both are static and equal. A draw that follows the data but is none of these is
+named once (`_warn_unsliced`).
 """
 
 from __future__ import annotations
@@ -75,9 +83,9 @@ def hooks():
         yield
 
 
-def _rows_of(shape: Any) -> tuple[Any, tuple] | None:
-    """(whether the draw is per example, as a bool or a bool tensor; the replica's placement), or None when it
-    is not, or when no replica is being traced."""
+def _rows_of(shape: Any) -> tuple[Any, tuple, int] | None:
+    """(whether the draw is per example, as a bool or a bool tensor; the replica's placement; how many blocks of
+    the replica's rows it holds), or None when it is not per example, or when no replica is being traced."""
     placed = getattr(_local, "placed", None)
     if placed is None:
         return None
@@ -87,14 +95,96 @@ def _rows_of(shape: Any) -> tuple[Any, tuple] | None:
         return None
     if isinstance(leading, int):  # a static size follows the rows only where they are static too
         if isinstance(rows, int) and leading == rows:
-            return True, placed
-        if isinstance(rows, int) and leading > rows and leading % rows == 0 and _from_data(shape):
-            _warn_unsliced(leading, rows)
+            return True, placed, 1
+        if isinstance(rows, int) and 0 < rows < leading and leading % rows == 0:
+            if _stacked_like(shape, leading // rows, rows):
+                return True, placed, leading // rows
+            if _from_data(shape):
+                _warn_unsliced(leading, rows)
         return None
+    parts = _stacked_parts(leading)
+    in_blocks = None
+    if parts is not None:  # a draw shaped like `tf.concat` of parts: exact where each part is the replica's rows
+        in_blocks = _all([_equal(part, rows) for part in parts])
     leading = tf.cast(leading, rows.dtype) if tf.is_tensor(rows) else leading
-    if _from_data(shape) and not getattr(_local, "xla", False):  # XLA compiles no Python: nothing is named there
-        _name_unsliced_when_run(leading, rows)
-    return tf.equal(leading, rows), placed
+    if _from_data(shape) and not getattr(_local, "xla", False) and in_blocks is not True:
+        _name_unsliced_when_run(leading, rows, unless=in_blocks)  # XLA compiles no Python: nothing named there
+    if in_blocks is not None and in_blocks is not False:
+        return in_blocks, placed, len(parts)
+    return tf.equal(leading, rows), placed, 1
+
+
+def _stacked_parts(leading: tf.Tensor) -> list | None:
+    """The leading sizes of the parts of the tensor whose leading size `leading` is, when it was made by
+    `tf.concat` of two or more parts along its first axis (keras.io's GANs draw label noise shaped like their
+    labels, the generated rows' then the real rows'); else None. `leading` is read back through the ops that
+    take a size from a shape: `tf.shape(labels)[0]`, or `keras.ops.shape(labels)[0]`."""
+    graph = tf.compat.v1.get_default_graph()
+    if not hasattr(leading, "op") or leading.graph is not graph:
+        return None
+    op = leading.op
+    if op.type != "StridedSlice" or tf.get_static_value(op.inputs[1]) is None:
+        return None
+    if list(tf.get_static_value(op.inputs[1])) != [0] or op.get_attr("shrink_axis_mask") != 1:
+        return None
+    shape_op = op.inputs[0].op
+    if shape_op.type != "Shape":
+        return None
+    made = shape_op.inputs[0]
+    while made.op.type == "Identity":
+        made = made.op.inputs[0]
+    if made.op.type != "ConcatV2" or made.graph is not graph or made.shape.rank is None:
+        return None
+    axis = tf.get_static_value(made.op.inputs[-1])
+    if axis is None or int(axis) % max(made.shape.rank, 1) != 0 or len(made.op.inputs) < 3:
+        return None
+    return [part.shape[0] if part.shape.rank and part.shape[0] is not None else tf.shape(part)[0]
+            for part in made.op.inputs[:-1]]
+
+
+def _stacked_like(shape: Any, parts: int, rows: int) -> bool:
+    """Whether a draw of static `shape` is shaped like a tensor this step made by `tf.concat` of `parts` parts of
+    `rows` rows along its first axis: static sizes leave no op to read back (`tf.shape` of a static tensor is a
+    constant, `keras.ops.shape` gives numbers), so the step's own concatenations are looked up, newest first."""
+    dims = _static_dims(shape)
+    if dims is None:
+        return False
+    for op in reversed(tf.compat.v1.get_default_graph().get_operations()):
+        if op.type != "ConcatV2" or len(op.inputs) != parts + 1 or op.outputs[0].shape.as_list() != dims:
+            continue
+        axis = tf.get_static_value(op.inputs[-1])
+        if axis is not None and int(axis) % len(dims) == 0 and all(
+                part.shape.rank and part.shape[0] == rows for part in op.inputs[:-1]):
+            return True
+    return False
+
+
+def _static_dims(shape: Any) -> list[int] | None:
+    """A draw's shape as a list of ints, or None where some size is known only when the step runs."""
+    if isinstance(shape, tf.TensorShape):
+        return shape.as_list() if shape.is_fully_defined() else None
+    if isinstance(shape, (list, tuple)):
+        dims = [tf.get_static_value(d) if tf.is_tensor(d) else d for d in shape]
+        return [int(d) for d in dims] if dims and all(d is not None for d in dims) else None
+    static = tf.get_static_value(shape)
+    return [int(d) for d in static] if static is not None and len(static) else None
+
+
+def _equal(size: Any, rows: Any) -> Any:
+    """size == rows: a bool where both are static, else a bool tensor."""
+    if isinstance(size, int) and isinstance(rows, int):
+        return size == rows
+    if isinstance(size, int) or isinstance(rows, int):
+        size, rows = (tf.convert_to_tensor(v) for v in (size, rows))
+    return tf.equal(tf.cast(size, tf.int64), tf.cast(rows, tf.int64))
+
+
+def _all(conditions: list) -> Any:
+    """Whether every condition holds: a bool where each is one, else a bool tensor."""
+    if any(c is False for c in conditions):
+        return False
+    tensors = [c for c in conditions if c is not True]
+    return True if not tensors else tf.reduce_all(tf.stack(tensors))
 
 
 def _from_data(shape: Any) -> bool:
@@ -125,9 +215,10 @@ def _warn_unsliced(leading: int, rows: int, where: tuple | None = None) -> None:
         warnings.warn_explicit(text, _Unsliced, where[0], where[1], module=where[2])
 
 
-def _name_unsliced_when_run(leading: tf.Tensor, rows: Any) -> None:
+def _name_unsliced_when_run(leading: tf.Tensor, rows: Any, unless: Any = None) -> None:
     """`_warn_unsliced` from the step, for a draw whose sizes are known only when it runs: a branch that runs
-    only for such a draw (a scalar comparison a step otherwise), pointing at the line found now."""
+    only for such a draw (a scalar comparison a step otherwise), pointing at the line found now. `unless`: a
+    bool tensor that holds where the draw is exact after all (its parts are the replica's rows)."""
     frame = sys._getframe(user_stacklevel() - 1)  # a stacklevel counts this function as 1
     where = (frame.f_code.co_filename, frame.f_lineno, frame.f_globals.get("__name__", ""))
 
@@ -139,6 +230,8 @@ def _name_unsliced_when_run(leading: tf.Tensor, rows: Any) -> None:
 
     rows = tf.cast(rows, leading.dtype)
     unsliced = tf.logical_and(leading > rows, tf.equal(leading % tf.maximum(rows, 1), 0))
+    if unless is not None:
+        unsliced = tf.logical_and(unsliced, tf.logical_not(unless))
     tf.cond(unsliced, lambda: tf.numpy_function(warn, [leading, rows], tf.int32, stateful=True),
             lambda: tf.constant(0, tf.int32))
 
@@ -165,8 +258,11 @@ def _draw(raw: Callable, shape: Any, seed: tf.Tensor, rows_of: tuple, per_counte
     The counter's way has no branch: a draw that turns out not to be per example starts at the counter's own
     start, which is Keras's draw.
     """
-    per_example, (first, rows, examples, first_row) = rows_of
+    per_example, (first, rows, examples, first_row), blocks = rows_of
     key, counter, alg = tf.raw_ops.StatelessRandomGetKeyCounterAlg(seed=seed)
+    if blocks > 1:
+        return _in_blocks(lambda block, placed: _draw(raw, block, seed, (True, placed, 1), per_counter, counted),
+                          shape, rows_of, lambda: raw(tf.convert_to_tensor(shape), key, counter, alg))
     if counted and _COUNTER and not tf.config.list_logical_devices("TPU"):  # Philox: CPUs and GPUs
         inner = _inner_size(shape)
         if inner is not None and inner % per_counter == 0:  # the replica's rows start at a counter of their own
@@ -179,6 +275,36 @@ def _draw(raw: Callable, shape: Any, seed: tf.Tensor, rows_of: tuple, per_counte
     if per_example is True:
         return whole()
     return tf.cond(per_example, whole, lambda: raw(shape, key, counter, alg))
+
+
+def _in_blocks(draw_rows: Callable, shape: Any, rows_of: tuple, keras_draw: Callable) -> tf.Tensor:
+    """A draw shaped like `tf.concat` of `blocks` parts, each the replica's rows: block j is the replica's rows
+    of part j of one device's draw, which starts at row j * examples (one device's parts hold every example).
+    `draw_rows(block_shape, placed)` draws one block's rows at `placed`; `keras_draw()`, Keras's own draw,
+    serves where the parts turn out not to be the replica's rows."""
+    per_example, (first, rows, examples, _), blocks = rows_of
+
+    def exact():
+        block = _with_leading(shape, rows)
+        parts = []
+        for j in range(blocks):
+            start = first + j * examples
+            parts.append(draw_rows(block, (start, rows, blocks * examples,
+                                           tf.stack([tf.cast(start, tf.int64), tf.constant(0, tf.int64)]))))
+        return tf.concat(parts, axis=0)
+
+    return exact() if per_example is True else tf.cond(per_example, exact, keras_draw)
+
+
+def _with_leading(shape: Any, leading: Any) -> Any:
+    """`shape` with its first size replaced by `leading`: a list where `shape` is one, else a tensor."""
+    if isinstance(shape, (tf.TensorShape, list, tuple)):
+        return [leading, *list(shape)[1:]]
+    shape = tf.convert_to_tensor(shape)
+    made = shape.op.inputs[0] if hasattr(shape, "op") and shape.op.type == "Shape" else None
+    if made is not None and made.shape.rank is not None:  # tf.shape(x): x's static sizes where it has them
+        return [leading, *[size if size is not None else shape[i + 1] for i, size in enumerate(made.shape[1:])]]
+    return tf.concat([tf.reshape(tf.cast(leading, shape.dtype), [1]), shape[1:]], axis=0)
 
 
 def _inner_size(shape: Any) -> int | None:
@@ -273,18 +399,23 @@ def _truncated_normal(shape, mean=0.0, stddev=1.0, dtype=None, seed=None):
     if rows_of is None:
         return _originals["truncated_normal"](shape, mean=mean, stddev=stddev, dtype=dtype, seed=seed)
     dtype = tf.as_dtype(dtype or keras.config.floatx())
-    per_example, (first, rows, examples, _) = rows_of
     seed = _compat.keras_seed(seed)
 
-    def global_rows():
-        whole_shape = tf.concat([tf.reshape(examples, [1]), tf.cast(tf.convert_to_tensor(shape), tf.int64)[1:]], 0)
-        whole = tf.random.stateless_truncated_normal(whole_shape, seed, mean=mean, stddev=stddev, dtype=dtype)
+    def keras_draw(shape=shape):
+        return tf.random.stateless_truncated_normal(shape, seed, mean=mean, stddev=stddev, dtype=dtype)
+
+    def global_rows(shape, placed):  # rejection sampling counts no rows: the whole draw, then the replica's rows
+        first, rows, examples, _ = placed
+        whole = keras_draw(tf.concat([tf.reshape(examples, [1]), tf.cast(tf.convert_to_tensor(shape), tf.int64)[1:]],
+                                     axis=0))
         return whole[first:first + tf.cast(rows, tf.int64)]
 
+    per_example, placed, blocks = rows_of
+    if blocks > 1:
+        return _in_blocks(global_rows, shape, rows_of, keras_draw)
     if per_example is True:
-        return global_rows()
-    return tf.cond(per_example, global_rows,
-                   lambda: tf.random.stateless_truncated_normal(shape, seed, mean=mean, stddev=stddev, dtype=dtype))
+        return global_rows(shape, placed)
+    return tf.cond(per_example, lambda: global_rows(shape, placed), keras_draw)
 
 
 def _dropout(inputs, rate, noise_shape=None, seed=None):
