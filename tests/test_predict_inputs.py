@@ -1,6 +1,7 @@
 """predict reads the features of each element as Keras's predict does: x of x, (x,), (x, y) and (x, y, w), for
 every structure of x (one tensor, a tuple of inputs, a dict of named inputs), through `Trainer.predict` and
-`model.predict` inside `Trainer.distribute()`, on 1 and 2 replicas, against `model.predict` on one device."""
+`model.predict` inside `Trainer.distribute()`, on 1 and 2 replicas (and 2 through the reader GPUs use), against
+`model.predict` on one device."""
 
 import keras
 import numpy as np
@@ -9,6 +10,7 @@ import tensorflow as tf
 
 from conftest import mirrored
 from trainer import Trainer
+from trainer.data import feed
 
 rng = np.random.default_rng(0)
 XA, XB = rng.normal(size=(10, 3)).astype("float32"), rng.normal(size=(10, 2)).astype("float32")
@@ -33,8 +35,10 @@ CASES = [(structure, element) for structure in X for element in ELEMENTS if (str
 
 
 @pytest.mark.parametrize("structure, element", CASES)
-@pytest.mark.parametrize("replicas", [1, 2])
-def test_predict_drops_targets_and_weights_as_keras_does(structure, element, replicas):
+@pytest.mark.parametrize("replicas, reader", [(1, "in step"), (2, "in step"), (2, "accelerator")])
+def test_predict_drops_targets_and_weights_as_keras_does(structure, element, replicas, reader, monkeypatch):
+    if reader == "accelerator":  # replicas read as GPUs read: TensorFlow's distributed iterator
+        monkeypatch.setenv(feed.ACCELERATOR_READER, "1")
     model = _model(structure)
 
     def data():
