@@ -81,10 +81,20 @@ STACKED = {
 }
 
 
-@pytest.mark.parametrize("dynamic", [True, False], ids=["dynamic", "static"])
-@pytest.mark.parametrize("philox", [True, False], ids=["counter", "global_draw"])
-@pytest.mark.parametrize("name", list(STACKED))
-@pytest.mark.parametrize("replicas,rows,parts", [(2, 9, 2), (3, 7, 3)])
+def _stacked_cases():
+    """CI's tier: every kind on 2 replicas with sizes known when the step runs, and with static sizes on 3; the
+    full tier: every kind, both ways of drawing and both layouts, each way."""
+    for replicas, rows, parts in [(2, 9, 2), (3, 7, 3)]:
+        for name in STACKED:
+            for philox in (True, False):
+                for dynamic in (True, False):
+                    everyday = philox and dynamic == (replicas == 2)
+                    yield pytest.param(name, replicas, rows, parts, philox, dynamic, marks=() if everyday else
+                                       pytest.mark.full, id=f"{name}-{replicas}x{parts}-"
+                                       f"{'counter' if philox else 'global_draw'}-{'dynamic' if dynamic else 'static'}")
+
+
+@pytest.mark.parametrize("name, replicas, rows, parts, philox, dynamic", _stacked_cases())
 def test_a_draw_shaped_like_a_concatenation_of_the_replicas_rows_takes_each_parts_rows(name, replicas, rows, parts,
                                                                                       philox, dynamic):
     one_device = STACKED[name](_stacked(rows, parts)).numpy()
@@ -142,9 +152,11 @@ def test_a_draw_over_the_data_that_is_not_the_replicas_rows_is_named_once(noise,
         assert named[0].filename == __file__  # the user's line: the draw in train_step
 
 
-@pytest.mark.parametrize("noise", ["labels", "tf.shape"])
-@pytest.mark.parametrize("form", ["arrays", "static_dataset"])
-@pytest.mark.parametrize("replicas", [2, 3])
+@pytest.mark.parametrize("noise, form, replicas", [
+    ("labels", "arrays", 2), ("tf.shape", "arrays", 3), ("labels", "static_dataset", 3),
+    *[pytest.param(n, f, r, marks=pytest.mark.full) for n, f, r in [
+        ("labels", "arrays", 3), ("tf.shape", "arrays", 2), ("labels", "static_dataset", 2),
+        ("tf.shape", "static_dataset", 2), ("tf.shape", "static_dataset", 3)]]])
 def test_label_noise_drawn_over_the_generated_and_the_real_rows_gives_one_devices_numbers(noise, form, replicas):
     """A draw shaped like a concatenation of parts that are each the replica's rows takes, part by part, the
     replica's rows of one device's draw: 15 arrays' examples in batches of 6 (an uneven last batch of 3, sizes

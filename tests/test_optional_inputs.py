@@ -1,14 +1,17 @@
 """Inputs given as None, as model.fit takes them: an optional input's absence (`keras.Input(optional=True)`),
-and lists of inputs, through both readers, against model.fit, evaluate and predict on one device."""
+and lists of inputs, through both readers and on two workers, against model.fit, evaluate and predict on one
+device. Run as a script (`python test_optional_inputs.py OUT`), this file is a worker of the two-worker test."""
 
 import re
+import sys
+from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import mirrored
+from conftest import mirrored, run_script
 from trainer import Trainer
 from trainer.data import feed
 
@@ -109,3 +112,46 @@ def test_a_list_of_inputs_trains_through_the_accelerator_reader(monkeypatch):
     history = Trainer(strategy=mirrored(2), lr_scaling=None, verbose=0).fit(trained, [X, xb], Y, batch_size=4,
                                                                             epochs=2, shuffle=False)
     np.testing.assert_allclose(history.history["loss"], expected.history["loss"], rtol=1e-5)
+
+
+TWO_WORKER_FORMS = ["arrays", "dataset"]  # a generator is read whole by each worker, which no test here asks
+
+
+@pytest.mark.slow  # processes of their own
+def test_an_optional_input_given_none_trains_as_under_model_fit_on_two_workers(tmp_path):
+    """Two workers under trainer-launch, each of the 4 logical CPUs conftest gives a process that imports it:
+    8 replicas in sync, each worker fed its rows of every global batch of 4 (the last batch of 2, fewer rows
+    than replicas, computed whole by each and counted once)."""
+    references = {}
+    for form in TWO_WORKER_FORMS:  # first: a Keras whose fit takes no None skips before any worker starts
+        data, batch_size, _ = FORMS[form]
+        model = _model()
+        history = _keras_fit(model, *data(), epochs=2, shuffle=False, verbose=0,
+                             **({} if batch_size is None else {"batch_size": batch_size}))
+        references[form] = history.history["loss"], model.get_weights()
+    run_script(__file__, tmp_path, launch=("--workers", "2"))
+    for form, (loss, weights) in references.items():
+        for task in (0, 1):
+            with np.load(tmp_path / f"{form}-{task}.npz") as got:
+                np.testing.assert_allclose(got["loss"], loss, rtol=1e-5)
+                for i, want in enumerate(weights):
+                    np.testing.assert_allclose(got[f"weight_{i}"], want, rtol=1e-5, atol=1e-6)
+
+
+def _worker(out: Path) -> None:
+    """A worker of the two-worker test: fits each form and saves its loss history and weights."""
+    from trainer import cluster_info
+
+    trainer = Trainer(lr_scaling=None, verbose=0)  # first: the multi-worker strategy starts before anything runs
+    task = cluster_info().task_id
+    for form in TWO_WORKER_FORMS:
+        data, batch_size, _ = FORMS[form]
+        model = _model()
+        history = trainer.fit(model, *data(), epochs=2, shuffle=False,
+                              **({} if batch_size is None else {"batch_size": batch_size}))
+        np.savez(out / f"{form}-{task}.npz", loss=history.history["loss"],
+                 **{f"weight_{i}": w for i, w in enumerate(model.get_weights())})
+
+
+if __name__ == "__main__":
+    _worker(Path(sys.argv[1]))
