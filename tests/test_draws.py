@@ -136,20 +136,34 @@ class LabelNoiseGAN(keras.Model):
         return {"loss": loss}
 
 
-@pytest.mark.parametrize("noise, replicas, warned", [("doubled", 2, 1), ("doubled", 1, 0), ("labels", 2, 0)])
-def test_a_draw_over_the_data_that_is_not_the_replicas_rows_is_named_once(noise, replicas, warned):
+@pytest.mark.parametrize("noise, replicas, examples, warned", [
+    ("doubled", 2, 16, 1), ("doubled", 2, 15, 1), ("doubled", 1, 16, 0), ("labels", 2, 15, 0)])
+def test_a_draw_over_the_data_that_is_not_the_replicas_rows_is_named_once(noise, replicas, examples, warned,
+                                                                          capsys):
+    """Named in a warning when the step first traces (16 examples in batches of 8: sizes static) or runs (15:
+    sizes known only then), and in the plan's row of the model's next fit."""
     from trainer import Trainer
 
     model = LabelNoiseGAN(noise)
     model.compile(optimizer="sgd")
-    x = np.random.default_rng(0).normal(size=(16, 3)).astype("float32")
+    x = np.random.default_rng(0).normal(size=(examples, 3)).astype("float32")
+    trainer = Trainer(strategy=mirrored(replicas), batch_size=8, verbose=1)
+    plans = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")  # each text once, as a user sees it
-        Trainer(strategy=mirrored(replicas), batch_size=8, verbose=0).fit(model, x, epochs=2)
+        for _ in range(2):
+            trainer.fit(model, x, epochs=2, verbose=1)
+            plans.append(capsys.readouterr().out.split("Epoch 1/2")[0])
     named = [w for w in caught if "A random draw in the step has 8 rows" in str(w.message)]
     assert len(named) == warned, [str(w.message) for w in caught]
+    rows = [[line for line in plan.splitlines() if line.strip().startswith("random draws")] for plan in plans]
+    assert rows[0] == []  # the plan prints before the step is traced
     if warned:
         assert named[0].filename == __file__  # the user's line: the draw in train_step
+        assert len(rows[1]) == 1, plans[1]
+        assert f"test_draws.py:{named[0].lineno} draws 8 rows where a replica has 4" in rows[1][0], rows[1]
+    else:
+        assert rows[1] == [], plans[1]
 
 
 @pytest.mark.parametrize("noise, form, replicas", [

@@ -194,8 +194,10 @@ def fusion(setting: int | str, compiled: engine_lib.Engine, batch: scaling.Batch
 def fit_plan(strategy: tf.distribute.Strategy, inp: inputs_lib.Input, schedule: Schedule,
              lr_plan: scaling.LRPlan | None, steps: StepFusion, model: keras.Model, *, jit: bool, jit_note: str = "",
              sources: tuple[str, ...] = (), process: str = "", moved: str = "", resumes: bool = False,
-             unguarded: tuple[str, ...] = ()) -> Plan:
-    """What fit decided, as data (`Plan`); `sources` say where settings came from when not the Trainer."""
+             unguarded: tuple[str, ...] = (), draws: dict | None = None) -> Plan:
+    """What fit decided, as data (`Plan`); `sources` say where settings came from when not the Trainer;
+    `draws`: the random draws the model's steps made per replica when they ran before (`Steps.named_draws`)."""
+    draws = draws or {}
     batch = schedule.batch
     num_workers = strategy_cluster_info(strategy).num_workers
     parameter_server = is_parameter_server(strategy)
@@ -240,6 +242,7 @@ def fit_plan(strategy: tf.distribute.Strategy, inp: inputs_lib.Input, schedule: 
         cluster=cluster_source() if num_workers > 1 or parameter_server or restarted() else "",
         unguarded=unguarded,
         resume=inp.resume(schedule.user_steps) if resumes else None,
+        draws=tuple(draws.values()),
         gradient_values=sum(v.shape.num_elements() or 0 for v in model.trainable_variables),
         gradient_bytes=sum((v.shape.num_elements() or 0) * tf.as_dtype(v.dtype).size
                            for v in model.trainable_variables),

@@ -340,7 +340,8 @@ class Trainer:
             plan = stages.fit_plan(strategy, train, schedule, lr_plan, steps, model, jit=compiled.steps.xla,
                                    jit_note=compiled.jit_note, sources=(steps_source,), process=process,
                                    moved=move.describe(), unguarded=loop.unguarded(call.callbacks),
-                                   resumes=any(getattr(c, "resumes", False) for c in call.callbacks))
+                                   resumes=any(getattr(c, "resumes", False) for c in call.callbacks),
+                                   draws={**compiled.eval_steps.named_draws, **compiled.steps.named_draws})
             context = loop.TrainContext(strategy, strategy_cluster_info(strategy), plan, epochs=call.epochs,
                                         initial_epoch=call.initial_epoch, fusion=steps, lr_plan=lr_plan)
             stages.announce(plan, verbose=call.verbose, is_chief=context.is_chief)

@@ -30,13 +30,15 @@ noise, a draw of one number per step) is not per example: it stays as Keras
 makes it, the same on every replica, as on one device. A dimension is taken as
 the rows when it is dynamic and equals the rows when the step runs, or when
 both are static and equal. A draw that follows the data but is none of these is
-named once (`_warn_unsliced`).
+named once (`_warn_unsliced`), and recorded in the `named` dict of the steps
+that traced it, for the plan of the model's next fit.
 """
 
 from __future__ import annotations
 
 import contextlib
 import numbers
+import os
 import sys
 import threading
 import warnings
@@ -50,16 +52,20 @@ from trainer import _compat
 from trainer.user_line import user_stacklevel
 
 _COUNTER = True  # Philox's counter shortcut; bench/exact_layers_cost.py turns it off to time the global draw
-_local = threading.local()  # .placed: (first row, rows, examples, first row's counter) of the replica traced
+_local = threading.local()  # .placed: (first row, rows, examples, first row's counter) of the replica traced;
+# .named: the traced steps' record of the draws named
 _originals: dict[str, Callable] = {}  # Keras's random functions, while `hooks` has them replaced
 
 
 @contextlib.contextmanager
-def replica_rows(batch: Any, placed: tuple[tf.Tensor, tf.Tensor] | None, *, xla: bool = False):
+def replica_rows(batch: Any, placed: tuple[tf.Tensor, tf.Tensor] | None, *, xla: bool = False,
+                 named: dict | None = None):
     """While a replica's step is traced: its rows `batch` sit at `placed` = (first row, examples) of the global
     batch (None: unknown, and draws stay Keras's). `xla`: the draws are compiled by XLA, whose normal
-    distribution lays a draw's numbers out by its shape, so only its uniform draws follow the counter."""
-    previous = getattr(_local, "placed", None), getattr(_local, "xla", False)
+    distribution lays a draw's numbers out by its shape, so only its uniform draws follow the counter.
+    `named`: the steps' record of the draws that are not one device's, {(file, line): description}, filled
+    when such a draw is traced or, where its sizes are known only then, when it runs."""
+    previous = getattr(_local, "placed", None), getattr(_local, "xla", False), getattr(_local, "named", None)
     context = tf.distribute.get_replica_context()
     if placed is None or context is None or context.num_replicas_in_sync == 1:  # one replica draws as Keras
         _local.placed = None
@@ -69,11 +75,11 @@ def replica_rows(batch: Any, placed: tuple[tf.Tensor, tf.Tensor] | None, *, xla:
         # Philox's counter for the replica's first row, per counter a row takes (low word; see `_skipped`)
         first_row = tf.stack([tf.cast(placed[0], tf.int64), tf.constant(0, tf.int64)])
         _local.placed = (placed[0], rows, placed[1], first_row)
-    _local.xla = xla
+    _local.xla, _local.named = xla, named
     try:
         yield
     finally:
-        _local.placed, _local.xla = previous
+        _local.placed, _local.xla, _local.named = previous
 
 
 @contextlib.contextmanager
@@ -100,7 +106,7 @@ def _rows_of(shape: Any) -> tuple[Any, tuple, int] | None:
             if _stacked_like(shape, leading // rows, rows):
                 return True, placed, leading // rows
             if _from_data(shape):
-                _warn_unsliced(leading, rows)
+                _warn_unsliced(leading, rows, _user_line(), getattr(_local, "named", None))
         return None
     parts = _stacked_parts(leading)
     in_blocks = None
@@ -196,36 +202,39 @@ class _Unsliced(UserWarning):
     pass
 
 
-_NAMED: dict = {}  # the draws `_warn_unsliced` named from a running step, each once a process
-
-
-def _warn_unsliced(leading: int, rows: int, where: tuple | None = None) -> None:
+def _warn_unsliced(leading: int, rows: int, where: tuple, named: dict | None) -> None:
     """Names a draw that follows the data but not the replica's rows (keras.io's GANs draw label noise over the
     generated and the real rows together): each replica draws numbers of its own, not its rows of one
-    device's draw, so the step's numbers are not one device's. `where`: (file, line, module) of the draw."""
+    device's draw, so the step's numbers are not one device's. `where`: (file, line, module) of the draw;
+    `named`: the steps' record (`replica_rows`), which gets the draw for the plan, and names each draw once
+    however the user's filters show warnings."""
+    if named is not None:
+        if where[:2] in named:
+            return
+        named[where[:2]] = f"{os.path.basename(where[0])}:{where[1]} draws {leading} rows where a replica has {rows}"
     text = (
         f"A random draw in the step has {leading} rows, computed from the data, where the replica's batch has "
         f"{rows}: the trainer gives a replica its rows of one device's draw only for a draw over its own rows, so "
         f"each replica draws this one on its own, and the numbers differ from one device's. Draw per example "
         f"instead (a draw over each batch-sized part, e.g. keras.random.uniform((batch_size, 1)) for the "
         f"generated and for the real rows, then concatenated) to have one device's numbers.")
-    if where is None:
-        warnings.warn(text, _Unsliced, stacklevel=user_stacklevel())
-    else:
-        warnings.warn_explicit(text, _Unsliced, where[0], where[1], module=where[2])
+    warnings.warn_explicit(text, _Unsliced, where[0], where[1], module=where[2])
+
+
+def _user_line() -> tuple:
+    """(file, line, module) of the user's code that made the draw being traced."""
+    frame = sys._getframe(user_stacklevel() - 1)  # a stacklevel counts its caller as 1
+    return frame.f_code.co_filename, frame.f_lineno, frame.f_globals.get("__name__", "")
 
 
 def _name_unsliced_when_run(leading: tf.Tensor, rows: Any, unless: Any = None) -> None:
     """`_warn_unsliced` from the step, for a draw whose sizes are known only when it runs: a branch that runs
     only for such a draw (a scalar comparison a step otherwise), pointing at the line found now. `unless`: a
     bool tensor that holds where the draw is exact after all (its parts are the replica's rows)."""
-    frame = sys._getframe(user_stacklevel() - 1)  # a stacklevel counts this function as 1
-    where = (frame.f_code.co_filename, frame.f_lineno, frame.f_globals.get("__name__", ""))
+    where, named = _user_line(), getattr(_local, "named", None)
 
     def warn(leading, rows):
-        if (where, int(leading)) not in _NAMED:  # once, however the user's filters show warnings
-            _NAMED[(where, int(leading))] = True
-            _warn_unsliced(int(leading), int(rows), where)
+        _warn_unsliced(int(leading), int(rows), where, named)
         return np.int32(0)
 
     rows = tf.cast(rows, leading.dtype)

@@ -85,6 +85,7 @@ class Plan:
     unguarded: tuple[str, ...] = ()  # callbacks that run on every worker without knowing it (loop.unguarded)
     resume: str | None = None  # None unless a callback resumes training; then the input's reason a backup can't
     # resume it exactly (`Input.resume`), "" when it can
+    draws: tuple[str, ...] = ()  # random draws an earlier fit's steps made per replica (Steps.named_draws)
     gradient_values: int = 0  # the trainable variables' values: the gradients summed over the replicas each step
     gradient_bytes: int = 0
 
@@ -193,12 +194,21 @@ class Plan:
         if self.resume is not None:
             rows.append(("resume", resume_note(parameter_server=self.repeated_data, input_note=self.resume,
                                                global_batch_size=self.global_batch_size)))
+        if self.draws:
+            rows.append(("random draws", draws_note(self.draws)))
         if self.process:
             rows.append(("process", self.process))
         if self.platform:
             rows.append(("versions", self.platform))
         width = max(len(k) for k, _ in rows)
         return "Training plan\n" + "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+
+
+def draws_note(draws: tuple[str, ...]) -> str:
+    """The plan's words for random draws that each replica makes on its own (trainer/engine/draws.py)."""
+    return (f"not one device's: {'; '.join(draws)} (seen when this model's steps last ran); each replica "
+            "draws its own numbers there. Draw over each batch-sized part, then concatenate "
+            "(docs/exactness.md)")
 
 
 def _size(count: int) -> str:

@@ -189,6 +189,8 @@ class Steps:
         self._feed: feed_lib.ArrayFeed | None = None  # the feed that the traced feed loops read when they run
         self._results_made_by: dict[int, tuple[Any, str]] = {}  # while tracing: which metric made each result
         self._traced_step = ""  # while tracing: the model's own step being traced ("train_step", "test_step")
+        # Random draws the steps made per replica, not as one device (draws.replica_rows), for later plans.
+        self.named_draws: dict[tuple[str, int], str] = {}
         self._train_loops = Loops(self._use_feed, step_function(self._train_feed_loop),
                                   step_function(self._train_global_loop), step_function(self._train_loop))
         self._eval_loops = Loops(self._use_feed, step_function(self._eval_feed_loop),
@@ -238,7 +240,7 @@ class Steps:
         if self.model_steps.train:
             return self._model_step(self.model.train_step, share)
         x, y, sample_weight = unpack(share.batch)
-        with draws.replica_rows(share.batch, share.placed, xla=self.xla):
+        with draws.replica_rows(share.batch, share.placed, xla=self.xla, named=self.named_draws):
             y_pred, masks, local, grads = self._grads(x, y, sample_weight, share.global_count, self._examples(share))
         if self.model.trainable_variables:
             self.model.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
@@ -252,7 +254,7 @@ class Steps:
             return self._model_step(self.model.test_step, share)
         x, y, sample_weight = unpack(share.batch)
         with _compat.activity_share(self.model, self._examples(share)), _compat.replica_share(), \
-                draws.replica_rows(share.batch, share.placed):
+                draws.replica_rows(share.batch, share.placed, named=self.named_draws):
             y_pred = self.model(x, training=False)
         _, local = self.objective.replica_loss(x, y, y_pred, sample_weight, share.global_count, training=False)
         return self._track(share, x, y, y_pred, sample_weight, local)
@@ -278,7 +280,8 @@ class Steps:
         total = context.all_reduce("SUM", count) if context.num_replicas_in_sync > 1 else count
         examples = total if context.num_replicas_in_sync > 1 else None
         with _compat.replica_share(gradients=tf.math.divide_no_nan(count, total)), \
-                _compat.activity_share(self.model, examples), draws.replica_rows(batch, placed):
+                _compat.activity_share(self.model, examples), \
+                draws.replica_rows(batch, placed, named=self.named_draws):
             logs = method(batch)
         returned = self.objective.name_logs(method.__name__, logs, self._results_made_by)
         self._traced_step = method.__name__  # for `_run`, which holds what the step returned
