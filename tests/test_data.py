@@ -145,7 +145,7 @@ def test_replica_share_cuts_a_global_batch_as_the_feed_does():
     strategy = mirrored(3)
     for size in [1, 2, 5, 8, 11]:
         batch = tf.range(size, dtype=tf.int64)
-        shares = strategy.run(lambda b: feed_lib.replica_share(b), args=(batch,))
+        shares = strategy.run(lambda b: feed_lib.share_of(b), args=(batch,))
         starts, sizes, begins, ends = feed_lib.computed_slices(size, size, 3)
         local = strategy.experimental_local_results
         for replica, (part, count, (begin, end)) in enumerate(zip(local(shares.batch), local(shares.global_count),

@@ -7,9 +7,11 @@ Every check runs before anything changes (the process, the model, a file):
 3. `check_model`: compiled, and a dtype policy the Trainer can keep.
 4. `Trainer._schedule`: the global batch, the epoch's steps, warmup and learning-rate settings -> `Schedule`.
 5. `checks.check_fit`: the data against the model's inputs.
-6. `Trainer._model_in_scope`: the model in the strategy's scope, with its compiled steps (`engine.py`).
+6. `Trainer._model_in_scope`: the model in the strategy's scope, with its steps (`engine.py`) -> `Scoped`.
 7. `fit_plan`, then `announce`: the plan, printed once by the chief.
 8. `Trainer._run_epochs`: the epochs with callbacks -> the history.
+
+`evaluate` and `predict` share `Trainer._one_pass` (-> `OnePass`) and `Trainer._model_in_scope`.
 
 Each stage is a function of the call's arguments, the Trainer's settings and what the stages before it
 decided, so that each can be called, and tested, on its own.
@@ -62,6 +64,28 @@ class Schedule:
     user_steps: int | None  # the steps per epoch the user asked for, checked against the arrays
     steps_per_epoch: int | None  # the steps an epoch runs, when known
     lr: engine_lib.LRSettings
+
+
+@dataclasses.dataclass(frozen=True)
+class Scoped:
+    """A call's model once it is in the strategy's scope (`Trainer._model_in_scope`)."""
+
+    model: keras.Model  # the model the call runs (a builder's, once built)
+    engine: engine_lib.Engine  # its steps under the call's strategy
+    lr_plan: scaling.LRPlan | None  # fit's learning-rate plan; None when evaluating, or without a Keras optimizer
+    move: Any  # placement.Move: a context manager that brings the user's model back from the scope
+    process: str  # what the trainer changed for the whole process, in words (`malloc.tune_process`)
+
+
+@dataclasses.dataclass(frozen=True)
+class OnePass:
+    """An `evaluate` or `predict` call's arguments, checked: one pass over the data."""
+
+    model: models.ModelOrBuilder
+    inp: Any  # inputs.Input
+    batch: scaling.BatchPlan
+    steps: int | None  # the user's cap on the steps; None reads all the data
+    callbacks: list
 
 
 def checked_fit_call(callbacks, strategy: tf.distribute.Strategy, *, batch_size, validation_split,
@@ -170,7 +194,7 @@ def check_model(model: models.ModelOrBuilder, mixed_precision: str | None, *, co
     models.check_precision(model, mixed_precision)
 
 
-def fusion(setting: int | str, compiled: engine_lib.Engine, batch: scaling.BatchPlan, steps_per_epoch: int | None,
+def fusion(setting: int | str, engine: engine_lib.Engine, batch: scaling.BatchPlan, steps_per_epoch: int | None,
            callbacks: list) -> tuple[StepFusion, str]:
     """Steps per call for this fit, and which setting chose them.
 
@@ -180,14 +204,14 @@ def fusion(setting: int | str, compiled: engine_lib.Engine, batch: scaling.Batch
     from trainer.engine import loop
 
     source = ""
-    compiled_steps = loop.keras_steps_per_call(compiled.steps.model)
-    if setting == "auto" and compiled_steps > 1:
-        setting, source = compiled_steps, f"steps_per_execution={compiled_steps} from the model's compile()"
+    keras_steps = loop.keras_steps_per_call(engine.steps.model)
+    if setting == "auto" and keras_steps > 1:
+        setting, source = keras_steps, f"steps_per_execution={keras_steps} from the model's compile()"
     chosen = StepFusion.for_fit(
         setting, steps_per_epoch=steps_per_epoch,
         batch_hooks=setting == "auto" and any(loop.has_batch_hooks(c) for c in callbacks),
-        num_workers=strategy_cluster_info(compiled.strategy).num_workers,
-        seconds_per_step=compiled.seconds_per_step.get(batch.global_batch_size))
+        num_workers=strategy_cluster_info(engine.strategy).num_workers,
+        seconds_per_step=engine.seconds_per_step.get(batch.global_batch_size))
     return chosen, source
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from trainer import _compat, checks, options, scaling, stages
-from trainer.data import boundary as data_lib
+from trainer.data import boundary
 from trainer.data import inputs as inputs_lib
 from trainer.data.passes import Passes
 from trainer.distribute import collectives
@@ -332,20 +332,21 @@ class Trainer:
         model = checks.check_fit(model, train, val, batch=schedule.batch, epoch_steps=schedule.steps_per_epoch,
                                  epochs=call.epochs, initial_epoch=call.initial_epoch,
                                  warmup=(self.warmup_epochs, schedule.lr.warmup_steps))
-        process, model, compiled, lr_plan, move = self._model_in_scope(model, strategy, train, schedule.batch,
-                                                                       lr=schedule.lr)
-        with move:  # on the way out the user's model goes home with its trained state, as after model.fit
-            steps, steps_source = stages.fusion(self.steps_per_execution, compiled, schedule.batch,
+        scoped = self._model_in_scope(model, strategy, train, schedule.batch, lr=schedule.lr)
+        engine = scoped.engine
+        with scoped.move:  # on the way out the user's model goes home with its trained state, as after model.fit
+            steps, steps_source = stages.fusion(self.steps_per_execution, engine, schedule.batch,
                                                 schedule.steps_per_epoch, call.callbacks)
-            plan = stages.fit_plan(strategy, train, schedule, lr_plan, steps, model, jit=compiled.steps.xla,
-                                   jit_note=compiled.jit_note, sources=(steps_source,), process=process,
-                                   moved=move.describe(), unguarded=loop.unguarded(call.callbacks),
+            plan = stages.fit_plan(strategy, train, schedule, scoped.lr_plan, steps, scoped.model,
+                                   jit=engine.steps.xla, jit_note=engine.jit_note, sources=(steps_source,),
+                                   process=scoped.process, moved=scoped.move.describe(),
+                                   unguarded=loop.unguarded(call.callbacks),
                                    resumes=any(getattr(c, "resumes", False) for c in call.callbacks),
-                                   draws={**compiled.eval_steps.named_draws, **compiled.steps.named_draws})
+                                   draws={**engine.eval_steps.named_draws, **engine.steps.named_draws})
             context = loop.TrainContext(strategy, strategy_cluster_info(strategy), plan, epochs=call.epochs,
-                                        initial_epoch=call.initial_epoch, fusion=steps, lr_plan=lr_plan)
+                                        initial_epoch=call.initial_epoch, fusion=steps, lr_plan=scoped.lr_plan)
             stages.announce(plan, verbose=call.verbose, is_chief=context.is_chief)
-            return self._run_epochs(compiled, context, call, model, train, val, schedule, guard)
+            return self._run_epochs(engine, context, call, scoped.model, train, val, schedule, guard)
 
     @_quiet_tf_info
     def evaluate(
@@ -376,23 +377,17 @@ class Trainer:
                   planned_batch: int | None = None, **unknown) -> float | list[float] | dict[str, float]:
         """evaluate's engine, with the arguments Keras's own evaluate received."""
         _no_unknown("evaluate", unknown)
-        callbacks = checks.check_callbacks(callbacks)
-        options.check_fit_args(batch_size=batch_size)
-        steps = options.steps_arg("steps", steps, fix="Pass a positive number of steps, or None for all.")
-        steps = stages.capped(None, steps)[1]
-        inp = data_lib.evaluate_input(x, y, sample_weight, arg=stages.data_arg(y, sample_weight), steps=steps,
-                                      **stages.workers(strategy, training=False))
-        stages.check_model(model, self.mixed_precision)
-        batch, _ = self._batch_plan(strategy, inp, batch_size, planned_batch)
-        model = checks.check_evaluate(model, inp, batch=batch)
-        _, model, compiled, _, move = self._model_in_scope(model, strategy, inp, batch)
-        with move:
-            known = inp.num_steps(batch.global_batch_size)
-            callback_list = _one_pass_callbacks(callbacks, model, verbose, steps, known,
+        call = self._one_pass("evaluate", model, x, y, sample_weight, batch_size=batch_size, steps=steps,
+                              callbacks=callbacks, strategy=strategy, planned_batch=planned_batch)
+        scoped = self._model_in_scope(call.model, strategy, call.inp, call.batch)
+        with scoped.move:
+            known = call.inp.num_steps(call.batch.global_batch_size)
+            callback_list = _one_pass_callbacks(call.callbacks, scoped.model, verbose, call.steps, known,
                                                 progress=_shows_progress(verbose, self.verbose))
-            logs = loop.run_eval(compiled.eval_steps, self._readers(compiled.eval_strategy, batch), inp,
-                                 callback_list, num_steps=steps, known_steps=known)
-        return dict(sorted(logs.items())) if return_dict else logs_in_order(model, logs)  # sorted, as Keras's
+            logs = loop.run_eval(scoped.engine.eval_steps, self._readers(scoped.engine.eval_strategy, call.batch),
+                                 call.inp, callback_list, num_steps=call.steps, known_steps=known)
+        # sorted, as Keras's
+        return dict(sorted(logs.items())) if return_dict else logs_in_order(scoped.model, logs)
 
     @_quiet_tf_info
     def predict(
@@ -418,27 +413,40 @@ class Trainer:
     def _predict(self, model, x, *, batch_size=None, verbose=None, steps=None, callbacks=None,
                  strategy: tf.distribute.Strategy, planned_batch: int | None = None) -> Any:
         """predict's engine, with the arguments Keras's own predict received."""
+        call = self._one_pass("predict", model, x, None, None, batch_size=batch_size, steps=steps,
+                              callbacks=callbacks, strategy=strategy, planned_batch=planned_batch)
+        malloc.tune_process(self.tune_malloc)
+        model = models.from_builder(call.model, strategy, self.seed, self.mixed_precision)
+        sample_x = engine_lib.sample_batch(model, call.inp, call.batch.global_batch_size,
+                                           strategy.num_replicas_in_sync)
+        with placement.move_in(model, strategy, self._in_scope.table(model, strategy), sample_x, targets=False):
+            if is_parameter_server(strategy):
+                strategy = tf.distribute.get_strategy()  # inline on the coordinator
+            known = call.inp.num_steps(call.batch.global_batch_size)
+            callback_list = _one_pass_callbacks(call.callbacks, model, verbose, call.steps, known,
+                                                progress=_shows_progress(verbose, self.verbose))
+            with loop.one_pass(self._readers(strategy, call.batch), call.inp, read_all=call.steps is None) as reader:
+                outputs = loop.run_predict(self._predict_steps(model, strategy).predictions(reader), callback_list,
+                                           num_steps=call.steps, known_steps=known)
+        return loop.joined(outputs)
+
+    def _one_pass(self, method: str, model, x, y, sample_weight, *, batch_size, steps, callbacks,
+                  strategy: tf.distribute.Strategy, planned_batch: int | None) -> stages.OnePass:
+        """`evaluate`'s or `predict`'s (`method`) arguments, checked before anything changes."""
         callbacks = checks.check_callbacks(callbacks)
         options.check_fit_args(batch_size=batch_size)
         steps = options.steps_arg("steps", steps, fix="Pass a positive number of steps, or None for all.")
         steps = stages.capped(None, steps)[1]
-        inp = data_lib.predict_input(x, model, **stages.workers(strategy, training=False))
-        stages.check_model(model, self.mixed_precision, compiled=False)
+        workers = stages.workers(strategy, training=False)
+        if method == "evaluate":
+            inp = boundary.evaluate_input(x, y, sample_weight, arg=stages.data_arg(y, sample_weight), steps=steps,
+                                          **workers)
+        else:
+            inp = boundary.predict_input(x, model, **workers)
+        stages.check_model(model, self.mixed_precision, compiled=method == "evaluate")
         batch, _ = self._batch_plan(strategy, inp, batch_size, planned_batch)
-        model = checks.check_predict(model, inp, batch=batch)
-        malloc.tune_process(self.tune_malloc)
-        model = models.from_builder(model, strategy, self.seed, self.mixed_precision)
-        sample_x = engine_lib.sample_batch(model, inp, batch.global_batch_size, strategy.num_replicas_in_sync)
-        with placement.move_in(model, strategy, self._in_scope.table(model, strategy), sample_x, targets=False):
-            if is_parameter_server(strategy):
-                strategy = tf.distribute.get_strategy()  # inline on the coordinator
-            known = inp.num_steps(batch.global_batch_size)
-            callback_list = _one_pass_callbacks(callbacks, model, verbose, steps, known,
-                                                progress=_shows_progress(verbose, self.verbose))
-            with loop.one_pass(self._readers(strategy, batch), inp, read_all=steps is None) as reader:
-                outputs = loop.run_predict(self._predict_steps(model, strategy).predictions(reader), callback_list,
-                                           num_steps=steps, known_steps=known)
-        return loop.joined(outputs)
+        check = checks.check_evaluate if method == "evaluate" else checks.check_predict
+        return stages.OnePass(check(model, inp, batch=batch), inp, batch, steps, callbacks)
 
     # Keras's per-batch methods, reached beneath a model's own code (`distribute()`, a routed call) ----------
 
@@ -449,14 +457,16 @@ class Trainer:
         where the installed Keras's do (`_compat.on_batch_resets_metrics`)."""
         inp, batch = self._one_batch(strategy, x, y, sample_weight, class_weight=class_weight, training=True)
         stages.check_model(model, self.mixed_precision)
-        _, model, compiled, _, move = self._model_in_scope(
+        scoped = self._model_in_scope(
             model, strategy, inp, batch, lr=engine_lib.LRSettings(None, batch.global_batch_size, batch, 0))
-        with move, loop.one_pass(self._readers(compiled.strategy, batch, shuffle=False), inp, read_all=True) as reader:
+        engine = scoped.engine
+        with scoped.move, loop.one_pass(self._readers(engine.strategy, batch, shuffle=False), inp,
+                                        read_all=True) as reader:
             if _compat.on_batch_resets_metrics():
-                compiled.objective.reset()
-            compiled.steps.train(reader, 1)
-            logs = compiled.objective.results()
-        return dict(sorted(logs.items())) if return_dict else logs_in_order(model, logs)
+                engine.objective.reset()
+            engine.steps.train(reader, 1)
+            logs = engine.objective.results()
+        return dict(sorted(logs.items())) if return_dict else logs_in_order(scoped.model, logs)
 
     def _test_on_batch(self, model, x, y=None, sample_weight=None, return_dict=False, *,
                        strategy: tf.distribute.Strategy, planned_batch: int | None = None) -> Any:
@@ -464,34 +474,35 @@ class Trainer:
         before it as `train_on_batch`'s)."""
         inp, batch = self._one_batch(strategy, x, y, sample_weight, training=False)
         stages.check_model(model, self.mixed_precision)
-        _, model, compiled, _, move = self._model_in_scope(model, strategy, inp, batch)
-        with move, loop.one_pass(self._readers(compiled.eval_strategy, batch, shuffle=False), inp,
-                                 read_all=True) as reader:
+        scoped = self._model_in_scope(model, strategy, inp, batch)
+        engine = scoped.engine
+        with scoped.move, loop.one_pass(self._readers(engine.eval_strategy, batch, shuffle=False), inp,
+                                        read_all=True) as reader:
             if _compat.on_batch_resets_metrics():
-                compiled.objective.reset()
-            compiled.eval_steps.evaluate(reader, 1)
-            logs = compiled.objective.results("test_step")
-        return dict(sorted(logs.items())) if return_dict else logs_in_order(model, logs)
+                engine.objective.reset()
+            engine.eval_steps.evaluate(reader, 1)
+            logs = engine.objective.results("test_step")
+        return dict(sorted(logs.items())) if return_dict else logs_in_order(scoped.model, logs)
 
     def _predict_on_batch(self, model, x, *, strategy: tf.distribute.Strategy, planned_batch: int | None = None):
         """`model.predict_on_batch`: the outputs of one global batch of features, split over the replicas."""
-        rows = data_lib.batch_rows(x, "x")
-        dataset = tf.data.Dataset.from_tensor_slices(data_lib.as_slices((x,))).batch(rows)
+        rows = boundary.batch_rows(x, "x")
+        dataset = tf.data.Dataset.from_tensor_slices(boundary.as_slices((x,))).batch(rows)
         return self._predict(model, dataset, verbose=0, strategy=strategy, planned_batch=rows)
 
     def _one_batch(self, strategy, x, y, sample_weight, *, training: bool,
                    class_weight=None) -> tuple[inputs_lib.Input, scaling.BatchPlan]:
         """One global batch given to a `*_on_batch` method, as an input of one step, and its batch plan."""
-        rows = data_lib.batch_rows(x, "x")
+        rows = boundary.batch_rows(x, "x")
         data = (x, y, sample_weight)[:3 if sample_weight is not None else 2 if y is not None else 1]
-        dataset = tf.data.Dataset.from_tensor_slices(data_lib.as_slices(data)).batch(rows)
+        dataset = tf.data.Dataset.from_tensor_slices(boundary.as_slices(data)).batch(rows)
         workers = stages.workers(strategy, training=training)
         if training:
-            inp, _ = data_lib.fit_inputs(dataset, None, None, arg="x", class_weight=class_weight, shuffle=False,
+            inp, _ = boundary.fit_inputs(dataset, None, None, arg="x", class_weight=class_weight, shuffle=False,
                                          validation_split=0.0, validation_data=None, steps_per_epoch=None,
                                          is_chief=strategy_cluster_info(strategy).is_chief, **workers)
         else:
-            inp = data_lib.evaluate_input(dataset, None, None, arg="x", steps=None, **workers)
+            inp = boundary.evaluate_input(dataset, None, None, arg="x", steps=None, **workers)
         return inp, scaling.BatchPlan(rows, strategy.num_replicas_in_sync)
 
     @contextlib.contextmanager
@@ -518,9 +529,9 @@ class Trainer:
 
         def engine(method: str, model: keras.Model, arguments: dict[str, Any]) -> Any:
             if (method in ("fit", "evaluate", "predict") and arguments.get("batch_size") is None
-                    and not self._batch_given and data_lib.is_arrays(arguments.get("x"))):
+                    and not self._batch_given and boundary.is_arrays(arguments.get("x"))):
                 arguments = {**arguments, "batch_size": KERAS_BATCH_SIZE}
-            run = _quiet_tf_info(getattr(self, "_" + method))
+            run = _quiet_tf_info(self._engine_for(method))
             keras_defaults = {"guard": False, "scale_lr": self._lr_scaling_given} if method == "fit" else {}
             return run(model, strategy=self._call_strategy(strategy, model, arguments), **arguments, **keras_defaults)
 
@@ -528,6 +539,15 @@ class Trainer:
             yield self
 
     # Stages ------------------------------------------------------------------
+
+    def _engine_for(self, method: str) -> Callable[..., Any]:
+        """The trainer's engine for Keras's `method`, which trainer/model/route.py names when a model's own
+        method reaches Keras's."""
+        return {
+            "fit": self._fit, "evaluate": self._evaluate, "predict": self._predict,
+            "train_on_batch": self._train_on_batch, "test_on_batch": self._test_on_batch,
+            "predict_on_batch": self._predict_on_batch,
+        }[method]
 
     def _through_model(self, method: str, model: Any, strategy: Any, arguments: dict[str, Any]) -> Any:
         """The model's own `method` called with the arguments given, Keras's own `method` running this trainer's
@@ -538,11 +558,11 @@ class Trainer:
         task) makes the Trainer's batches.
         """
         strategy = self._call_strategy(strategy, model, arguments)
-        run = getattr(self, "_" + method)
+        run = self._engine_for(method)
         if not _compat.is_model(model):
             return run(model, strategy=strategy, **arguments)
         planned = None
-        if (arguments.get("batch_size") is None and data_lib.is_arrays(arguments.get("x"))
+        if (arguments.get("batch_size") is None and boundary.is_arrays(arguments.get("x"))
                 and route_lib.accepts(getattr(model, method), "batch_size")):
             planned = self._batch_plan(strategy)[0].global_batch_size
             arguments = {**arguments, "batch_size": planned}
@@ -550,7 +570,7 @@ class Trainer:
         def engine(name: str, routed: keras.Model, handed: dict[str, Any]) -> Any:
             if planned is not None and handed.get("batch_size") == planned:
                 del handed["batch_size"]  # handed down as it was passed: the Trainer's own plan
-            return getattr(self, "_" + name)(routed, strategy=strategy, planned_batch=planned, **handed)
+            return self._engine_for(name)(routed, strategy=strategy, planned_batch=planned, **handed)
 
         return route_lib.call_model(model, method, arguments, engine)
 
@@ -697,18 +717,17 @@ class Trainer:
         return stages.Schedule(batch, source, user_steps, steps_per_epoch, lr)
 
     def _model_in_scope(self, model, strategy, inp, batch: scaling.BatchPlan,
-                        lr: engine_lib.LRSettings | None = None):
-        """(the process's change, model, engine, LR plan, move): the checks are done, so the process may
-        change now (`malloc`), and the model goes into the strategy's scope for the call (`move`, a context
-        manager that brings it back), built on the first of `batch`'s steps."""
+                        lr: engine_lib.LRSettings | None = None) -> stages.Scoped:
+        """The checks are done, so the process may change now (`malloc`), and the model goes into the
+        strategy's scope for the call (`Scoped.move` brings it back), built on the first of `batch`'s steps."""
         process = malloc.tune_process(self.tune_malloc)
-        model, compiled, lr_plan, move = engine_lib.build(
+        model, engine, lr_plan, move = engine_lib.prepare(
             model, strategy, inp, global_batch_size=batch.global_batch_size, seed=self.seed,
             jit_compile=self.jit_compile, cache=self._engines, in_scope=self._in_scope, lr=lr,
             mixed_precision=self.mixed_precision, batch_norm=self.batch_norm)
-        return process, model, compiled, lr_plan, move
+        return stages.Scoped(model, engine, lr_plan, move, process)
 
-    def _run_epochs(self, compiled: engine_lib.Engine, context: loop.TrainContext, call: stages.FitCall,
+    def _run_epochs(self, engine: engine_lib.Engine, context: loop.TrainContext, call: stages.FitCall,
                     model: keras.Model, train: inputs_lib.Input, val: inputs_lib.Input | None,
                     schedule: stages.Schedule, guard: bool = True) -> History:
         """The epochs with the callbacks: steps read on this process's replicas, or scheduled under
@@ -719,22 +738,22 @@ class Trainer:
         if val is not None:
             validation = loop.Validation(val, call.validation_freq, call.validation_steps,
                                          self._batch_plan(context.strategy, val, call.validation_batch_size)[0])
-            validation.make_reader = self._readers(compiled.eval_strategy, validation.batch)
-        if is_parameter_server(compiled.strategy):
-            coordinator = self._coordinator(compiled.strategy)
-            iterator = ps.per_worker_iterator(compiled.strategy, coordinator, train, schedule.batch.global_batch_size,
+            validation.make_reader = self._readers(engine.eval_strategy, validation.batch)
+        if is_parameter_server(engine.strategy):
+            coordinator = self._coordinator(engine.strategy)
+            iterator = ps.per_worker_iterator(engine.strategy, coordinator, train, schedule.batch.global_batch_size,
                                               num_workers=context.plan.num_workers)
             passes = Passes.starting_at(call.initial_epoch, context.plan.steps_per_epoch, None)
-            source = ps.ScheduledSteps(coordinator, compiled.steps, compiled.eval_steps, iterator, passes)
+            source = ps.ScheduledSteps(coordinator, engine.steps, engine.eval_steps, iterator, passes)
         else:
-            readers = self._readers(compiled.strategy, schedule.batch, call.shuffle)
+            readers = self._readers(engine.strategy, schedule.batch, call.shuffle)
             passes = Passes.starting_at(call.initial_epoch, schedule.user_steps,
                                         train.num_steps(schedule.batch.global_batch_size),
-                                        loop.keras_steps_per_call(compiled.steps.model))
-            source = loop.ReaderSteps(compiled.steps, readers, train, passes=passes, epochs=context.epochs)
-        loop.run_epochs(source, context, callback_list, validation, compiled.eval_steps)
+                                        loop.keras_steps_per_call(engine.steps.model))
+            source = loop.ReaderSteps(engine.steps, readers, train, passes=passes, epochs=context.epochs)
+        loop.run_epochs(source, context, callback_list, validation, engine.eval_steps)
         if context.fusion.auto and context.fusion.seconds_per_step is not None:
-            compiled.seconds_per_step[schedule.batch.global_batch_size] = context.fusion.seconds_per_step
+            engine.seconds_per_step[schedule.batch.global_batch_size] = context.fusion.seconds_per_step
         return history
 
     def _callback_list(self, callbacks: list, context: loop.TrainContext, model, verbose: int, guard: bool = True):

@@ -24,7 +24,7 @@ A tf.data dataset is read as whole global batches from one plain host
 iterator per worker (`GlobalBatches`; on several workers, unless the dataset
 sets a shard policy of its own, every worker reads all of it, as TensorFlow's
 DATA policy does), and each replica takes its share of every batch inside the
-step (`replica_share`), cut the same way. TensorFlow's distributed
+step (`share_of`), cut the same way. TensorFlow's distributed
 iterator would be set up again each epoch, and under MirroredStrategy its
 MultiDeviceIterator traces functions for every device for every new iterator.
 
@@ -251,7 +251,7 @@ def first_leaf(batch: Any) -> Any:
     return next(leaf for leaf in tf.nest.flatten(batch) if leaf is not None)
 
 
-def replica_share(batch: Any) -> Share:
+def share_of(batch: Any) -> Share:
     """This replica's `Share` of a whole global batch (replica context).
 
     The shares are cut as `computed_slices` cuts them: contiguous, with sizes
@@ -319,7 +319,7 @@ def cut_shares(global_batches: tf.data.Dataset, context: tf.distribute.InputCont
     """This worker's replicas' `Cut`s of each global batch, step after step, one per local replica: the order
     in which tf.distribute hands a per-worker dataset's elements to the replicas.
 
-    The shares are `replica_share`'s, cut before the devices: each replica is
+    The shares are `share_of`'s, cut before the devices: each replica is
     handed its own rows (all of a batch smaller than the replica count), and
     the pipeline prefetches them to its device. Every worker reads every batch
     and keeps its replicas' shares, as with the DATA shard policy.
@@ -338,7 +338,7 @@ def cut_shares(global_batches: tf.data.Dataset, context: tf.distribute.InputCont
 
 
 class GlobalBatches:
-    """A plain iterator of a dataset's global batches, which the replicas split (`replica_share`).
+    """A plain iterator of a dataset's global batches, which the replicas split (`share_of`).
 
     A step call runs steps of one shape only (see `ArrayFeed.fetches`). A batch
     whose shapes differ from those of the call's first step ends the call unrun:

@@ -147,7 +147,7 @@ def cpu_native_bf16(strategy: tf.distribute.Strategy) -> str | None:
     return next((unit for flag, unit in BF16_UNITS if flag in flags), None)
 
 
-def build(
+def prepare(
     model: models.ModelOrBuilder,
     strategy: tf.distribute.Strategy,
     inp: inputs_lib.Input,

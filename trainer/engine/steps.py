@@ -73,7 +73,7 @@ def _with_masks(y_pred, masks):
 def _on_global_batch(replica_fn):
     """`replica_fn(share)` -> a replica function of a whole global batch, which it splits."""
     def on_global_batch(batch):
-        return replica_fn(feed_lib.replica_share(batch))
+        return replica_fn(feed_lib.share_of(batch))
 
     return on_global_batch
 
@@ -460,7 +460,7 @@ class Steps:
     def _predict_step(self, batch, global_batches: bool):
         def predict(x):
             if global_batches:
-                return self._predict_replica(feed_lib.replica_share(x))
+                return self._predict_replica(feed_lib.share_of(x))
             return self._predict_replica(x.share() if isinstance(x, feed_lib.Cut) else feed_lib.Share(x, None))
 
         return self._gathered(self.strategy.run(predict, args=(batch,)))

@@ -120,7 +120,7 @@ def node_cluster(nodes: list[Node]) -> tuple[dict[str, list[str]], list[list[tup
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class Agreement:
     """What the rendezvous gave this node: the whole cluster, its own tasks, its link to the others, which
     restart of the job this round is, and how the plan names the launch (node 0 words it for every node)."""
 
@@ -146,8 +146,8 @@ class Round:
 
 def join(*, nnodes: tuple[int, int], node_rank: int, master_addr: str, master_port: int, workers: int, ps: int,
          timeout: float, free_ports, secret: bytes, node_addr: str | None = None, host: "Host | None" = None,
-         round_: Round | None = None, interrupted=lambda: False) -> Plan:
-    """Meets the other nodes at node 0's rendezvous; returns this node's `Plan`.
+         round_: Round | None = None, interrupted=lambda: False) -> Agreement:
+    """Meets the other nodes at node 0's rendezvous; returns this node's `Agreement`.
 
     `nnodes` is (least, most) nodes; `free_ports(count)` gives free ports on this machine for its tasks;
     `secret` is the job's shared secret (`read_secret`); `node_addr` the address the other nodes reach this
@@ -199,9 +199,9 @@ def join(*, nnodes: tuple[int, int], node_rank: int, master_addr: str, master_po
         raise RendezvousError(f"{where} answered with a cluster but not with this job's secret: node 0 holds another "
                               f"{SECRET_ENV} (or --rdzv-secret-file), or it is not this job's node 0. Nothing was "
                               "started here. Set the same secret on every node.")
-    return Plan(cluster=reply["cluster"], tasks=[tuple(t) for t in reply["tasks"]], link=NodeLink(channel, node_rank),
-                restart=int(reply.get("restart", 0)), origin=str(reply.get("origin", "")),
-                nodes=int(reply.get("nodes", 1)))
+    return Agreement(cluster=reply["cluster"], tasks=[tuple(t) for t in reply["tasks"]],
+                     link=NodeLink(channel, node_rank), restart=int(reply.get("restart", 0)),
+                     origin=str(reply.get("origin", "")), nodes=int(reply.get("nodes", 1)))
 
 
 def _waited(channel: Channel, timeout: float, interrupted, node_rank: int) -> dict | None:
@@ -258,7 +258,7 @@ class Host:
 
 
 def _gather(host: Host, own: Node, nnodes: tuple[int, int], timeout: float, secret: bytes, round_: Round,
-            interrupted) -> Plan:
+            interrupted) -> Agreement:
     """Node 0: holds a rendezvous until the most nodes have arrived, or the least have and no other came within
     the last call; then sends each node its part."""
     least, most = nnodes
@@ -297,8 +297,8 @@ def _gather(host: Host, own: Node, nnodes: tuple[int, int], timeout: float, secr
         channel.send({"cluster": cluster, "tasks": own_tasks[rank], "restart": round_.restart, "origin": origin,
                       "nodes": len(nodes), "proof": _proof(secret, "cluster", challenges[rank])})
     link = Hub(channels, servers_only="chief" in cluster, can_restart=round_.restart < round_.max_restarts)
-    return Plan(cluster=cluster, tasks=own_tasks[0], link=link, restart=round_.restart, origin=origin,
-                nodes=len(nodes))
+    return Agreement(cluster=cluster, tasks=own_tasks[0], link=link, restart=round_.restart, origin=origin,
+                     nodes=len(nodes))
 
 
 def _too_few(nodes: dict[int, Node], nnodes: tuple[int, int], where: str, timeout: float) -> str:
