@@ -36,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
+from unittest import mock
 
 VARIANTS = {"dropout": ("keras_per_replica", "own_rows", "global_draw"),
             "batch_norm": ("per_replica", "global", "collective", "no_round")}
@@ -87,17 +88,12 @@ def traced_as(variant: str):
     elif variant == "collective":
         from trainer import _compat
 
-        _compat.replicas._IN_PROCESS_SUM = False  # the statistics through the strategy's all-reduce, as on GPUs
-        try:
+        # the statistics through the strategy's all-reduce, as on GPUs
+        with mock.patch.object(_compat.replicas, "_in_process", lambda strategy: False):
             yield
-        finally:
-            _compat.replicas._IN_PROCESS_SUM = True
     elif variant == "global_draw":
-        draws._COUNTER = False  # every per-example draw takes the global batch's numbers
-        try:
+        with mock.patch.object(draws, "_philox", lambda: False):  # per-example draws: the global batch's numbers
             yield
-        finally:
-            draws._COUNTER = True
     else:
         yield
 

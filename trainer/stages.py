@@ -3,7 +3,7 @@
 Every check runs before anything changes (the process, the model, a file):
 
 1. `checked_fit_call`: the callbacks and fit's own arguments -> `FitCall`.
-2. `fit_data`: the data, checked where its form is known (`data.py`) -> the inputs.
+2. `fit_data`: the data, checked where its form is known (`data/boundary.py`) -> the inputs.
 3. `check_model`: compiled, and a dtype policy the Trainer can keep.
 4. `Trainer._schedule`: the global batch, the epoch's steps, warmup and learning-rate settings -> `Schedule`.
 5. `checks.check_fit`: the data against the model's inputs.

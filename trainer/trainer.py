@@ -1,8 +1,4 @@
 """`Trainer`: fit, evaluate and predict a Keras model under any tf.distribute strategy.
-
-Past 300 lines: the public methods carry Keras's signatures and their documentation, beside the stages
-that use the Trainer's own state (its strategies, engines, in-scope models and coordinators); the
-stateless stages are in `stages.py`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Each names the versions it was checked on (the supported range is setup.cfg's,
 tested at both ends by CI); a hook whose target is gone is named before the
 first call (`platform`), so a release that moves one breaks there, not
-somewhere in a step function. The rest of the trainer imports them from here (`_compat.name`):
+somewhere in a step function. The rest of the trainer imports them from here, as `_compat.<name>`:
 
 - `replicas`: Keras's replica scaling of losses and gradients, its optimizer's
   clipping and accumulation, synchronized BatchNormalization's statistics, the
@@ -70,7 +70,7 @@ from .compiled import (  # noqa: F401
 )
 from .sharded import gradients, is_sharded  # noqa: F401
 from .patches import Patches  # noqa: F401
-from .replicas import needs_one_apply, replica_hooks, replica_share  # noqa: F401
+from .replicas import replica_hooks, replica_share  # noqa: F401
 from .random_state import (  # noqa: F401
     RANDOM_FUNCTIONS,
     global_random_state_kept,
@@ -79,7 +79,7 @@ from .random_state import (  # noqa: F401
     noise_shape,
     seeded,
 )
-from .activity import ACTIVITY_SUMS, activity_layers, activity_share  # noqa: F401
+from .activity import activity_layers, activity_share  # noqa: F401
 from .dict_inputs import DictFeed, dict_feed  # noqa: F401
 from .adapters import (  # noqa: F401
     KerasView,
@@ -94,7 +94,7 @@ from .adapters import (  # noqa: F401
     service_jobs,
 )
 from .auto_shard import file_shard  # noqa: F401
-from .distributed_data import DistributedSource, distributed_source, is_distributed_dataset  # noqa: F401
+from .distributed_data import distributed_source, is_distributed_dataset  # noqa: F401
 from .keras_methods import KERAS_METHODS, is_model, keras_methods_hooked, on_batch_resets_metrics  # noqa: F401
 from .onednn import onednn_enabled  # noqa: F401
 from .strategies import (  # noqa: F401

@@ -9,6 +9,13 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from .patches import Patches
+
+# Read, not called through a hook: listed so that `_compat.platform` checks that they are there before a call.
+_TARGETS = Patches("the compiled loss and its build, as Model.fit runs them", [
+    (name, keras.Model, name, None, f"Trainer.{name} (keras/src/trainers/trainer.py)")
+    for name in ("_compute_loss", "_symbolic_build")], {})
+
 # Metric variables across replicas -----------------------------------------------
 #
 # Keras 3.10+ creates every metric variable with synchronization="on_read"
@@ -122,19 +129,13 @@ def results_recorded(model: keras.Model, made_by: dict[int, tuple[Any, str]]):
 
 
 def compute_loss(model: keras.Model, x, y, y_pred, sample_weight, training: bool):
-    """`model.compute_loss`, also for overrides written before Keras 3.3 added `training`."""
-    wrapper = getattr(model, "_compute_loss", None)
-    if wrapper is not None:
-        return wrapper(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training)
-    return model.compute_loss(x, y, y_pred, sample_weight)  # pragma: no cover
+    """`model.compute_loss` through Keras's wrapper, which passes `training` only to overrides that take it."""
+    return model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training)
 
 
 def symbolic_build(model: keras.Model, data_batch: Any) -> None:
     """Builds the compiled losses' and metrics' state as `Model.fit` does, without running the model."""
-    build = getattr(model, "_symbolic_build", None)
-    if build is None:  # pragma: no cover
-        raise RuntimeError("This Keras has no Model._symbolic_build (checked on 3.15); the trainer needs one.")
-    build(data_batch=data_batch)
+    model._symbolic_build(data_batch=data_batch)
 
 
 def requested_initial_epoch(model: keras.Model) -> int | None:

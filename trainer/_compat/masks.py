@@ -5,15 +5,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from .patches import Patches
 
-try:  # keras/src/backend/common/masking.py (3.5+); older Keras sets `_keras_mask` itself
-    from keras.src.backend import get_keras_mask, set_keras_mask
-except ImportError:  # pragma: no cover
-    def get_keras_mask(x: Any) -> Any:
-        return getattr(x, "_keras_mask", None)
+try:  # keras/src/backend/common/masking.py (3.8-3.15)
+    from keras.src.backend import common as _common
+    from keras.src.backend import get_keras_mask as _get, set_keras_mask as _set
+except ImportError:  # pragma: no cover - `_compat.platform` names it before a call
+    _common = _get = _set = None
 
-    def set_keras_mask(x: Any, mask: Any) -> None:
-        try:
-            x._keras_mask = mask
-        except AttributeError:
-            pass
+# Read, not replaced: listed so that `_compat.platform` checks that they are there before a call.
+_TARGETS = Patches("Keras masks carried across the step's tf.function", [
+    ("masking", _common, "masking", None, "keras/src/backend/common/masking.py")], {})
+
+
+def get_keras_mask(x: Any) -> Any:
+    return _get(x)
+
+
+def set_keras_mask(x: Any, mask: Any) -> None:
+    _set(x, mask)

@@ -1,9 +1,6 @@
 """Replica shares: Keras's replica scaling of losses and gradients, its optimizer's clipping and
 accumulation, synchronized BatchNormalization's statistics, and the updates of variables summed over
 replicas, hooked while the trainer traces a step.
-
-Past 300 lines, as one module: the hooks share one table (`_HOOKS`), one install (`replica_hooks`) and
-one thread-local of factors (`replica_share`); split up, each part would reach into the others.
 """
 
 from __future__ import annotations
@@ -173,13 +170,10 @@ def _compute_moments_sync(x, axes, keepdims):
     return mean, variance
 
 
-_IN_PROCESS_SUM = True  # `_replica_sum` between CPUs of one process; bench/exact_layers_cost.py turns it off
-
-
 def _in_process(strategy) -> bool:
     """Whether every replica is a CPU of this process, where a sum or gather is plain ops between devices:
     MirroredStrategy's collectives cost about 0.2 ms a call there (bench/exact_layers_cost.py)."""
-    return (_IN_PROCESS_SUM and isinstance(strategy, tf.distribute.MirroredStrategy)
+    return (isinstance(strategy, tf.distribute.MirroredStrategy)
             and all(tf.DeviceSpec.from_string(d).device_type == "CPU" for d in strategy.extended.worker_devices))
 
 

@@ -8,11 +8,8 @@ exactly with a message that names the argument and the fix, folds in
 `trainer/data/inputs.py`, which carry the rest of the contract. `fit_inputs`,
 `evaluate_input` and `predict_input` then check what they made: for the
 workers (`check_workers` refuses the Python-fed forms where several processes
-can't read them alike), and on its own (`data_checks.check_data`). The checks
+can't read them alike), and on its own (`check_data` in `data/checks.py`). The checks
 against the model come later (`checks`), once it is known.
-
-Past 300 lines: one recognition of every form, with Keras's own view of it (`_keras_view`) and the
-coercions it shares between them; `class_weights.py` and `data_checks.py` hold the rest.
 """
 
 from __future__ import annotations

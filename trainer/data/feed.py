@@ -37,9 +37,6 @@ sums as many copies of each example, so its mean and variance are still those of
 the batch. Each replica's metrics count only its own share of the rows. No
 replica ever runs a step on an empty batch: TensorFlow's oneDNN CPU kernels
 abort on the gradient of Conv2D+BiasAdd or MaxPool over zero examples.
-
-Past 300 lines: the readers and the shares they hand each replica are one contract (`Share`), read
-by the same step loops; split, each half would restate the other.
 """
 
 from __future__ import annotations

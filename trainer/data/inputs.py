@@ -18,9 +18,6 @@ from an input (`kind.reader`): an `ArrayFeed` (arrays on CPU replicas),
 with a shard policy of their own). Each reader runs the step loops that fit it
 (`feed.py`). Under parameter-server training, `per_worker_dataset` gives each
 worker its own repeated stream instead.
-
-Past 300 lines: each kind keeps its whole contract (its batches, sharding, resume, epoch hooks), so that
-the table above is the only place that says how a form is read.
 """  # noqa: E501 (the Markdown table's rows)
 
 from __future__ import annotations

@@ -1,7 +1,4 @@
 """Strategy names (and their options) -> `tf.distribute.Strategy` instances, and which strategy a model goes with.
-
-Past 300 lines: a name's builder and its cluster resolvers (Slurm's, TF_CONFIG's, a TPU's) sit beside the
-rules that tell a strategy given, made or found (the process's one multi-worker strategy, a model's own).
 """
 
 from __future__ import annotations
@@ -230,7 +227,7 @@ def _multi_worker(communication: str = "auto", timeout_seconds: float | None = D
 def _slurm_resolver() -> tf.distribute.cluster_resolver.ClusterResolver | None:
     """Under an `srun` of several tasks and no TF_CONFIG, the cluster Slurm started; else None (TF_CONFIG's).
 
-    Each task computes every task's address alike (`cluster.slurm_addresses`) and
+    Each task computes every task's address alike (`slurm.slurm_addresses`) and
     computes on the GPUs Slurm let it see (CUDA_VISIBLE_DEVICES, as Slurm set it).
     """
     step = slurm_step()

@@ -51,7 +51,6 @@ import tensorflow as tf
 from trainer import _compat
 from trainer.user_line import user_stacklevel
 
-_COUNTER = True  # Philox's counter shortcut; bench/exact_layers_cost.py turns it off to time the global draw
 _local = threading.local()  # .placed: (first row, rows, examples, first row's counter) of the replica traced;
 # .named: the traced steps' record of the draws named
 _originals: dict[str, Callable] = {}  # Keras's random functions, while `hooks` has them replaced
@@ -272,7 +271,7 @@ def _draw(raw: Callable, shape: Any, seed: tf.Tensor, rows_of: tuple, per_counte
     if blocks > 1:
         return _in_blocks(lambda block, placed: _draw(raw, block, seed, (True, placed, 1), per_counter, counted),
                           shape, rows_of, lambda: raw(tf.convert_to_tensor(shape), key, counter, alg))
-    if counted and _COUNTER and not tf.config.list_logical_devices("TPU"):  # Philox: CPUs and GPUs
+    if counted and _philox():
         inner = _inner_size(shape)
         if inner is not None and inner % per_counter == 0:  # the replica's rows start at a counter of their own
             return raw(shape, key, _skipped(counter, first_row * (inner // per_counter), per_example), alg)
@@ -284,6 +283,12 @@ def _draw(raw: Callable, shape: Any, seed: tf.Tensor, rows_of: tuple, per_counte
     if per_example is True:
         return whole()
     return tf.cond(per_example, whole, lambda: raw(shape, key, counter, alg))
+
+
+def _philox() -> bool:
+    """Whether stateless draws here come from Philox's counter: on CPUs and GPUs (a TPU's generator counts
+    otherwise)."""
+    return not tf.config.list_logical_devices("TPU")
 
 
 def _in_blocks(draw_rows: Callable, shape: Any, rows_of: tuple, keras_draw: Callable) -> tf.Tensor:

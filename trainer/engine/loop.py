@@ -4,9 +4,6 @@ Callbacks that need the trainer's state (the epoch and step, the cluster role,
 where to resume) define `set_trainer_context(context)` and receive a
 `TrainContext`. That object is the only handshake between the loop and
 callbacks; nothing reads private model fields.
-
-Past 300 lines: the one epoch loop owns the order of events, with its step sources and the evaluation
-loop that validation reuses; `faults.py` says what a failed collective means.
 """
 
 from __future__ import annotations

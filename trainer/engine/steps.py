@@ -7,9 +7,6 @@ however unevenly the batch was split. Regularization is divided by the replica
 count, so it is added exactly once per global step. How a batch is split, and
 a batch smaller than the replica count, are in `feed.Share`.
 
-Past 300 lines: `Steps` is one object, the compiled loops and the replica functions they run; the loop
-for each reader and each of train, evaluate and predict shares its tracing and its warmup there.
-
 A fused call is one `tf.while_loop`, and its steps all have the same shapes:
 TensorFlow keys a collective once per graph, so one whose shape changes
 between iterations aborts the job ("Shape mismatch in the collective

@@ -14,9 +14,6 @@ connects, and a node checks node 0's answer the same way, so the secret never
 crosses the network and a node with another secret is refused and named
 before anything starts. The connections then stay open for the whole round,
 as the links of `links.py`. Pure Python: no TensorFlow here.
-
-Past 300 lines: the protocol (a node's side, node 0's side, and their checks
-of each other) reads in one place.
 """
 
 from __future__ import annotations
