@@ -16,7 +16,7 @@ def _require_matplotlib():
     try:  # pyplot picks Agg without a display, and the inline backend in notebooks
         import matplotlib.pyplot as plt
     except ImportError as err:  # matplotlib is an optional extra
-        raise ImportError("Plotting needs matplotlib: pip install 'trainer[plot]'.") from err
+        raise ImportError("Plotting needs matplotlib: pip install matplotlib.") from err
     return plt
 
 

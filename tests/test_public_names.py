@@ -4,6 +4,7 @@ setup.cfg installs every folder of the package, so that a wheel holds what an ed
 
 import configparser
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -64,3 +65,34 @@ def test_setup_cfg_installs_every_folder_of_the_package():
     folders = {".".join(init.parent.relative_to(ROOT).parts) for init in (ROOT / "trainer").rglob("__init__.py")}
     assert listed == folders | {"trainer.callbacks"}, f"setup.cfg: {sorted(listed)}; folders: {sorted(folders)}"
     assert config["options"]["package_dir"].split() == ["trainer.callbacks", "=", "callbacks"]
+
+
+def _distribution(site: Path, name: str, version: str, record: list[str]) -> None:
+    """A distribution's metadata as pip leaves it in `site` (its files need not be there)."""
+    info = site / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (info / "RECORD").write_text("".join(f"{path},,\n" for path in record))
+
+
+def test_beside_the_registrys_trainer_the_import_refuses_and_says_how_to_part_them(tmp_path):
+    """Coqui's `trainer` (the registry's name) installs a `trainer` package too: pip writes one over the
+    other. An editable install of a distribution once named `trainer` (this one's old name) installs no copy."""
+    coqui, editable = tmp_path / "coqui", tmp_path / "editable"
+    _distribution(coqui, "trainer", "0.0.36", ["trainer/__init__.py", "trainer/trainer.py", "trainer/torch.py"])
+    _distribution(editable, "trainer", "0.1.0", ["__editable__.trainer-0.1.0.pth"])
+    for site, refused in ((coqui, True), (editable, False)):
+        proc = subprocess.run([sys.executable, "-c", "import trainer"], capture_output=True, text=True,
+                              timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(site)})
+        assert (proc.returncode != 0) == refused, proc.stderr[-2000:]
+        if refused:
+            assert "ImportError: Another distribution named `trainer` (version 0.0.36" in proc.stderr
+            assert "pip uninstall -y trainer keras-strategy-trainer" in proc.stderr
+
+
+def test_the_distribution_is_named_apart_from_the_registrys_trainer():
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    import trainer
+
+    assert config["metadata"]["name"] == trainer.DISTRIBUTION == "keras-strategy-trainer"

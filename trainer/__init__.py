@@ -4,10 +4,35 @@ The same script trains on one device, many GPUs or many machines, with the same
 numbers: losses and metrics are aggregated exactly across replicas.
 
 Names are imported on first use, so `trainer-launch` starts without loading
-TensorFlow.
+TensorFlow. The distribution is `keras-strategy-trainer`: on the package registry
+the name `trainer` is Coqui's PyTorch trainer, which installs an import package
+`trainer` too (`_alone`).
 """
 
 import importlib
+from importlib import metadata
+
+DISTRIBUTION = "keras-strategy-trainer"
+
+
+def _alone() -> None:
+    """Refuses to load beside another distribution that installed its own `trainer` package in this
+    environment (the registry's `trainer`, Coqui's PyTorch trainer): pip writes one's files over the other's,
+    so neither is whole. Only an installed copy counts: its RECORD lists `trainer/__init__.py`."""
+    try:
+        other = metadata.distribution("trainer")
+    except metadata.PackageNotFoundError:
+        return
+    if "trainer/__init__.py," not in (other.read_text("RECORD") or ""):
+        return
+    raise ImportError(
+        f"Another distribution named `trainer` (version {other.version}: on the package registry, Coqui's "
+        f"PyTorch trainer) is installed in this environment, and it has an import package `trainer` too, so pip "
+        f"wrote one's files over the other's. Keep them in separate virtual environments: here, run `pip "
+        f"uninstall -y trainer {DISTRIBUTION}`, then install {DISTRIBUTION} again.")
+
+
+_alone()
 
 _EXPORTS = {
     "Trainer": "trainer.trainer",
