@@ -78,18 +78,19 @@ def traced_as(variant: str):
     elif variant == "no_round":
         from trainer import _compat
 
-        gathered, summed = _compat.replicas._gathered, _compat.replicas._replica_sum
-        _compat.replicas._gathered = _own_for_every_replica
-        _compat.replicas._replica_sum = lambda context, value: value * context.num_replicas_in_sync
+        collective = _compat.replicas.collective
+        gathered, summed = collective.gathered, collective.replica_sum
+        collective.gathered = _own_for_every_replica
+        collective.replica_sum = lambda context, value: value * context.num_replicas_in_sync
         try:
             yield
         finally:
-            _compat.replicas._gathered, _compat.replicas._replica_sum = gathered, summed
+            collective.gathered, collective.replica_sum = gathered, summed
     elif variant == "collective":
         from trainer import _compat
 
         # the statistics through the strategy's all-reduce, as on GPUs
-        with mock.patch.object(_compat.replicas, "_in_process", lambda strategy: False):
+        with mock.patch.object(_compat.replicas.collective, "in_process", lambda strategy: False):
             yield
     elif variant == "global_draw":
         with mock.patch.object(draws, "_philox", lambda: False):  # per-example draws: the global batch's numbers
@@ -99,7 +100,7 @@ def traced_as(variant: str):
 
 
 def _own_for_every_replica(context, value):
-    """The replica's own part where `_gathered` stacks every replica's: the same ops, with no wait."""
+    """The replica's own part where `collective.gathered` stacks every replica's: the same ops, with no wait."""
     import tensorflow as tf
 
     return tf.stack([value] * context.num_replicas_in_sync)

@@ -1,6 +1,6 @@
 """Bytes each worker reads in one epoch, per input form, on W = 1, 2 and 4 local workers.
 
-Usage: python bench/input_bytes.py [--workers 1,2,4] [--out bench/input_bytes.json]
+Usage: python bench/input_bytes.py [--workers 1,2,4] [--out bench/results/input_bytes.json]
 
 Every form holds the same 32 MiB: 8192 examples of 1024 float32 features (4 KiB, one page each), trained for
 one epoch of 128 steps of 64 under `trainer-launch --workers W` (one replica per worker). Each worker measures what
@@ -40,7 +40,7 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2,4")
     parser.add_argument("--forms", default=",".join(map(str, range(len(FORMS)))),
                         help="the forms to run, by their index in FORMS (0-5)")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "input_bytes.json"))
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "input_bytes.json"))
     parser.add_argument("--worker", choices=FORMS, help=argparse.SUPPRESS)  # one task's run, under trainer-launch
     parser.add_argument("--data", help=argparse.SUPPRESS)
     args = parser.parse_args()

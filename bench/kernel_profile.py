@@ -1,6 +1,6 @@
 """How much of each variant's step time the model's own kernels take, from the TensorFlow profiler.
 
-    python bench/kernel_profile.py [--examples 6400] [--rounds 5] [--out bench/kernel_profile.json]
+    python bench/kernel_profile.py [--examples 6400] [--rounds 5] [--out bench/results/kernel_profile.json]
 
 The variants are bench/throughput.py's (bench/variants.py), with no strategy
 and with MirroredStrategy over 2 logical CPU devices. Each round profiles one
@@ -33,7 +33,7 @@ inline, and the host tracer no longer records most of them: Adam's per-variable
 arithmetic, the loss's reductions, the metrics' updates. Kernel times leave
 them out (traced before warm-up, the bare step's ops other than convolutions,
 pooling, ReLU gradients and matmuls took about 1.0 ms of op time per 10.4 ms step:
-bench/step_cost_profile_epyc_none.json), so the floor's
+bench/results/step_cost_profile_epyc_none.json), so the floor's
 kernel time is a lower bound and the ceilings are upper bounds: a target above
 a ceiling is out of reach all the more. bench/step_cost.py profiles before
 warm-up to see every op.
@@ -205,7 +205,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--examples", type=int, default=6400)
     parser.add_argument("--rounds", type=int, default=5, help="profiled epochs per variant (median reported)")
-    parser.add_argument("--out", default=os.path.join(HERE, "kernel_profile.json"))
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "kernel_profile.json"))
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1; got {args.rounds}")

@@ -1,6 +1,6 @@
 """Opt-in mixed precision on this CPU: the Trainer in float32 against `mixed_bfloat16`, side by side.
 
-    python bench/mixed_precision.py [--examples 12800] [--repeats 5] [--out bench/mixed_precision.json]
+    python bench/mixed_precision.py [--examples 12800] [--repeats 5] [--out bench/results/mixed_precision.json]
 
 The model, data and timing are bench/throughput.py's: the example's CNN on
 generated images, 64 per replica, with no strategy and with MirroredStrategy
@@ -33,7 +33,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--examples", type=int, default=12800)
     parser.add_argument("--repeats", type=int, default=5, help="timed rounds (median reported)")
-    parser.add_argument("--out", default=os.path.join(HERE, "mixed_precision.json"))
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "mixed_precision.json"))
     args = parser.parse_args()
     if args.repeats < 3:
         parser.error(f"--repeats must be >= 3 for a median; got {args.repeats}")

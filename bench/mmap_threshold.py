@@ -1,6 +1,6 @@
 """The Trainer reading tf.data, with glibc's mmap threshold as TensorFlow leaves it and as the trainer sets it.
 
-    python bench/mmap_threshold.py [--rounds 3] [--examples 6400] [--out bench/mmap_threshold.json]
+    python bench/mmap_threshold.py [--rounds 3] [--examples 6400] [--out bench/results/mmap_threshold.json]
 
 TensorFlow pins glibc's mmap threshold at 128 KiB the first time a process
 reads a distributed tf.data iterator (trainer/engine/malloc.py), and what that costs
@@ -94,7 +94,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--examples", type=int, default=6400)
-    parser.add_argument("--out", default=os.path.join(HERE, "mmap_threshold.json"))
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "mmap_threshold.json"))
     parser.add_argument("--child", choices=list(SETTINGS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

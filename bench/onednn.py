@@ -1,6 +1,6 @@
 """oneDNN's CPU kernels on or off: the same training in fresh processes, side by side.
 
-    python bench/onednn.py [--rounds 5] [--examples 6400] [--out bench/onednn.json]
+    python bench/onednn.py [--rounds 5] [--examples 6400] [--out bench/results/onednn.json]
 
 TensorFlow reads TF_ENABLE_ONEDNN_OPTS once, when it starts; unset, oneDNN is
 on only on Linux CPUs with AVX512_VNNI, AVX512_BF16, AVX_VNNI or AMX (not this
@@ -73,7 +73,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--examples", type=int, default=6400)
-    parser.add_argument("--out", default=os.path.join(HERE, "onednn.json"))
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "onednn.json"))
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--flip", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()

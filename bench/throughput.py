@@ -1,6 +1,6 @@
 """Training throughput, side by side in one run: the Trainer against what a user would pick instead.
 
-    python bench/throughput.py [--examples 12800] [--repeats 3] [--out bench/throughput.json]
+    python bench/throughput.py [--examples 12800] [--repeats 3] [--out bench/results/throughput.json]
 
 The model is the Fashion-MNIST example's CNN on generated 28x28x1 images, 64
 examples per replica, Adam. Five ways to train it, each with no strategy and
@@ -118,7 +118,7 @@ def main() -> None:
     parser.add_argument("--sweep", type=int, nargs="*", default=[1, 4, 16, 64],
                         help="fixed steps_per_execution values to compare with 'auto'")
     parser.add_argument("--memory-examples", type=int, default=60000, help="0 skips the memory probe")
-    parser.add_argument("--out", default=os.path.join(HERE, "throughput.json"))
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "throughput.json"))
     args = parser.parse_args()
     if args.repeats < 3:
         parser.error(f"--repeats must be >= 3 for a median; got {args.repeats}")

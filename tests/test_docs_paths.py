@@ -29,7 +29,7 @@ def _files(*where: str) -> list[str]:
 
 
 def _texts() -> list[tuple[str, str]]:
-    return [(f, (ROOT / f).read_text()) for f in _files("trainer", "callbacks", "docs", "README.md")
+    return [(f, (ROOT / f).read_text()) for f in _files("trainer", "callbacks", "docs", "README.md", "bench/README.md")
             if f.endswith((".py", ".md"))]
 
 
@@ -106,8 +106,8 @@ def _resolves(module: str, names: list[str]) -> bool:
 
 
 def test_every_module_name_written_exists():
-    """`feed.share_of`, `_compat.replicas._compute_moments_sync`, `trainer.engine.malloc`: each a name the module
-    has, wherever the name of the module is one module's (`checks` is two: it is not read)."""
+    """`feed.share_of`, `_compat.replicas.batch_norm.compute_moments_sync`, `trainer.engine.malloc`: each a name
+    the module has, wherever the name of the module is one module's (`checks` is two: it is not read)."""
     pytest.importorskip("trainer")
     from trainer import Trainer
 

@@ -5,7 +5,7 @@ tested at both ends by CI); a hook whose target is gone is named before the
 first call (`platform`), so a release that moves one breaks there, not
 somewhere in a step function. The rest of the trainer imports them from here, as `_compat.<name>`:
 
-- `replicas`: Keras's replica scaling of losses and gradients, its optimizer's
+- `replicas`: a package, by hook family: Keras's replica scaling of losses and gradients, its optimizer's
   clipping and accumulation, synchronized BatchNormalization's statistics, the
   updates of a variable summed over replicas (hooked while a step is traced);
 - `sharded`: ParameterServerStrategy's ShardedVariable;

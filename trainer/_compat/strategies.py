@@ -7,7 +7,7 @@ import contextlib
 
 import tensorflow as tf
 
-try:  # tensorflow/python/distribute/cross_device_utils.py (2.4-2.21, checked 2026-11-27)
+try:  # tensorflow/python/distribute/cross_device_utils.py (2.4-2.21)
     from tensorflow.python.distribute import cross_device_utils as _cross_device_utils
 except ImportError:  # pragma: no cover - then strategies keep TensorFlow's numbering
     _cross_device_utils = None
@@ -81,7 +81,7 @@ def number_instances_from(strategy: tf.distribute.Strategy, first: int) -> bool:
     return True
 
 
-try:  # tensorflow/python/distribute/collective_all_reduce_strategy.py (2.18-2.21, checked 2026-11-26)
+try:  # tensorflow/python/distribute/collective_all_reduce_strategy.py (2.18-2.21)
     from tensorflow.python.distribute.collective_all_reduce_strategy import (
         CollectiveAllReduceExtended as _CollectiveExtended,
     )

@@ -299,8 +299,8 @@ def _adapted(view: _compat.KerasView, form: str) -> BatchedInput:
 
     Its batches are copied as they come (`_owned`): the tensors that tf.data makes of the NumPy arrays a
     generator yields can share their memory, and a step that computes in place on its share of a batch then
-    writes into the user's arrays (seen with a PyDataset that yields slices of its arrays, on 2 replicas: rows
-    of `y` overwritten in 2 runs of 8, and the next epoch trained on them). A grain MapDataset batched by
+    writes into the user's arrays (a PyDataset that yields slices of its arrays would see its `y` overwritten,
+    and its next epoch would train on that). A grain MapDataset batched by
     `.batch()` can also be read record by record (`BatchedInput.by_rows`).
     """
     leading = [tf.TensorShape(np.shape(t))[:1] for t in tf.nest.flatten(view.first) if t is not None]

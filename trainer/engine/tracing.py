@@ -17,11 +17,8 @@ def graph_function(fn: Callable, **kwargs: Any) -> Callable:
     A trace with `autograph=False` runs under AutoGraph's "disabled" status,
     which `strategy.run` follows: it does not convert the replica function.
 
-    Why: in one CI run (2026-11-23, the notebook under MirroredStrategy),
-    AutoGraph left the step loop unconverted without a warning, and its
-    `for i in tf.range(n)` failed with OperatorNotAllowedInGraphError. It did
-    not recur in 30 runs here. Without AutoGraph, a trace cannot depend on a
-    conversion succeeding.
+    Without AutoGraph, a trace cannot depend on a conversion succeeding:
+    AutoGraph can leave a loop unconverted without a warning (docs/design.md).
 
     Each call of `graph_function` makes a function with its own retracing
     statistics. TensorFlow counts traces per code object, so the first trace
