@@ -25,9 +25,11 @@ tf.config.set_logical_device_configuration(
 
 import keras  # noqa: E402
 
-from tiny import tiny_data, tiny_model  # noqa: E402,F401  (re-exported for tests)
-
 TESTS = Path(__file__).parent
+SCRIPTS = TESTS / "scripts"  # run in processes of their own (`run_script`, `run_python`)
+sys.path.insert(0, str(TESTS / "helpers"))  # what tests and scripts share: the tiny problem, the model families
+
+from tiny import tiny_data, tiny_model  # noqa: E402,F401  (re-exported for tests)
 # Two tiers. The default (`make test`, what CI runs) runs every check on the layouts that carry it; the full
 # tier (TRAINER_TESTS=full, `make test-full`) repeats checks on more replica counts, workers, oneDNN settings
 # and scale layouts. A test or parameter only the full tier runs carries the `full` marker.
@@ -87,15 +89,29 @@ def assert_same_run(result: dict, arrays: dict, reference: tuple) -> None:
     np.testing.assert_allclose(arrays["predictions"], ref_arrays["predictions"], rtol=1e-5, atol=1e-6)
 
 
-def run_script(script, *args, launch: tuple = (), env: dict | None = None,
-               timeout: int = 300) -> subprocess.CompletedProcess:
-    """Runs a test script in a fresh interpreter (with `env` added to the environment), under `trainer-launch`
-    with the `launch` flags if given (e.g. ("--workers", "2")); asserts that it succeeded, returns the process."""
-    command = [sys.executable, *(["-m", "trainer.launch", *launch] if launch else []), str(script), *map(str, args)]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+def run_script(script, *args, launch: tuple = (), env: dict | None = None, timeout: int = 300, cwd=None,
+               check: bool = True) -> subprocess.CompletedProcess:
+    """Runs a test script (tests/scripts/) in a fresh interpreter, with `env` added to the environment, under
+    `trainer-launch` with the `launch` flags if given (e.g. ("--workers", "2")). With `check`, a script that
+    did not exit 0 fails the test with the tail of its output (`script_failed`). Returns the process."""
+    command = [sys.executable, *(["-m", "trainer.launch", *map(str, launch)] if launch else []), str(script),
+               *map(str, args)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=cwd,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})})
-    assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    if check:
+        assert proc.returncode == 0, script_failed(proc)
     return proc
+
+
+def script_failed(proc: subprocess.CompletedProcess) -> str:
+    """How a test reports a script that went otherwise than it expected: its command, exit status and output."""
+    command = " ".join(str(part) for part in proc.args)
+    return f"{command} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+
+
+def printed_json(proc: subprocess.CompletedProcess) -> dict:
+    """The JSON line a script printed last."""
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def load_run(out, task: str) -> tuple[dict, dict]:
@@ -105,14 +121,9 @@ def load_run(out, task: str) -> tuple[dict, dict]:
     return results, dict(np.load(out / f"{task}.npz"))
 
 
-def run_python(script: str, *args: str, env: dict | None = None, timeout: int = 300) -> dict:
-    """Runs a Python file in a fresh interpreter; returns the JSON it prints last."""
-    full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
-    proc = subprocess.run(
-        [sys.executable, str(script), *args], capture_output=True, text=True, env=full_env, timeout=timeout
-    )
-    assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def run_python(script, *args, env: dict | None = None, timeout: int = 300, launch: tuple = ()) -> dict:
+    """`run_script`, then the JSON the script printed last."""
+    return printed_json(run_script(script, *args, env=env, timeout=timeout, launch=launch))
 
 
 class LearningRateSeen(keras.callbacks.Callback):

@@ -10,7 +10,7 @@ import pytest
 
 from trainer.callbacks import ModelCheckpoint
 from trainer.callbacks.checkpoint import INDEX
-from conftest import LearningRateSeen, as_worker, mirrored, tiny_data, tiny_model
+from conftest import as_worker, LearningRateSeen, mirrored, script_failed, tiny_data, tiny_model
 from trainer import Trainer
 
 
@@ -219,4 +219,4 @@ def test_checkpoint_with_a_scaled_schedule_loads_in_a_fresh_process(tmp_path):
     code = ("import keras, trainer.callbacks as cb; m = keras.models.load_model(cb.ModelCheckpoint.last_path("
             f"{str(tmp_path)!r})); print(type(m.optimizer.get_config()['learning_rate']))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == 0, script_failed(proc)

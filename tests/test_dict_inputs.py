@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import pytest
 
-from conftest import mirrored
+from conftest import mirrored, script_failed
 from trainer import Trainer
 
 N = 32
@@ -123,7 +123,7 @@ def test_keras_warnings_show_once_on_the_chief_of_two_workers(tmp_path):
     script.write_text(WORKER_SCRIPT)
     proc = subprocess.run([sys.executable, "-m", "trainer.launch", "--workers", "2", str(script)],
                           capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, script_failed(proc)
     lines = [line for line in proc.stdout.splitlines() if "The structure of `inputs` doesn't match" in line]
     assert lines and all(line.startswith("[worker:0]") for line in lines), proc.stdout[-3000:]
     assert "[worker:0] trained" in proc.stdout and "[worker:1] trained" in proc.stdout

@@ -1,7 +1,7 @@
 """TensorFlow's "Distributed input" forms: datasets the user distributed, and dataset functions.
 
 Each layout (1, 2 and 3 CPU replicas, 2 through the accelerator reader, 2 workers through trainer-launch) trains
-every form through the trainer and inside `Trainer.distribute()` (tests/distributed_input_run.py), against
+every form through the trainer and inside `Trainer.distribute()` (tests/scripts/distributed_input_run.py), against
 `model.fit` on one device on the batched dataset the forms are made from: history (keys too), evaluate, weights,
 predictions and the optimizer's step count. The refusals run in-process.
 """
@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import TESTS, load_run, mirrored, run_script, tiny_data, tiny_model
+from conftest import load_run, mirrored, run_script, SCRIPTS, tiny_data, tiny_model
 from trainer import Trainer
 from trainer.data import feed
 
 pytestmark = pytest.mark.slow  # subprocesses, layouts or whole trainings: not in the everyday tier
 
-SCRIPT = str(TESTS / "distributed_input_run.py")
+SCRIPT = str(SCRIPTS / "distributed_input_run.py")
 FORMS = ["block_distributed_dataset", "block_function", "distributed_dataset", "distributed_function", "function"]
 
 

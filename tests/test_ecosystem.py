@@ -11,20 +11,16 @@
 """
 
 import contextlib
-import os
-import subprocess
-import sys
 import tempfile
 
 import keras
 import numpy as np
 import pytest
 
-from conftest import TESTS, mirrored, run_python, tiny_data, tiny_model
+from conftest import mirrored, run_python, run_script, SCRIPTS, tiny_data, tiny_model
 from trainer import Trainer
 
-SCRIPT = TESTS / "ecosystem_run.py"
-ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+SCRIPT = SCRIPTS / "ecosystem_run.py"
 
 
 def _needs(module):
@@ -48,9 +44,7 @@ def test_mlflow_autologging_logs_a_trainer_fit(tmp_path, flavor):
 @pytest.mark.slow
 def test_mlflow_and_wandb_callbacks_log_once_from_the_chief(tmp_path):
     _needs("mlflow"), _needs("wandb")
-    command = [sys.executable, "-m", "trainer.launch", "--workers", "2", str(SCRIPT), "trackers", str(tmp_path)]
-    proc = subprocess.run(command, capture_output=True, text=True, env={**ENV, "WANDB_SILENT": "true"}, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_script(SCRIPT, "trackers", tmp_path, launch=("--workers", 2), env={"WANDB_SILENT": "true"})
     import json
 
     chief, other = (json.loads((tmp_path / f"worker{i}.json").read_text()) for i in (0, 1))

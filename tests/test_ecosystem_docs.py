@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import TESTS
+from conftest import script_failed, TESTS
 
 DOC = (TESTS.parent / "docs" / "ecosystem.md").read_text()
 SNIPPETS = re.findall(r"```python\n(.*?)```", DOC, re.S)
@@ -31,7 +31,7 @@ def test_a_snippet_runs_as_pasted(code, tmp_path):
             pytest.importorskip(module, reason=f"{module} is in the 'ecosystem' extra")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=tmp_path,
                           env={**os.environ, "WANDB_SILENT": "true", "TF_CPP_MIN_LOG_LEVEL": "2"})
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, script_failed(proc)
 
 
 def test_the_page_has_a_snippet_for_each_tool():

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from conftest import TESTS, assert_same_run, run_python, tiny_data
+from conftest import assert_same_run, run_python, SCRIPTS, tiny_data
 
 pytestmark = pytest.mark.slow  # subprocesses, layouts or whole trainings: not in the everyday tier
 
@@ -15,7 +15,7 @@ def runs(tmp_path_factory):
     out = {}
     for name, devices in LAYOUTS:
         path = tmp_path_factory.mktemp("layout") / f"{name}{devices}.npz"
-        result = run_python(TESTS / "layout_run.py", name, str(devices), str(path))
+        result = run_python(SCRIPTS / "layout_run.py", name, str(devices), str(path))
         assert result["replicas"] == devices
         out[(name, devices)] = (result, dict(np.load(path)))
     return out

@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import pytest
 
-from conftest import TESTS
+from conftest import script_failed, TESTS
 from trainer.quiet import is_startup_notice
 
 EXAMPLES = TESTS.parent / "examples"
@@ -128,7 +128,7 @@ def test_example_end_to_end_on_idx_files(tmp_path, idx_dir, policy):
          "--out", str(out), "--strategy", "mirrored", "--cpu-replicas", "2", "--batch", "32", *flags],
         capture_output=True, text=True, timeout=300, env=NO_LOG_LEVEL,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, script_failed(proc)
     assert proc.stdout.startswith("Training plan") and "2 in sync" in proc.stdout
     assert _startup_notices(proc) == []  # as the user sees it, with no TF_CPP_MIN_LOG_LEVEL of their own
     assert re.search(rf"precision +{policy}", proc.stdout)
@@ -208,7 +208,7 @@ def test_example_runs_unchanged_under_the_launcher(tmp_path):
          "--synthetic", "400", "--epochs", "1", "--batch", "32", "--out", str(out)],
         capture_output=True, text=True, timeout=300, env=NO_LOG_LEVEL,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, script_failed(proc)
     assert proc.stdout.startswith("[worker:0] Training plan") and _startup_notices(proc) == []
     assert "[worker:0]   replicas       2 in sync over 2 worker(s)" in proc.stdout
     assert "[worker:0] Restored without a strategy" in proc.stdout

@@ -1,6 +1,6 @@
 """Trainer(data_sharding="files"): each worker reads its file shards, and every layout gets the same numbers.
 
-TFRecord files read as a user's pipeline reads them (tests/file_shards_run.py), with 8 file shards, on 1, 2,
+TFRecord files read as a user's pipeline reads them (tests/scripts/file_shards_run.py), with 8 file shards, on 1, 2,
 4 and 8 replicas in one process and on 2 workers of 1 and 2 replicas (trainer-launch): history (keys too),
 evaluate, weights and predictions must agree with the one-replica run, and each worker must read about its
 share of the files' bytes. The refusals run in-process.
@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import FULL, TESTS, load_run, mirrored, run_script, tiny_model
+from conftest import FULL, load_run, mirrored, run_script, SCRIPTS, tiny_model
 from trainer import Trainer
 
 pytestmark = pytest.mark.slow  # subprocesses, layouts or whole trainings: not in the everyday tier
 
-SCRIPT = str(TESTS / "file_shards_run.py")
+SCRIPT = str(SCRIPTS / "file_shards_run.py")
 
 
 def _run(*arguments, launch=()):

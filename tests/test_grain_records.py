@@ -1,7 +1,7 @@
 """Grain's random-access datasets: one device's numbers in every layout, and each worker reads its records only.
 
 Each layout (1 and 3 CPU replicas, 2 through the accelerator reader, 2 workers through trainer-launch on both
-readers) trains every form of tests/grain_records_run.py through the trainer, against `model.fit` on one device
+readers) trains every form of tests/scripts/grain_records_run.py through the trainer, against `model.fit` on one device
 given the same grain datasets: history (keys too), evaluate, weights, predictions and the optimizer's step
 count; and counts the records the source handed out in a steady epoch.
 """
@@ -10,13 +10,13 @@ count; and counts the records the source handed out in a steady epoch.
 import numpy as np
 import pytest
 
-from conftest import TESTS, load_run, run_script
+from conftest import load_run, run_script, SCRIPTS
 from trainer.data import feed
 
 pytest.importorskip("grain")  # the 'ecosystem' extra
 pytestmark = pytest.mark.slow  # subprocesses, layouts or whole trainings: not in the everyday tier
 
-SCRIPT = str(TESTS / "grain_records_run.py")
+SCRIPT = str(SCRIPTS / "grain_records_run.py")
 FORMS = ["batch_fn", "records", "shuffled"]
 RECORDS = 100  # in batches of 24: 12 + 12 rows a batch for each of 2 workers, 2 + 2 of the last batch of 4
 

@@ -1,25 +1,24 @@
 """TFRecord files with each auto_shard_policy, and tf.data service datasets, through both routes.
 
-tests/guide_input_run.py trains them through `Trainer.fit` and through `model.fit` inside `Trainer.distribute()`,
-on 2 CPU replicas in one process and on 2 workers, against `model.fit` on one device (history, the optimizer's
-steps, weights). On one worker a policy changes nothing. On two, DATA and FILE give each worker the sets
-TensorFlow's own strategy gives it, which here are one device's batches (each of a batch's two files is read by
-one worker), and OFF gives every worker every file: each reads all of it in batches of half the global batch,
-so an epoch has twice the steps, and both routes give the same numbers. A tf.data service job of each worker's
-own gives it every batch, in either mode; a job the workers share by its name hands each other batches, as
-TensorFlow's strategy reads it.
-"""
+tests/scripts/guide_input_run.py trains them through `Trainer.fit` and through `model.fit` inside
+`Trainer.distribute()`, on 2 CPU replicas in one process and on 2 workers, against `model.fit` on one device
+(history, the optimizer's steps, weights). On one worker a policy changes nothing. On two, DATA and FILE give each
+worker the sets TensorFlow's own strategy gives it, which here are one device's batches (each of a batch's two files
+is read by one worker), and OFF gives every worker every file: each reads all of it in batches of half the global
+batch, so an epoch has twice the steps, and both routes give the same numbers. A tf.data service job of each
+worker's own gives it every batch, in either mode; a job the workers share by its name hands each other batches, as
+TensorFlow's strategy reads it."""
 
 import json
 
 import numpy as np
 import pytest
 
-from conftest import TESTS, run_script
+from conftest import run_script, SCRIPTS
 
 pytestmark = pytest.mark.slow  # subprocesses, layouts or whole trainings: not in the everyday tier
 
-SCRIPT = str(TESTS / "guide_input_run.py")
+SCRIPT = str(SCRIPTS / "guide_input_run.py")
 
 
 def _run(*arguments, launch=()):

@@ -1,6 +1,6 @@
 """What Keras's own tests turned up (tests/test_keras_suite.py), held against model.fit with ordinary models.
 
-Each case of tests/keras_contract_run.py runs as Keras's own methods on one
+Each case of tests/scripts/keras_contract_run.py runs as Keras's own methods on one
 device (the reference) and inside `with Trainer().distribute():` on 1, 2 and 3
 replicas, and the GAN of train_on_batch calls on 2 workers: what the code saw
 must be the same, keys, types and values.
@@ -8,26 +8,18 @@ must be the same, keys, types and values.
 
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 
-from conftest import TESTS
+from conftest import run_script, SCRIPTS
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = str(TESTS / "keras_contract_run.py")
-ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+SCRIPT = str(SCRIPTS / "keras_contract_run.py")
 
 
 def _run(out, replicas, runner, *cases, workers=0):
-    command = [SCRIPT, str(out), str(replicas), runner, *cases]
-    if workers:
-        command = ["-m", "trainer.launch", "--workers", str(workers)] + command
-    proc = subprocess.run([sys.executable, *command], capture_output=True, text=True, env=ENV, timeout=400)
-    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    run_script(SCRIPT, out, replicas, runner, *cases, launch=("--workers", workers) if workers else (), timeout=400)
     with open(out / "task0.json") as f:
         return json.load(f)
 

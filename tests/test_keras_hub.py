@@ -5,7 +5,7 @@ data into a tf.data pipeline that maps the task's preprocessing (tokenizing and
 packing strings, making y and sample_weight for language models, resizing and
 rescaling images), then calls Keras's fit. Trainer.fit calls the task's own
 method, and the trainer's engine runs beneath it (trainer/model/route.py), so the
-preprocessing runs where the task runs it. Each task of tests/hub_models.py,
+preprocessing runs where the task runs it. Each task of tests/helpers/hub_models.py,
 built from a config and a tiny vocabulary (no preset) with its default dropout,
 is fitted by model.fit on one device and by Trainer.fit on 1, 2 and 3 replicas
 and on 2 workers, with a global batch of 8 over 21 examples (a last batch of 5):
@@ -18,13 +18,12 @@ time, each in a process of its own.
 import concurrent.futures
 import os
 import pickle
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from conftest import FULL, TESTS
+from conftest import FULL, run_script, SCRIPTS, TESTS
 
 keras_hub = pytest.importorskip(
     "keras_hub", reason="keras-hub is in the 'ecosystem' extra (pip install -e '.[test,ecosystem]'); it needs "
@@ -35,15 +34,12 @@ pytestmark = pytest.mark.slow  # subprocesses, layouts or whole trainings: not i
 sys.path.insert(0, str(TESTS))
 import hub_models  # noqa: E402
 
-SCRIPT = str(TESTS / "hub_run.py")
+SCRIPT = str(SCRIPTS / "hub_run.py")
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "HUB_PIPELINE": "tf.data"}
 
 
 def _run(out, cases, *args, launch=False, env=ENV):
-    command = [sys.executable, *(["-m", "trainer.launch", "--workers", "2"] if launch else []), SCRIPT, str(out),
-               ",".join(cases), *args]
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_script(SCRIPT, out, ",".join(cases), *args, launch=("--workers", 2) if launch else (), env=env, timeout=900)
 
 
 def _load(out, case, runner, task="single0"):

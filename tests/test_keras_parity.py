@@ -1,6 +1,6 @@
 """Keras parity: everyday model.fit patterns give model.fit's numbers through Trainer.fit.
 
-One row per pattern (tests/parity_cases.py): the model's own train_step,
+One row per pattern (tests/helpers/parity_cases.py): the model's own train_step,
 test_step, compute_loss and compute_metrics; masks; per-time-step sample
 weights and the reported loss; Keras's metric names and the callbacks that
 look metrics up by name; custom losses and metrics that Keras never
@@ -10,7 +10,7 @@ fitted by model.fit on one device and by Trainer.fit, given the user's own
 instance built outside any scope, with the same seed, global batch and data,
 on 1, 2 and 3 replicas, 8 for random layers and BatchNormalization, the
 same through the reader that GPUs use, and on 2 workers (one process per
-layout, tests/parity_run.py), with a last batch split unevenly (CI's tier runs
+layout, tests/scripts/parity_run.py), with a last batch split unevenly (CI's tier runs
 every row on 2 replicas and some on the others: `CI`); history, final
 weights, the stepped optimizers' state, evaluate and predict must agree to 1e-5,
 and history must have model.fit's keys, no more. Both runs make the same
@@ -23,14 +23,13 @@ validation_split, validation_freq, ...).
 import concurrent.futures
 import os
 import pickle
-import subprocess
 import sys
 
 import keras
 import numpy as np
 import pytest
 
-from conftest import FULL, TESTS
+from conftest import FULL, run_script, SCRIPTS, TESTS
 from trainer import _compat
 from trainer.data import feed
 
@@ -110,10 +109,8 @@ def _run(layout: tuple[int, str], cases: list[str], folder, references: list[str
         env[feed.ACCELERATOR_READER] = "1"
     out = folder / f"{replicas}{how}.pkl"
     workers = "workers" in how
-    launch = [sys.executable, "-m", "trainer.launch", "--workers", "2"] if workers else [sys.executable]
-    command = [*launch, str(TESTS / "parity_run.py"), str(replicas), ",".join(cases), str(out), ",".join(references)]
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900, cwd=TESTS)
-    assert proc.returncode == 0, f"{layout} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    run_script(SCRIPTS / "parity_run.py", replicas, ",".join(cases), out, ",".join(references),
+               launch=("--workers", 2) if workers else (), env=env, timeout=900, cwd=TESTS)
     if workers:
         runs = []
         for task in (0, 1):

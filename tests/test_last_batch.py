@@ -5,7 +5,7 @@ LSTM, a two-input siamese model, a Conv2D+MaxPool CNN, a CNN with synchronized
 BatchNormalization), each fitted with steps_per_execution="auto" on a last
 batch that shares a fused call with full steps and is split unevenly, and on a
 last batch smaller than the replica count; from arrays and from datasets
-(tests/last_batch_run.py). Each layout runs in its own process, with oneDNN's
+(tests/scripts/last_batch_run.py). Each layout runs in its own process, with oneDNN's
 CPU kernels on and off (their gradients of Conv2D and MaxPool abort on an
 empty batch): every family on 2 and 3 replicas with them on, and on 3 with
 them off; the CNN families, whose kernels they change, on 1 replica with them on
@@ -14,15 +14,12 @@ do. Each run is compared with the same run on one device.
 """
 
 import concurrent.futures
-import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from conftest import FULL, TESTS
+from conftest import FULL, run_python, SCRIPTS
 from trainer.data import feed
 
 pytestmark = pytest.mark.slow  # subprocesses, layouts or whole trainings: not in the everyday tier
@@ -48,10 +45,8 @@ def _run(layout, onednn, families, path):
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": onednn}
     if name == "accelerator":
         name, env[feed.ACCELERATOR_READER] = "mirrored", "1"
-    command = [sys.executable, str(TESTS / "last_batch_run.py"), name, str(devices), str(path), ",".join(families)]
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, f"{layout} oneDNN={onednn} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1]), dict(np.load(path))
+    printed = run_python(SCRIPTS / "last_batch_run.py", name, devices, path, ",".join(families), env=env, timeout=600)
+    return printed, dict(np.load(path))
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from conftest import script_failed
+
 from trainer.launch import launcher as launch, supervise
 
 
@@ -290,7 +292,7 @@ def test_notebook_launcher_returns_the_chiefs_result(tmp_path):
     """)
     proc = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=180,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, script_failed(proc)
     line = next(out_line for out_line in proc.stdout.splitlines() if out_line.startswith("RESULT"))
     task_id, loss = eval(line[len("RESULT "):])
     assert task_id == 0 and 0 < loss < 5

@@ -1,16 +1,13 @@
 """tf.data pins glibc's mmap threshold for the whole process; the trainer raises it back."""
 
 import json
-import os
 import platform
-import subprocess
-import sys
 
 import pytest
 
+from conftest import run_python, SCRIPTS
 from trainer.engine import malloc
 
-HERE = os.path.dirname(__file__)
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
 
 
@@ -27,10 +24,7 @@ def _skip_unless_tensorflow_pinned(report: dict) -> None:
 
 
 def _run(mode: str = "fit", **env) -> dict:
-    out = subprocess.run([sys.executable, os.path.join(HERE, "malloc_run.py"), mode], capture_output=True, text=True,
-                         env={**os.environ, **env}, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_python(SCRIPTS / "malloc_run.py", mode, env=env)
 
 
 @pytest.mark.slow

@@ -10,32 +10,30 @@ import time
 import numpy as np
 import pytest
 
-from conftest import TESTS, assert_same_run, load_run
+from conftest import assert_same_run, load_run, run_script, script_failed, SCRIPTS
 
 pytestmark = pytest.mark.slow  # subprocesses, layouts or whole trainings: not in the everyday tier
 
-SCRIPT = str(TESTS / "multiworker_run.py")
+SCRIPT = str(SCRIPTS / "multiworker_run.py")
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
 def _launch(out, *extra, workers=2, env=None, timeout=240):
-    command = [sys.executable, "-m", "trainer.launch", "--workers", str(workers), SCRIPT, str(out), "multi_worker",
-               *extra]
-    return subprocess.run(command, capture_output=True, text=True, env={**ENV, **(env or {})}, timeout=timeout)
+    """The launched job's process, to be checked by the caller: some jobs fail on purpose."""
+    return run_script(SCRIPT, out, "multi_worker", *extra, launch=("--workers", workers), env=env, timeout=timeout,
+                      check=False)
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     out = tmp_path_factory.mktemp("single")
-    proc = subprocess.run([sys.executable, SCRIPT, str(out), "default"], capture_output=True, text=True, env=ENV,
-                          timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_script(SCRIPT, out, "default", timeout=240)
     return load_run(out, "single0")
 
 
 def test_two_workers_match_the_single_process_run(tmp_path, reference):
     proc = _launch(tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, script_failed(proc)
     assert proc.stdout.count("Training plan") == 1 and "[worker:0] Training plan" in proc.stdout
     assert "2 in sync over 2 worker(s)" in proc.stdout
     assert "cluster        trainer-launch on this machine: 2 workers; chief: worker 0" in proc.stdout
@@ -56,7 +54,7 @@ def test_four_workers_of_two_replicas_match_the_single_process_run(tmp_path, ref
     """trainer-launch --workers 4, each worker with 2 logical CPUs (2 GPUs per machine, simulated): 8 replicas
     in sync, and the last batch of 43 splits 6 + 6 + 6 + 5 x 5 over them."""
     proc = _launch(tmp_path, workers=4, env={"REPLICAS": "2"}, timeout=400)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, script_failed(proc)
     assert "8 in sync over 4 worker(s)" in proc.stdout
     assert "43 examples (3 replica(s) get 6, 5 get 5)" in proc.stdout
     results = [load_run(tmp_path, f"worker{i}") for i in range(4)]
@@ -80,9 +78,7 @@ def test_four_nodes_match_the_single_process_run(tmp_path, reference):
 @pytest.mark.full  # the full tier's scale layouts (TRAINER_TESTS=full)
 def test_eight_replicas_in_one_process_match_the_single_device_run(tmp_path, reference):
     """8 CPU replicas of one process: the last batch of 43 splits 6 + 6 + 6 + 5 x 5."""
-    proc = subprocess.run([sys.executable, SCRIPT, str(tmp_path), "mirrored"], capture_output=True, text=True,
-                          env={**ENV, "REPLICAS": "8"}, timeout=400)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_script(SCRIPT, tmp_path, "mirrored", env={"REPLICAS": "8"}, timeout=400)
     result, arrays = load_run(tmp_path, "single0")
     assert result.pop("replicas") == 8
     assert_same_run(result, arrays, reference)
@@ -93,15 +89,13 @@ def test_a_dead_worker_stops_the_job_and_backup_resumes_it(tmp_path, reference):
     start = time.monotonic()
     proc = _launch(tmp_path, "backup", env={"KILL_TASK": "worker1"})
     elapsed = time.monotonic() - start
-    assert proc.returncode == 128 + 9, proc.stdout[-3000:]
+    assert proc.returncode == 128 + 9, script_failed(proc)
     assert "[launcher] task worker:1 failed with exit status 137" in proc.stdout
     assert elapsed < 120
     assert (tmp_path / "files" / "backup" / "backup.npz").exists()
 
     # Resumed on another layout: one process of 2 CPU replicas, the same global batch.
-    resumed = subprocess.run([sys.executable, SCRIPT, str(tmp_path), "mirrored", "backup"], capture_output=True,
-                             text=True, env={**ENV, "REPLICAS": "2"}, timeout=240)
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    resumed = run_script(SCRIPT, tmp_path, "mirrored", "backup", env={"REPLICAS": "2"}, timeout=240)
     assert ("BackupAndRestore: resuming from epoch 1, step 8 (" in resumed.stdout
             and "written on 2 replica(s) over 2 worker(s))" in resumed.stdout), resumed.stdout[-3000:]
     result, arrays = load_run(tmp_path, "single0")
@@ -116,14 +110,12 @@ def test_a_sigterm_to_one_worker_makes_every_worker_save_the_same_step(tmp_path,
     backup although it got no signal, and leave with 143. Alone, worker 1 would leave at step 8 and the
     chief would fail in the next all-reduce with nothing saved since the epoch's start."""
     proc = _launch(tmp_path, "epoch-backup", env={"TERM_TASK": "worker1"})
-    assert proc.returncode == 143, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 143, script_failed(proc)
     assert ("BackupAndRestore: SIGTERM received by another worker; backup saved at epoch 1, step 12."
             in proc.stdout), proc.stdout[-3000:]
     assert "exit status 143" in proc.stdout and "exit status 1 " not in proc.stdout, proc.stdout[-3000:]
 
-    resumed = subprocess.run([sys.executable, SCRIPT, str(tmp_path), "mirrored", "epoch-backup"],
-                             capture_output=True, text=True, env={**ENV, "REPLICAS": "2"}, timeout=240)
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    resumed = run_script(SCRIPT, tmp_path, "mirrored", "epoch-backup", env={"REPLICAS": "2"}, timeout=240)
     assert "BackupAndRestore: resuming from epoch 1, step 12 (" in resumed.stdout, resumed.stdout[-3000:]
     result, arrays = load_run(tmp_path, "single0")
     np.testing.assert_allclose(arrays["weights"], reference[1]["weights"], rtol=1e-5, atol=1e-7)
@@ -223,9 +215,8 @@ def test_a_sigterm_before_training_ends_a_worker_at_once(tmp_path):
     script = tmp_path / "sigterm.py"
     script.write_text(SIGTERM_SCRIPT)
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "trainer.launch", "--workers", "2", str(script)],
-                          capture_output=True, text=True, env=ENV, timeout=120)
-    assert proc.returncode == 143, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_script(script, launch=("--workers", 2), timeout=120, check=False)
+    assert proc.returncode == 143, script_failed(proc)
     assert proc.stdout.count("SIGTERM caught in C: False") == 2, proc.stdout[-3000:]
     assert "[launcher] task worker:1 was stopped by SIGTERM (exit status 143)" in proc.stdout
     assert "alive" not in proc.stdout and time.monotonic() - start < 25
@@ -237,7 +228,7 @@ def test_a_dead_peer_is_named_by_every_survivor_not_a_hang():
     from trainer.launch.supervise import tf_config
 
     cluster = cluster_spec(3, 0, free_ports(3))
-    procs = [subprocess.Popen([sys.executable, str(TESTS / "dead_peer_run.py")],
+    procs = [subprocess.Popen([sys.executable, str(SCRIPTS / "dead_peer_run.py")],
                               env={**ENV, "TF_CONFIG": tf_config(cluster, "worker", i)},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(3)]
     try:
@@ -256,15 +247,11 @@ def test_uneven_last_batches_of_datasets_on_two_workers_match_one_process(tmp_pa
     """Embedding and CNN models on datasets: a last batch split evenly over the workers in a fused call
     (its sparse gradient's all-gather changes shape), and one smaller than the worker count; oneDNN on.
     The same data as a batched dataset and as a PyDataset (every worker reads every batch) match too."""
-    script = str(TESTS / "multiworker_last_batch_run.py")
-    env = {**ENV, "TF_ENABLE_ONEDNN_OPTS": "1"}
+    script = str(SCRIPTS / "multiworker_last_batch_run.py")
+    env = {"TF_ENABLE_ONEDNN_OPTS": "1"}
     (tmp_path / "single").mkdir()
-    single = subprocess.run([sys.executable, script, str(tmp_path / "single"), "default"], capture_output=True,
-                            text=True, env=env, timeout=240)
-    assert single.returncode == 0, single.stderr[-3000:]
-    launched = subprocess.run([sys.executable, "-m", "trainer.launch", "--workers", "2", script, str(tmp_path),
-                               "multi_worker"], capture_output=True, text=True, env=env, timeout=240)
-    assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
+    run_script(script, tmp_path / "single", "default", env=env, timeout=240)
+    run_script(script, tmp_path, "multi_worker", launch=("--workers", 2), env=env, timeout=240)
     with open(tmp_path / "single" / "single0.json") as f:
         reference = json.load(f)
     reference_weights = np.load(tmp_path / "single" / "single0.npz")
@@ -292,7 +279,7 @@ def test_tensorflows_multi_worker_tutorial_trains_on_two_workers(tmp_path, mode)
     from trainer.launch.supervise import tf_config
 
     cluster = cluster_spec(2, 0, free_ports(2))
-    procs = [subprocess.Popen([sys.executable, str(TESTS / "tutorial_run.py"), mode, str(tmp_path / f"{i}.json")],
+    procs = [subprocess.Popen([sys.executable, str(SCRIPTS / "tutorial_run.py"), mode, str(tmp_path / f"{i}.json")],
                               env={**ENV, "TF_CONFIG": tf_config(cluster, "worker", i)},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
     try:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import LearningRateSeen, mirrored, tiny_data, tiny_model
+from conftest import LearningRateSeen, mirrored, script_failed, tiny_data, tiny_model
 from trainer import Trainer
 
 
@@ -104,7 +104,7 @@ def test_a_callbacks_py_in_the_working_directory_leaves_fit_working(tmp_path):
         print(NAME, len(history.history["loss"]))
     """)
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, script_failed(proc)
     assert "the user's own callbacks.py 2" in proc.stdout
     assert "Training plan" in proc.stdout  # the default ProgressBar and NanGuard came from trainer.callbacks
     assert (tmp_path / "log.csv").read_text().count("\n") == 3

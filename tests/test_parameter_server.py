@@ -8,26 +8,21 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import TESTS, tiny_data
+from conftest import run_script, SCRIPTS, tiny_data
 
 pytestmark = pytest.mark.slow  # subprocesses, layouts or whole trainings: not in the everyday tier
 
-SCRIPT = str(TESTS / "ps_run.py")
+SCRIPT = str(SCRIPTS / "ps_run.py")
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
-def _run(command, timeout=300):
-    proc = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("ps")
-    _run([sys.executable, SCRIPT, str(out / "default.json"), "default"])
-    proc = _run([sys.executable, "-m", "trainer.launch", "--workers", "2", "--ps", "1", SCRIPT,
-                 str(out / "ps.json"), "parameter_server"])
+    run_script(SCRIPT, out / "default.json", "default")
+    proc = run_script(SCRIPT, out / "ps.json", "parameter_server", launch=("--workers", 2, "--ps", 1))
     with open(out / "default.json") as f, open(out / "ps.json") as g:
         return json.load(f), json.load(g), proc.stdout
 
@@ -61,8 +56,8 @@ def test_three_workers_and_two_ps_tasks_count_every_step_and_evaluate_exactly(tm
     """A larger parameter-server cluster (issue 40's scale): 3 workers and 2 ps tasks take every scheduled
     step, and the coordinator's evaluation is exact for the weights it ends with."""
     default, _, _ = results
-    proc = _run([sys.executable, "-m", "trainer.launch", "--workers", "3", "--ps", "2", SCRIPT,
-                 str(tmp_path / "ps.json"), "parameter_server", "first"], timeout=400)
+    proc = run_script(SCRIPT, tmp_path / "ps.json", "parameter_server", "first", launch=("--workers", 3, "--ps", 2),
+                      timeout=400)
     assert "over 3 worker(s)" in proc.stdout
     with open(tmp_path / "ps.json") as f:
         ps = json.load(f)
@@ -102,8 +97,7 @@ def test_a_variable_partitioner_splits_the_instance_over_the_ps_tasks_with_the_u
     runs = {}
     for partitioned in ("0", "1"):
         out = tmp_path / f"partitioned{partitioned}.npz"
-        proc = _run([sys.executable, "-m", "trainer.launch", "--workers", "1", "--ps", "2",
-                     str(TESTS / "ps_partitioned_run.py"), str(out), partitioned])
+        proc = run_script(SCRIPTS / "ps_partitioned_run.py", out, partitioned, launch=("--workers", 1, "--ps", 2))
         with open(f"{out}.json") as f:
             runs[partitioned] = json.load(f), dict(np.load(out)), proc.stdout
     (whole, whole_arrays, _), (split, split_arrays, stdout) = runs["0"], runs["1"]
@@ -155,7 +149,7 @@ def test_parameter_server_training_over_two_nodes(tmp_path, results):
     assert all("/job:ps" in device for device in ps["instance"]["devices"])
 
 
-TUTORIAL = str(TESTS / "ps_tutorial_run.py")
+TUTORIAL = str(SCRIPTS / "ps_tutorial_run.py")
 
 
 def _plan_rows(stdout: str) -> dict[str, str]:
@@ -179,9 +173,7 @@ def tutorial(tmp_path_factory):
     runs = {}
     for cluster in ("in_process", "tf_config"):
         out = tmp_path_factory.mktemp(cluster)
-        prefix = [sys.executable] if cluster == "in_process" else [
-            sys.executable, "-m", "trainer.launch", "--workers", "2", "--ps", "1"]
-        proc = _run([*prefix, TUTORIAL, cluster, str(out)])
+        proc = run_script(TUTORIAL, cluster, out, launch=() if cluster == "in_process" else ("--workers", 2, "--ps", 1))
         result = json.loads(proc.stdout.strip().splitlines()[-1].split("] ", 1)[-1])
         runs[cluster] = result, _plan_rows(proc.stdout), out
     return runs

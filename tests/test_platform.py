@@ -1,12 +1,12 @@
 """Outside the tested versions, or with a hook's target gone, the trainer refuses; with the opt-in it trains, and
-the plan says what is no longer guaranteed (tests/platform_run.py, in fresh interpreters)."""
+the plan says what is no longer guaranteed (tests/scripts/platform_run.py, in fresh interpreters)."""
 
 import pytest
 
-from conftest import TESTS, run_python
+from conftest import run_python, SCRIPTS
 from trainer._compat.patches import UNTESTED_OPT_IN, Patches
 
-SCRIPT = TESTS / "platform_run.py"
+SCRIPT = SCRIPTS / "platform_run.py"
 OPT_IN = {UNTESTED_OPT_IN: "1"}
 
 

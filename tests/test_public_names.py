@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import script_failed
+
 ROOT = Path(__file__).parent.parent
 
 _NAMES = """
@@ -31,7 +33,7 @@ def _python(code: str) -> subprocess.CompletedProcess:
 
 def test_the_public_names_import_as_the_readme_writes_them():
     proc = _python(_NAMES)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, script_failed(proc)
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["kinds"]["Trainer"] == "class" and got["kinds"]["ClusterInfo"] == "class"
     assert got["kinds"]["resolve_strategy"] == got["kinds"]["notebook_launcher"] == "function"
@@ -43,7 +45,7 @@ def test_the_public_names_import_as_the_readme_writes_them():
 def test_the_launcher_and_trainer_quiet_start_without_tensorflow():
     proc = _python("import sys, trainer, trainer.quiet, trainer.launch.launcher, trainer.launch.notebook\n"
                    "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, script_failed(proc)
     assert proc.stdout.strip() == "[]"
 
 
@@ -52,10 +54,10 @@ def test_the_trainer_launch_command_and_the_module_run_the_launcher():
     assert command.exists(), f"{command} is missing: install the package (`pip install -e .`), which makes it"
     for argv in ([str(command), "--help"], [sys.executable, "-m", "trainer.launch", "--help"]):
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 0, (argv, proc.stderr[-2000:])
+        assert proc.returncode == 0, script_failed(proc)
         assert proc.stdout.startswith("usage: trainer-launch") and "--workers" in proc.stdout, proc.stdout[:500]
     proc = subprocess.run([str(command), "--workers", "0", "train.py"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "--workers" in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 2 and "--workers" in proc.stderr, script_failed(proc)
 
 
 def test_setup_cfg_installs_every_folder_of_the_package():

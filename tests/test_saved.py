@@ -1,18 +1,16 @@
 """What `fit` leaves behind is what model.fit leaves: after Trainer.fit on 1 or 2 replicas or 2 workers, the user's
-model and optimizer save, export and reload as after model.fit on one device (tests/saved_run.py): model.save and
-load_model, save_weights and load_weights, model.export's `serve`, tf.saved_model.save, and a tf.train.Checkpoint of
-the model and its optimizer, for a plain model and for a KerasHub task fine-tuned with LoRA."""
+model and optimizer save, export and reload as after model.fit on one device (tests/scripts/saved_run.py):
+model.save and load_model, save_weights and load_weights, model.export's `serve`, tf.saved_model.save, and a
+tf.train.Checkpoint of the model and its optimizer, for a plain model and for a KerasHub task fine-tuned with LoRA."""
 
 import importlib.util
 import pickle
-import subprocess
-import sys
 
 import keras
 import numpy as np
 import pytest
 
-from conftest import FULL, TESTS
+from conftest import FULL, run_script, SCRIPTS, TESTS
 
 pytestmark = pytest.mark.slow  # subprocesses, one per layout
 
@@ -22,10 +20,8 @@ KEPT = ["predict", "load_model", "load_weights", "export", "saved_model", "check
 
 
 def _run(replicas: int, workers: bool, cases: list[str], out) -> list[dict]:
-    launch = [sys.executable, "-m", "trainer.launch", "--workers", "2"] if workers else [sys.executable]
-    proc = subprocess.run([*launch, str(TESTS / "saved_run.py"), str(replicas), ",".join(cases), str(out)],
-                          capture_output=True, text=True, cwd=TESTS, timeout=600)
-    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    run_script(SCRIPTS / "saved_run.py", replicas, ",".join(cases), out, launch=("--workers", 2) if workers else (),
+               cwd=TESTS, timeout=600)
     paths = [f"{out}.worker{task}" for task in (0, 1)] if workers else [out]
     runs = []
     for path in paths:

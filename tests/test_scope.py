@@ -1,19 +1,19 @@
-"""TensorFlow's guide pattern trains through the trainer: a model built and compiled in the user's
-`with strategy.scope():`, called inside that scope or after it, with the Trainer's own strategy or the user's
-strategy object (one Trainer per strategy, or one given each strategy per call), then restored with
-`keras.models.load_model` in a new MirroredStrategy's scope and trained again (tests/scope_run.py). Every variant gives
-model.fit's numbers on one device. Strategies over the same devices run one after another in any order
-(tests/user_strategies_run.py), and a model built in a strategy's scope trains on it under "auto", as under
+"""TensorFlow's guide pattern trains through the trainer: a model built and compiled in the user's `with
+strategy.scope():`, called inside that scope or after it, with the Trainer's own strategy or the user's strategy
+object (one Trainer per strategy, or one given each strategy per call), then restored with `keras.models.load_model`
+in a new MirroredStrategy's scope and trained again (tests/scripts/scope_run.py). Every variant gives model.fit's
+numbers on one device. Strategies over the same devices run one after another in any order
+(tests/scripts/user_strategies_run.py), and a model built in a strategy's scope trains on it under "auto", as under
 model.fit."""
 
 import keras
 import numpy as np
 import pytest
 
-from conftest import TESTS, mirrored, run_python, tiny_data, tiny_model
+from conftest import mirrored, run_python, SCRIPTS, tiny_data, tiny_model
 from trainer import Trainer
 
-SCRIPT = TESTS / "scope_run.py"
+SCRIPT = SCRIPTS / "scope_run.py"
 
 
 def _assert_same_runs(runs, reference):
@@ -95,7 +95,7 @@ def test_strategies_over_the_same_devices_run_one_after_another_in_any_order(fir
     # Each MirroredStrategy numbers its collectives from the same keys; the trainer gives one it runs on before
     # its first collective keys of its own. Before, a trainer's fit after its predict on another strategy aborted
     # ("Collective instance 100 expected type 2 and data_type 3 but got type 0 and data_type 1").
-    script = TESTS / "user_strategies_run.py"
+    script = SCRIPTS / "user_strategies_run.py"
     result = run_python(script, first, second)
     run = result["second"]
     # The trainer gives model.fit's numbers on one device; Keras's own fit, those it gives with no run before it.

@@ -1,4 +1,4 @@
-"""Under a real Slurm (one node on localhost, tests/slurm_cluster.py): `srun -n 2 python job.py` with
+"""Under a real Slurm (one node on localhost, tests/helpers/slurm_cluster.py): `srun -n 2 python job.py` with
 strategy="auto" trains one MultiWorkerMirroredStrategy job with the single process's numbers."""
 
 import json
@@ -11,14 +11,14 @@ import time
 import numpy as np
 import pytest
 
-from conftest import TESTS, assert_same_run
+from conftest import assert_same_run, run_script, script_failed, SCRIPTS, TESTS
 
 sys.path.insert(0, str(TESTS))
 import slurm_cluster  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a Slurm cluster and whole trainings: not in the everyday tier
 
-SCRIPT = str(TESTS / "multiworker_run.py")
+SCRIPT = str(SCRIPTS / "multiworker_run.py")
 
 
 @pytest.fixture(scope="module")
@@ -55,15 +55,13 @@ def _srun(slurm, tasks, out, *args, kill_on_bad_exit=True, env=None, timeout=300
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     out = tmp_path_factory.mktemp("single")
-    proc = subprocess.run([sys.executable, SCRIPT, str(out), "default"], capture_output=True, text=True,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_script(SCRIPT, out, "default")
     return _load(out, "single0")
 
 
 def test_srun_of_two_tasks_trains_as_one_process(slurm, reference, tmp_path):
     proc = _srun(slurm, 2, tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, script_failed(proc)
     assert proc.stdout.count("Training plan") == 1  # the chief's, task 0
     assert "2 in sync over 2 worker(s)" in proc.stdout
     assert "cluster        Slurm: 2 tasks on 1 node, chief task 0 (job " in proc.stdout
@@ -88,7 +86,7 @@ def test_a_task_killed_mid_epoch_is_named_by_the_survivor_and_a_new_job_resumes(
     assert not left, f"processes left running: {left}"
 
     resumed = _srun(slurm, 2, tmp_path, "backup")
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert resumed.returncode == 0, script_failed(resumed)
     assert "BackupAndRestore: resuming from epoch 1, step 8" in resumed.stdout
     result, arrays = _load(tmp_path, "worker0")
     assert result["epochs"] == [1]
@@ -141,7 +139,7 @@ def test_a_requeued_job_saves_on_sigterm_and_resumes_exactly(slurm, reference, t
 
 def test_srun_of_one_task_is_one_process(slurm, reference, tmp_path):
     proc = _srun(slurm, 1, tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, script_failed(proc)
     assert "1 in sync over 1 worker(s)" in proc.stdout and "cluster  " not in proc.stdout
     single = _load(tmp_path, "single0")
     assert single[0]["replicas"] == 1
@@ -173,11 +171,11 @@ def test_parameter_server_training_under_srun_of_trainer_launch(slurm, tmp_path)
     # end when the chief's script has ended, so srun returns.
     out = tmp_path / "ps.json"
     command = ["srun", "-n", "3", "--overcommit", "--kill-on-bad-exit=1",  # 3 tasks on this node's 2 CPUs
-               sys.executable, "-m", "trainer.launch", "--ps", "1", str(TESTS / "ps_run.py"), str(out),
+               sys.executable, "-m", "trainer.launch", "--ps", "1", str(SCRIPTS / "ps_run.py"), str(out),
                "parameter_server"]
     proc = subprocess.run(command, capture_output=True, text=True, env={**slurm.env, "TF_CPP_MIN_LOG_LEVEL": "2"},
                           timeout=300, cwd=TESTS)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, script_failed(proc)
     assert "ParameterServerStrategy (asynchronous)" in proc.stdout and "over 1 worker(s)" in proc.stdout
     assert "cluster        trainer-launch under Slurm (job " in proc.stdout
     assert "step 0): 1 chief, 1 worker, 1 ps; chief: the chief task" in proc.stdout

@@ -12,11 +12,11 @@ import sys
 
 import pytest
 
-from conftest import TESTS
+from conftest import script_failed, SCRIPTS
 
 pytestmark = pytest.mark.slow  # whole multi-node jobs: not in the everyday tier
 
-SOAK = str(TESTS / "soak.py")
+SOAK = str(SCRIPTS / "soak.py")
 
 
 def _soak(out, seed: int, faults: int, kinds: str | None = None, slurm: bool = False) -> dict:
@@ -29,7 +29,7 @@ def _soak(out, seed: int, faults: int, kinds: str | None = None, slurm: bool = F
     if proc.returncode == 3:
         pytest.skip(f"this machine can't run the soak: {proc.stderr.strip()}")
     report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else None
-    assert proc.returncode == 0 and report is not None, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0 and report is not None, script_failed(proc)
     assert report["matches_uninterrupted"] and not report["problems"], proc.stdout
     assert report["fault_count"] == faults == len(report["faults"])
     for fault in report["faults"]:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import TESTS, run_python
+from conftest import run_python, script_failed, SCRIPTS
 from trainer import STRATEGY_NAMES, parse_tf_config, resolve_strategy
 from trainer.distribute.strategy import auto_strategy_name, check_strategy_name
 
@@ -93,7 +93,7 @@ def test_bad_strategy_options():
 
 @pytest.mark.slow
 def test_repeated_fits_under_mirrored_strategies_of_different_sizes():
-    result = run_python(TESTS / "repeated_fit_run.py")
+    result = run_python(SCRIPTS / "repeated_fit_run.py")
     losses = result["losses"]
     assert set(losses) == {"1", "2", "4", "4 again, by name in fit", "2 again", "user 2", "user 2 after the refusal"}
     for name, values in losses.items():  # every run finished, with the single-device numbers
@@ -139,7 +139,7 @@ except ValueError as err:
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, script_failed(proc)
     assert ("This process runs a MultiWorkerMirroredStrategy already, and TensorFlow runs one per process. "
             "Received: communication='nccl'") in proc.stdout
     assert "where the one running has communication='ring'" in proc.stdout

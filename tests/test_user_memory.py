@@ -9,7 +9,7 @@ an uneven last batch, through the in-step gather of CPU replicas and the pipelin
 import numpy as np
 import pytest
 
-from conftest import TESTS, mirrored, run_python, tiny_data, tiny_model
+from conftest import mirrored, run_python, SCRIPTS, tiny_data, tiny_model
 from trainer import Trainer
 from trainer.data import arrays as arrays_lib
 from trainer.data import boundary
@@ -70,10 +70,10 @@ def test_a_float64_memmap_stays_mapped_until_its_rows_are_taken(mapped):
 @pytest.mark.slow
 def test_the_arrays_a_pydataset_yields_views_of_stay_as_they_were():
     """tf.data may make tensors that share a yielded array's memory, and a step that computed in place on a
-    replica's share of such a batch wrote into the user's arrays: in 2 processes of 3 (tests/user_memory_run.py,
+    replica's share of such a batch wrote into the user's arrays: in 2 processes of 3 (tests/scripts/user_memory_run.py,
     2 CPU replicas), over 1,000 values of `y` were overwritten in the first fit, and its second epoch trained on
     them. Three processes, so that the race shows in one of them without the copy (the chance that it shows in
     none is under 5 percent)."""
     for _ in range(3):
-        result = run_python(TESTS / "user_memory_run.py", "2")
+        result = run_python(SCRIPTS / "user_memory_run.py", "2")
         assert result["values_changed"] == [0, 0]

@@ -3,15 +3,17 @@
 import json
 import os
 import signal
-import sys
 
-from trainer import Trainer, resolve_strategy
+from start import arguments, start
+
+arguments(__doc__)
+start()
+
+from trainer import Trainer, resolve_strategy  # noqa: E402
 
 trainer = Trainer(strategy=resolve_strategy("multi_worker", timeout_seconds=5), batch_size=64, verbose=0)
 
 import keras  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tiny import tiny_data, tiny_model  # noqa: E402
 
 

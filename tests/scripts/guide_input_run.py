@@ -20,6 +20,8 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from start import start
+
 parser = argparse.ArgumentParser()
 parser.add_argument("data")
 parser.add_argument("out", nargs="?")
@@ -39,9 +41,7 @@ if args.write:
                            "y": tf.train.Feature(float_list=tf.train.FloatList(value=[x[0] - x[1]]))}
                 writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
     raise SystemExit(0)
-if args.replicas > 1:
-    cpus = [tf.config.LogicalDeviceConfiguration()] * args.replicas
-    tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0], cpus)
+start(cpus=args.replicas if args.replicas > 1 else 0)
 workers = "TF_CONFIG" in os.environ
 strategy = (None if args.reference else tf.distribute.MultiWorkerMirroredStrategy() if workers else
             tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(args.replicas)]))

@@ -8,14 +8,18 @@ weights, the count of how often each example was trained on, and the optimizer's
 """
 
 import os
-import sys
 
-import numpy as np
+from start import arguments, start
 
-from trainer import Trainer, cluster_info
+args = arguments(__doc__, ("out", str), ("backup_dir", str))
+out, backup_dir = args.out, args.backup_dir
+start()
+
+import numpy as np  # noqa: E402
+
+from trainer import Trainer, cluster_info  # noqa: E402
 
 EPOCHS, EXAMPLES, BATCH, SAVE_FREQ = 4, 960, 40, 4  # 24 steps an epoch; a backup every 4 steps and at epoch ends
-out, backup_dir = sys.argv[1], sys.argv[2]
 # The global batch is fixed, so the job resumes exactly on 2 workers or on the 1 a lost node leaves.
 trainer = Trainer(strategy="auto", batch_size=BATCH, lr_scaling=None, seed=5, steps_per_execution=1, verbose=0)
 

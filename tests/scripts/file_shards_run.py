@@ -16,6 +16,8 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from start import start
+
 parser = argparse.ArgumentParser()
 parser.add_argument("data")
 parser.add_argument("out", nargs="?")
@@ -35,9 +37,7 @@ if args.write:
                            "blob": tf.train.Feature(bytes_list=tf.train.BytesList(value=[BLOB]))}
                 writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
     raise SystemExit(0)
-if args.replicas > 1:
-    cpus = [tf.config.LogicalDeviceConfiguration()] * args.replicas
-    tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0], cpus)
+start(cpus=args.replicas if args.replicas > 1 else 0)
 
 from trainer import Trainer, cluster_info  # noqa: E402
 

@@ -22,18 +22,16 @@ the first dataset (read in the same order) is recorded too.
 """
 
 import json
-import sys
 
-import numpy as np
-import tensorflow as tf
+from start import arguments, start
 
-strategy_name, num_devices, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-chosen = sys.argv[4].split(",") if len(sys.argv) > 4 else None
-tf.config.set_logical_device_configuration(
-    tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * num_devices
-)
+args = arguments(__doc__, ("strategy", str), ("num_devices", int), ("out", str), ("families", str, "?"))
+strategy_name, num_devices, out = args.strategy, args.num_devices, args.out
+chosen = args.families.split(",") if args.families else None
+start(cpus=num_devices)
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
 from families import BATCH, FAMILIES, SIZES, as_dataset, make_data, make_model  # noqa: E402
 
 from trainer import Trainer  # noqa: E402

@@ -12,16 +12,20 @@ accumulates gradients and overwrites its weights with their EMA.
 """
 
 import json
-import sys
 import tempfile
 
-import numpy as np
-import tensorflow as tf
+from start import arguments, start
 
-from trainer import Trainer
-from trainer.callbacks import BackupAndRestore
+args = arguments(__doc__, ("out", str), options=(("partitioned", {"choices": ["0", "1"]}),))
+out, partitioned = args.out, args.partitioned == "1"
+start()
 
-out, partitioned = sys.argv[1], sys.argv[2] == "1"
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from trainer import Trainer  # noqa: E402
+from trainer.callbacks import BackupAndRestore  # noqa: E402
+
 partitioner = (tf.distribute.experimental.partitioners.MinSizePartitioner(min_shard_bytes=64, max_shards=2)
                if partitioned else None)
 strategy = tf.distribute.ParameterServerStrategy(tf.distribute.cluster_resolver.TFConfigClusterResolver(),

@@ -15,15 +15,18 @@ to OUT.json.
 
 import json
 import os
-import sys
 
-import keras
-import numpy as np
-import tensorflow as tf
+from start import arguments, start
 
-from trainer import Trainer
+args = arguments(__doc__, options=(("mode", {"choices": ["fit", "distribute"]}), ("out", {})))
+MODE, OUT = args.mode, args.out
+start()
 
-MODE, OUT = sys.argv[1], sys.argv[2]
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from trainer import Trainer  # noqa: E402
 
 
 def mnist_dataset(batch_size):

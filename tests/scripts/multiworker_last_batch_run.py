@@ -11,18 +11,20 @@ batches of 12 are the global batches.
 
 import json
 import os
-import sys
 
-import numpy as np
-import tensorflow as tf
+from start import arguments, start
 
-from trainer import Trainer, cluster_info
+args = arguments(__doc__, ("out", str), ("strategy", str))
+out, strategy = args.out, args.strategy
+start()
 
-out, strategy = sys.argv[1], sys.argv[2]
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from trainer import Trainer, cluster_info  # noqa: E402
+
 # Multi-worker strategies must exist before TensorFlow runs anything, so the Trainer comes first.
 trainer = Trainer(strategy=strategy, batch_size=12, lr_scaling=None, seed=0, verbose=0)
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from families import SIZES, as_dataset, make_data, make_model  # noqa: E402
 
 import keras  # noqa: E402

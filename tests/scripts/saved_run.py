@@ -17,17 +17,17 @@ Each then goes through every way Keras and TensorFlow keep a model, and what eac
 import json
 import os
 import pickle
-import sys
 import tempfile
 
-import tensorflow as tf
+from start import arguments, start
 
-REPLICAS, CASES, OUT = int(sys.argv[1]), sys.argv[2].split(","), sys.argv[3]
-tf.config.set_logical_device_configuration(
-    tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * REPLICAS)
+args = arguments(__doc__, ("replicas", int), ("cases", str), ("out", str))
+REPLICAS, CASES, OUT = args.replicas, args.cases.split(","), args.out
+start(cpus=REPLICAS)
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 from trainer import Trainer  # noqa: E402
 

@@ -22,18 +22,16 @@ import contextlib
 import csv
 import json
 import os
-import sys
 import tempfile
 import warnings
 
-OUT, REPLICAS, RUNNER = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-CASES = sys.argv[4:] or ["on_batch", "small_batch", "no_trainable", "vector_logs", "nan_logs", "layer_trainer"]
+from start import arguments, start
 
-import tensorflow as tf  # noqa: E402
+args = arguments(__doc__, ("out", str), ("replicas", int), ("runner", str), ("cases", str, "*"))
+OUT, REPLICAS, RUNNER = args.out, args.replicas, args.runner
+CASES = args.cases or ["on_batch", "small_batch", "no_trainable", "vector_logs", "nan_logs", "layer_trainer"]
+start(cpus=0 if "TF_CONFIG" in os.environ else REPLICAS)
 
-if "TF_CONFIG" not in os.environ:
-    tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
-                                               [tf.config.LogicalDeviceConfiguration()] * REPLICAS)
 from trainer import Trainer, cluster_info  # noqa: E402
 
 # Multi-worker strategies must exist before TensorFlow runs anything, so the Trainer comes first.

@@ -1,4 +1,4 @@
-"""Fits tests/hub_models.py's KerasHub tasks through Trainer.fit (and model.fit) under one layout.
+"""Fits tests/helpers/hub_models.py's KerasHub tasks through Trainer.fit (and model.fit) under one layout.
 
 Usage: hub_run.py OUT CASE[,CASE...] [REPLICAS]. Without TF_CONFIG, one
 process of REPLICAS logical CPUs (default 1); on one replica it also runs
@@ -16,17 +16,15 @@ import os
 import pickle
 import sys
 
-import tensorflow as tf
+from start import arguments, start
 
+args = arguments(__doc__, ("out", str), ("cases", str), ("replicas", int, "?"))
+out, names, replicas = args.out, args.cases.split(","), args.replicas or 1
 if os.environ.get("HUB_PIPELINE") == "tf.data":
     sys.modules["grain"] = None  # `import grain` then fails, and KerasHub builds tf.data pipelines
-
-out, names = sys.argv[1], sys.argv[2].split(",")
-replicas = int(sys.argv[3]) if len(sys.argv) > 3 else 1
 workers = "TF_CONFIG" in os.environ
-if not workers:
-    tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
-                                               [tf.config.LogicalDeviceConfiguration()] * replicas)
+start(cpus=0 if workers else replicas)
+
 from trainer import Trainer, cluster_info  # noqa: E402
 
 # Multi-worker strategies must exist before TensorFlow runs anything, so the Trainer comes first.
@@ -35,8 +33,6 @@ trainer = Trainer(strategy="multi_worker" if workers else "mirrored" if replicas
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hub_models  # noqa: E402
 
 info = cluster_info()

@@ -1,7 +1,7 @@
 """A fault soak: a job over two workers meets random faults, and must end as if nothing had happened.
 
-    python tests/soak.py --seed 7 --faults 20 --out /tmp/soak            # as root (the full disk is a tmpfs)
-    python tests/soak.py --seed 7 --faults 20 --out /tmp/soak --slurm    # the same under a one-node Slurm
+    python tests/scripts/soak.py --seed 7 --faults 20 --out /tmp/soak            # as root (the full disk is a tmpfs)
+    python tests/scripts/soak.py --seed 7 --faults 20 --out /tmp/soak --slurm    # the same under a one-node Slurm
 
 The job is soak_run.py on two workers, backing up every 4 steps. By default two `trainer-launch --nnodes 1:2
 --max-restarts N` launchers on this machine play two nodes of one worker each; with --slurm it is a batch job
@@ -48,8 +48,8 @@ from pathlib import Path
 
 import numpy as np
 
-TESTS = Path(__file__).resolve().parent
-SCRIPT = str(TESTS / "soak_run.py")
+SCRIPTS = Path(__file__).resolve().parent
+SCRIPT = str(SCRIPTS / "soak_run.py")
 KINDS = ("kill-worker", "term-worker", "kill-in-write", "kill-launcher", "full-disk", "kill-in-rendezvous")
 STEPS_PER_EPOCH, EPOCHS = 24, 4  # soak_run.py's
 TOTAL_STEPS = STEPS_PER_EPOCH * EPOCHS
@@ -237,7 +237,7 @@ class SlurmJob:
     name = "a Slurm batch job (sbatch --requeue, srun of two tasks), requeued"
 
     def __init__(self, soak: Soak):
-        sys.path.insert(0, str(TESTS))
+        sys.path.insert(0, str(SCRIPTS.parent / "helpers"))
         import slurm_cluster
 
         missing = slurm_cluster.missing()

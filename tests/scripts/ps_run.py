@@ -5,22 +5,24 @@ Usage: python ps_run.py OUT_JSON STRATEGY [first]   (under `trainer-launch --wor
 """
 
 import json
-import os
 import sys
 
-from trainer import Trainer
+from start import arguments, start
 
-out, strategy = sys.argv[1], sys.argv[2]
+args = arguments(__doc__, ("out", str), ("strategy", str), options=(("first", {"nargs": "?", "choices": ["first"]}),))
+out, strategy = args.out, args.strategy
+start()
+
+from trainer import Trainer  # noqa: E402
+
 trainer = Trainer(strategy=strategy, per_replica_batch_size=32, lr_scaling=None, seed=0, steps_per_execution=8)
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tiny import tiny_data, tiny_model  # noqa: E402
 
 x, y, w = tiny_data(1003)
 history = trainer.fit(lambda: tiny_model(lr=0.05), (x, y, w), epochs=4, validation_data=(x[:300], y[:300]))
 evaluation = trainer.evaluate(history.model, (x, y, w), return_dict=True)
 logits = trainer.predict(history.model, x)
-if "first" in sys.argv[3:]:  # the first fit only (the scale test's 3 workers and 2 ps tasks)
+if args.first:  # the first fit only (the scale test's 3 workers and 2 ps tasks)
     with open(out, "w") as f:
         json.dump({"history": history.history, "evaluate": evaluation, "logits": logits.tolist(),
                    "iterations": int(history.model.optimizer.iterations.numpy())}, f)

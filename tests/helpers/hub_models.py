@@ -2,7 +2,7 @@
 
 Each `CASES` entry makes (model, data): a fresh task compiled as KerasHub
 compiles it, with the data in the form its own `fit` takes (strings, a dict of
-strings, uint8 images), for tests/hub_run.py to fit through model.fit and
+strings, uint8 images), for tests/scripts/hub_run.py to fit through model.fit and
 Trainer.fit. Imported only where keras_hub is installed.
 """
 

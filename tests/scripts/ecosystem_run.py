@@ -15,18 +15,17 @@ import os
 import sys
 import tempfile
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, TESTS)
-mode, out = sys.argv[1], os.path.abspath(sys.argv[-1])
+from start import HELPERS, arguments, start
+
+args = arguments(__doc__, ("mode", str), ("words", str, "+"))  # autolog FLAVOR OUT, trackers OUT, ray OUT
+mode, out = args.mode, os.path.abspath(args.words[-1])
+start()
 os.chdir(out)  # what the tools write beside their stores (MLflow's artifacts under ./mlruns) stays in OUT
 EPOCHS = 3
 
 
 def autolog(flavor: str) -> dict:
-    import tensorflow as tf
-
-    tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
-                                               [tf.config.LogicalDeviceConfiguration()] * 2)
+    start(cpus=2)
     import mlflow
 
     from tiny import tiny_data, tiny_model
@@ -80,7 +79,7 @@ def ray() -> dict:
     from ray.train.tensorflow import TensorflowTrainer
 
     def loop(config):
-        sys.path.insert(0, config["tests"])
+        sys.path.insert(0, config["helpers"])
         from trainer import Trainer, cluster_info
 
         trainer = Trainer(strategy="auto", batch_size=64, lr_scaling=None, verbose=0)  # before TensorFlow runs
@@ -98,7 +97,7 @@ def ray() -> dict:
 
     ray_lib.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        TensorflowTrainer(loop, train_loop_config={"tests": TESTS, "out": out},
+        TensorflowTrainer(loop, train_loop_config={"helpers": str(HELPERS), "out": out},
                           scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
                           run_config=RunConfig(storage_path=tempfile.mkdtemp(dir=out))).fit()
     finally:
@@ -110,4 +109,4 @@ def ray() -> dict:
     return {"workers": results}
 
 
-print(json.dumps(autolog(sys.argv[2]) if mode == "autolog" else trackers() if mode == "trackers" else ray()))
+print(json.dumps(autolog(args.words[0]) if mode == "autolog" else trackers() if mode == "trackers" else ray()))

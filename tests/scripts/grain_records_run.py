@@ -23,14 +23,14 @@ import threading
 import numpy as np
 import tensorflow as tf
 
+from start import start
+
 parser = argparse.ArgumentParser()
 parser.add_argument("out")
 parser.add_argument("--replicas", type=int, default=1)
 parser.add_argument("--reference", action="store_true")
 args = parser.parse_args()
-if args.replicas > 1:
-    cpus = [tf.config.LogicalDeviceConfiguration()] * args.replicas
-    tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0], cpus)
+start(cpus=args.replicas if args.replicas > 1 else 0)
 if args.reference:
     strategy = None
 elif "TF_CONFIG" in os.environ:  # multi-worker strategies must exist before TensorFlow runs anything

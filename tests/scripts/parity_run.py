@@ -1,4 +1,4 @@
-"""Runs tests/parity_cases.py through model.fit on one device and Trainer.fit on N replicas.
+"""Runs tests/helpers/parity_cases.py through model.fit on one device and Trainer.fit on N replicas.
 
 Usage: parity_run.py REPLICAS CASE[,CASE...] [OUT [CASE,...]]. With OUT, pickles each
 case's runs there (model.fit's only on 1 replica: it is the same on every
@@ -13,17 +13,17 @@ import functools
 import json
 import os
 import pickle
-import sys
 import tempfile
 import traceback
 
-import tensorflow as tf
+from start import arguments, start
 
-REPLICAS = int(sys.argv[1])
-tf.config.set_logical_device_configuration(
-    tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * max(REPLICAS, 1))
+ARGS = arguments(__doc__, ("replicas", int), ("cases", str), ("out", str, "?"), ("reference_only", str, "?"))
+REPLICAS = ARGS.replicas
+start(cpus=max(REPLICAS, 1))
 
 import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 import parity_cases  # noqa: E402
 from trainer import Trainer  # noqa: E402
@@ -184,10 +184,10 @@ def _keras_under_strategy(case) -> list:
 def main():
     """With OUT, pickles each case's runs for test_keras_parity to compare (model.fit's on 1 replica only);
     without, compares here and prints what differs."""
-    out = sys.argv[3] if len(sys.argv) > 3 else None
-    reference_only = sys.argv[4].split(",") if len(sys.argv) > 4 and sys.argv[4] else []
+    out = ARGS.out
+    reference_only = ARGS.reference_only.split(",") if ARGS.reference_only else []
     results = {}
-    for name in [*sys.argv[2].split(","), *reference_only]:
+    for name in [*ARGS.cases.split(","), *reference_only]:
         case = parity_cases.CASES[name]
         with tempfile.TemporaryDirectory() as folder:
             try:
@@ -212,5 +212,4 @@ def main():
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     main()

@@ -13,22 +13,21 @@ OUT_DIR/files.
 
 import json
 import os
-import sys
 
-import numpy as np
+from start import arguments, start
+
+args = arguments(__doc__, ("out", str), ("strategy", str),
+                 options=(("backup", {"nargs": "?", "choices": ["backup", "epoch-backup"]}),))
+out, strategy = args.out, args.strategy
+# REPLICAS: a single process of several CPU replicas, e.g. to resume the workers' backup
+start(cpus=int(os.environ.get("REPLICAS", 0)))
+
+import numpy as np  # noqa: E402
 
 from trainer import Trainer, cluster_info  # noqa: E402
 
-out, strategy = sys.argv[1], sys.argv[2]
-if "REPLICAS" in os.environ:  # a single process of several CPU replicas, e.g. to resume the workers' backup
-    import tensorflow as tf
-
-    cpus = [tf.config.LogicalDeviceConfiguration()] * int(os.environ["REPLICAS"])
-    tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0], cpus)
 # Multi-worker strategies must exist before TensorFlow runs anything, so the Trainer comes first.
 trainer = Trainer(strategy=strategy, batch_size=64, lr_scaling=None, seed=0, steps_per_execution=4)
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tiny import tiny_data, tiny_model  # noqa: E402
 
 import keras  # noqa: E402
@@ -38,9 +37,9 @@ from trainer.callbacks import BackupAndRestore, JSONLogger, ModelCheckpoint  # n
 files = os.path.join(out, "files")
 x, y, w = tiny_data(1003)
 callbacks = [JSONLogger(os.path.join(files, "log.jsonl")), ModelCheckpoint(os.path.join(files, "ckpt"))]
-if "backup" in sys.argv[3:]:
+if args.backup == "backup":
     callbacks.append(BackupAndRestore(os.path.join(files, "backup"), save_freq=4))
-if "epoch-backup" in sys.argv[3:]:  # backups at epoch ends only, and where a SIGTERM stops training
+if args.backup == "epoch-backup":  # backups at epoch ends only, and where a SIGTERM stops training
     callbacks.append(BackupAndRestore(os.path.join(files, "backup")))
 info = cluster_info()
 task = f"{info.task_type or 'single'}{info.task_id}"

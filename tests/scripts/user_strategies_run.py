@@ -9,13 +9,15 @@ Prints one JSON line: the second fit's history and final weights, and model.fit'
 """
 
 import json
-import sys
 
-import tensorflow as tf
+from start import arguments, start
 
-FIRST, SECOND = sys.argv[1:3]
-tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
-                                           [tf.config.LogicalDeviceConfiguration()] * 2)
+args = arguments(__doc__, options=(("first", {"choices": ["trainer-predict", "trainer-fit", "keras-fit", "none"]}),
+                                   ("second", {"choices": ["trainer", "keras"]})))
+FIRST, SECOND = args.first, args.second
+start(cpus=2)
+
+import tensorflow as tf  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 

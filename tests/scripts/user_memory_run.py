@@ -5,13 +5,13 @@ Usage: python user_memory_run.py FITS
 """
 
 import json
-import sys
 
-import numpy as np
-import tensorflow as tf
+from start import arguments, start
 
-tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
-                                           [tf.config.LogicalDeviceConfiguration()] * 2)
+args = arguments(__doc__, ("fits", int))
+start(cpus=2)
+
+import numpy as np  # noqa: E402
 
 import keras  # noqa: E402
 
@@ -39,7 +39,7 @@ y = (x[:, :4].sum(axis=1) > 0).astype("float32")
 before = x.copy(), y.copy()
 trainer = Trainer(strategy="mirrored", batch_size=64, lr_scaling=None, verbose=0, steps_per_execution=1)
 changed = []
-for _ in range(int(sys.argv[1])):
+for _ in range(args.fits):
     model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(1)])
     model.compile(keras.optimizers.SGD(0.01), "mse")
     trainer.fit(model, Slices(x, y, 64), epochs=2, shuffle=False)

@@ -8,11 +8,15 @@ import json
 import resource
 import sys
 
-import numpy as np
-import tensorflow as tf
+from start import arguments, start
 
-from trainer import Trainer
-from trainer.engine import malloc
+start()
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from trainer import Trainer  # noqa: E402
+from trainer.engine import malloc  # noqa: E402
 
 
 def faults_reusing_a_buffer() -> int:
@@ -71,4 +75,5 @@ def main(mode: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "fit"))
+    modes = ["fit", "fit_untuned", "pin_then_raise"]
+    sys.exit(main(arguments(__doc__, options=(("mode", {"nargs": "?", "default": "fit", "choices": modes}),)).mode))

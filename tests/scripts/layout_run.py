@@ -6,17 +6,15 @@ Each layout needs its own process: logical devices are fixed at TF start-up.
 """
 
 import json
-import sys
 
-import numpy as np
-import tensorflow as tf
+from start import arguments, start
 
-strategy_name, num_devices, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-tf.config.set_logical_device_configuration(
-    tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * num_devices
-)
+args = arguments(__doc__, ("strategy", str), ("num_devices", int), ("out", str))
+strategy_name, num_devices, out = args.strategy, args.num_devices, args.out
+start(cpus=num_devices)
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
 from tiny import tiny_data, tiny_model  # noqa: E402
 
 from trainer import Trainer  # noqa: E402

@@ -13,15 +13,15 @@ import io
 import json
 import sys
 
-import numpy as np
-import tensorflow as tf
+from start import arguments, start
 
-mode, replicas = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 1
-if replicas > 1:
-    cpus = [tf.config.LogicalDeviceConfiguration()] * replicas
-    tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0], cpus)
+args = arguments(__doc__, options=(("mode", {"choices": ["newer", "moved"]}),
+                                   ("replicas", {"type": int, "nargs": "?", "default": 1})))
+mode, replicas = args.mode, args.replicas
+start(cpus=replicas if replicas > 1 else 0)
 
 import keras  # noqa: E402
+import numpy as np  # noqa: E402
 
 if mode == "newer":
     keras.version = lambda: "3.16.0"

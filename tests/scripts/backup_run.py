@@ -11,21 +11,20 @@ Exit status: 0 when training completed; killed runs die by SIGKILL, SIGTERM runs
 
 import os
 import signal
-import sys
 
-import numpy as np
-import tensorflow as tf
+from start import arguments, start
 
+args = arguments(__doc__, ("backup_dir", str), ("out", str), ("fault", str, "*"))
+backup_dir, out = args.backup_dir, args.out
 REPLICAS = int(os.environ.get("REPLICAS", "2"))  # another count when a test resumes on another layout
-tf.config.set_logical_device_configuration(
-    tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * REPLICAS
-)
+start(cpus=REPLICAS)
+
 import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 from trainer.callbacks import BackupAndRestore, JSONLogger  # noqa: E402
 from trainer import Trainer  # noqa: E402
-
-backup_dir, out = sys.argv[1], sys.argv[2]
 
 
 class KillAt(keras.callbacks.Callback):
@@ -98,10 +97,10 @@ class KillAtEpochEnd(keras.callbacks.Callback):
 
 
 callbacks = [BackupAndRestore(backup_dir, save_freq=5), JSONLogger(os.path.join(backup_dir, "..", "log.jsonl"))]
-if len(sys.argv) > 3 and sys.argv[3] == "kill-at-epoch-end":
-    callbacks.insert(1, KillAtEpochEnd(int(sys.argv[4])))
-elif len(sys.argv) > 3:
-    callbacks.insert(0, KillAt(sys.argv[3], int(sys.argv[4]), int(sys.argv[5])))
+if args.fault[:1] == ["kill-at-epoch-end"]:
+    callbacks.insert(1, KillAtEpochEnd(int(args.fault[1])))
+elif args.fault:
+    callbacks.insert(0, KillAt(args.fault[0], int(args.fault[1]), int(args.fault[2])))
 
 
 

@@ -15,7 +15,10 @@ import multiprocessing
 import os
 import socket
 os.environ["GRPC_FAIL_FAST"] = "use_caller"
-import tensorflow as tf
+from start import start  # noqa: E402
+
+start()
+import tensorflow as tf  # noqa: E402
 import keras  # noqa: E402
 
 from trainer import Trainer  # noqa: E402

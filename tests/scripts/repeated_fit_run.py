@@ -6,14 +6,13 @@ Prints one JSON line: the losses of each fit, and the error for user-made strate
 """
 
 import json
-import sys
 
-import tensorflow as tf
+from start import arguments, start
 
-tf.config.set_logical_device_configuration(
-    tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 4
-)
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
+arguments(__doc__)
+start(cpus=4)
+
+import tensorflow as tf  # noqa: E402
 from tiny import tiny_data, tiny_model  # noqa: E402
 
 from trainer import Trainer, resolve_strategy  # noqa: E402

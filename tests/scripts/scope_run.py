@@ -14,16 +14,18 @@ each run's history and evaluate, and the final weights' sum of squares.
 import contextlib
 import json
 import os
-import sys
 import tempfile
 
-import tensorflow as tf
+from start import arguments, start
 
-REPLICAS, RUNNER, WHERE = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
-                                           [tf.config.LogicalDeviceConfiguration()] * REPLICAS)
+args = arguments(__doc__, ("replicas", int), options=(("runner", {"choices": ["keras", "own", "user", "shared"]}),
+                                                      ("where", {"choices": ["inside", "after"]})))
+REPLICAS, RUNNER, WHERE = args.replicas, args.runner, args.where
+start(cpus=REPLICAS)
+
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 from trainer import Trainer  # noqa: E402
 
