@@ -34,7 +34,7 @@ from tiny import tiny_data, tiny_model  # noqa: E402,F401  (re-exported for test
 # tier (TRAINER_TESTS=full, `make test-full`) repeats checks on more replica counts, workers, oneDNN settings
 # and scale layouts. A test or parameter only the full tier runs carries the `full` marker.
 FULL = os.environ.get("TRAINER_TESTS") == "full"
-# Keras's own tests and their helpers: tests/test_keras_suite.py runs them in processes of their own.
+# Keras's own tests and their helpers: tests/keras/test_keras_suite.py runs them in processes of their own.
 collect_ignore = ["keras_suite"]
 
 

@@ -1,4 +1,4 @@
-"""Tools built on model.fit, run with the real packages (tests/test_ecosystem.py).
+"""Tools built on model.fit, run with the real packages (tests/keras/test_ecosystem.py).
 
 Usage:
   ecosystem_run.py autolog FLAVOR OUT   MLflow's autologging (mlflow.keras or mlflow.tensorflow) of a Trainer.fit

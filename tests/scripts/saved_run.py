@@ -4,7 +4,7 @@ Usage: saved_run.py REPLICAS CASE[,CASE...] OUT. For each case (`plain`: a two-D
 KerasHub text classifier whose backbone has LoRA enabled, rank 4), one model is fitted by model.fit on one device
 and its twin by Trainer.fit on REPLICAS replicas (under trainer-launch, on this worker), with the same seed and data.
 Each then goes through every way Keras and TensorFlow keep a model, and what each gives back is pickled to OUT
-(OUT.worker<i> on a worker) for tests/test_saved.py to compare:
+(OUT.worker<i> on a worker) for tests/model/test_saved.py to compare:
 
   predict       model.predict
   load_model    model.save, then keras.models.load_model's predict

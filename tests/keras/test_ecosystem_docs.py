@@ -22,7 +22,7 @@ def _title(code: str) -> str:
 
 
 # Ray's snippet starts a Ray cluster of two workers (nearly 3 minutes here): the full tier's (TRAINER_TESTS=full);
-# CI's tier runs tests/test_ecosystem.py's Ray job.
+# CI's tier runs tests/keras/test_ecosystem.py's Ray job.
 @pytest.mark.parametrize("code", [pytest.param(code, marks=pytest.mark.full) if _title(code) == "ray" else code
                                   for code in SNIPPETS], ids=[_title(code) for code in SNIPPETS])
 def test_a_snippet_runs_as_pasted(code, tmp_path):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from conftest import script_failed
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parent.parent.parent
 
 _NAMES = """
 import inspect, json, sys

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import mirrored, run_script
+from conftest import mirrored, run_script, TESTS
 from trainer import Trainer
 from trainer.data import feed
 
@@ -129,7 +129,7 @@ def test_an_optional_input_given_none_trains_as_under_model_fit_on_two_workers(t
         history = _keras_fit(model, *data(), epochs=2, shuffle=False, verbose=0,
                              **({} if batch_size is None else {"batch_size": batch_size}))
         references[form] = history.history["loss"], model.get_weights()
-    run_script(__file__, tmp_path, launch=("--workers", "2"))
+    run_script(__file__, tmp_path, launch=("--workers", "2"), env={"PYTHONPATH": str(TESTS)})  # conftest for each
     for form, (loss, weights) in references.items():
         for task in (0, 1):
             with np.load(tmp_path / f"{form}-{task}.npz") as got:

@@ -1,4 +1,4 @@
-"""The README's quickstart runs as pasted (its set-up commands: tests/test_setup_scripts.py)."""
+"""The README's quickstart runs as pasted (its set-up commands: tests/project/test_setup_scripts.py)."""
 
 import pytest
 import re

@@ -1,4 +1,4 @@
-"""What Keras's own tests turned up (tests/test_keras_suite.py), held against model.fit with ordinary models.
+"""What Keras's own tests turned up (tests/keras/test_keras_suite.py), held against model.fit with ordinary models.
 
 Each case of tests/scripts/keras_contract_run.py runs as Keras's own methods on one
 device (the reference) and inside `with Trainer().distribute():` on 1, 2 and 3

@@ -43,7 +43,7 @@ def _run(mode: str, folder: Path, tests: list[str]) -> dict[str, str]:
     results = folder / f"{mode}.json"
     env = {**os.environ, "KERAS_BACKEND": "tensorflow", "KERAS_SUITE_MODE": mode,
            "KERAS_SUITE_RESULTS": str(results), "TF_CPP_MIN_LOG_LEVEL": "2",
-           "PYTHONPATH": str(Path(__file__).parent / "keras_suite")}
+           "PYTHONPATH": str(Path(__file__).parent.parent / "keras_suite")}
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "keras_plugin", "-p", "no:cacheprovider", "-c", os.devnull,
          "--rootdir", str(root), "--import-mode=importlib", "-W", "ignore::DeprecationWarning", *tests],

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parent.parent.parent
 FOLDERS = ("trainer", "callbacks", "tests", "bench", "examples", "docs", "notebooks", ".ci")
 # Installed packages whose files `_compat` names by their path in the package.
 PACKAGES = {"keras": "keras", "tensorflow": "tensorflow", "grain": "grain"}

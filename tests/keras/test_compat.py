@@ -193,7 +193,8 @@ def test_a_fresh_mirrored_strategy_numbers_its_collective_instances_from_the_key
 
 def test_a_process_without_a_multi_worker_strategy_serves_no_cluster():
     """`collectives_serve_a_cluster` (context's `_collective_ops_server_def`): set by a MultiWorkerMirroredStrategy
-    (tests/test_multiworker.py's tutorial test makes one in a process of its own), not by a MirroredStrategy."""
+    (tests/distribute/test_multiworker.py's tutorial test makes one in a process of its own), not by a
+    MirroredStrategy."""
     from tensorflow.python.eager import context
 
     tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])

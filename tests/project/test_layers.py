@@ -4,7 +4,7 @@ folder's `__init__.py`): read from the code's imports, so that a new import that
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parent.parent.parent
 
 # From the ground up. A module may import its own folder and any layer below its own.
 LAYERS = [
@@ -28,7 +28,7 @@ def _unit(module: str) -> str:
 
 def _layer(unit: str) -> int:
     found = [i for i, layer in enumerate(LAYERS) if unit in layer]
-    assert found, f"{unit} stands on no layer: add it to LAYERS in tests/test_layers.py and to docs/design.md"
+    assert found, f"{unit} stands on no layer: add it to LAYERS in tests/project/test_layers.py and to docs/design.md"
     return found[0]
 
 
