@@ -21,14 +21,10 @@ SCRIPT = str(SCRIPTS / "distributed_input_run.py")
 FORMS = ["block_distributed_dataset", "block_function", "distributed_dataset", "distributed_function", "function"]
 
 
-def _run(*arguments, launch=(), env=None):
-    return run_script(SCRIPT, *arguments, launch=launch, env=env)
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     out = tmp_path_factory.mktemp("reference")
-    _run(out, "--reference")
+    run_script(SCRIPT, out, "--reference")
     results, arrays = load_run(out, "single0")
     return results["reference"], {key.split("/")[1]: value for key, value in arrays.items()}
 
@@ -50,20 +46,20 @@ def _assert_one_device(results, arrays, reference):
 
 @pytest.mark.parametrize("replicas", [1, 2, 3])
 def test_every_form_gives_one_devices_numbers_on_replicas(tmp_path, reference, replicas):
-    _run(tmp_path, "--replicas", str(replicas))
+    run_script(SCRIPT, tmp_path, "--replicas", str(replicas))
     _assert_one_device(*load_run(tmp_path, "single0"), reference)
 
 
 def test_every_form_gives_one_devices_numbers_through_the_accelerator_reader(tmp_path, reference):
     """2 CPU replicas reading as GPUs and TPUs do (TensorFlow's distributed iterator)."""
-    _run(tmp_path, "--replicas", "2", env={feed.ACCELERATOR_READER: "1"})
+    run_script(SCRIPT, tmp_path, "--replicas", "2", env={feed.ACCELERATOR_READER: "1"})
     _assert_one_device(*load_run(tmp_path, "single0"), reference)
 
 
 def test_every_form_gives_one_devices_numbers_on_two_workers(tmp_path, reference):
     """Each worker's pipeline reads its shard of the rows (`input_context`), and the dataset distributed
     whole is cut by the trainer: both give one device's batches of 48."""
-    _run(tmp_path, launch=("--workers", "2"))
+    run_script(SCRIPT, tmp_path, launch=("--workers", "2"))
     for task in ("worker0", "worker1"):
         _assert_one_device(*load_run(tmp_path, task), reference)
 

@@ -19,21 +19,17 @@ pytestmark = pytest.mark.slow  # subprocesses, layouts or whole trainings: not i
 SCRIPT = str(SCRIPTS / "file_shards_run.py")
 
 
-def _run(*arguments, launch=()):
-    return run_script(SCRIPT, *arguments, launch=launch)
-
-
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     folder = tmp_path_factory.mktemp("files")
-    _run(folder, "--write")
+    run_script(SCRIPT, folder, "--write")
     return folder
 
 
 @pytest.fixture(scope="module")
 def one_replica(files, tmp_path_factory):
     out = tmp_path_factory.mktemp("one")
-    proc = _run(files, out)
+    proc = run_script(SCRIPT, files, out)
     assert "sharding       FILE: 8 file shards, 8 per worker: each worker reads all of the files" in proc.stdout
     return load_run(out, "single0")
 
@@ -52,14 +48,14 @@ def _assert_same(result, arrays, reference):
 
 @pytest.mark.parametrize("replicas", [2, 4, 8] if FULL else [2, 8])
 def test_replicas_in_one_process_give_the_one_replica_numbers(files, one_replica, tmp_path, replicas):
-    _run(files, tmp_path, "--replicas", replicas)
+    run_script(SCRIPT, files, tmp_path, "--replicas", replicas)
     _assert_same(*load_run(tmp_path, "single0"), one_replica)
 
 
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_two_workers_give_the_one_replica_numbers_and_read_half_the_files_each(files, one_replica, tmp_path,
                                                                                 replicas):
-    proc = _run(files, tmp_path, "--replicas", replicas, launch=("--workers", "2"))
+    proc = run_script(SCRIPT, files, tmp_path, "--replicas", replicas, launch=("--workers", "2"))
     assert "sharding       FILE: 8 file shards, 4 per worker: each worker reads 1/2 of the files" in proc.stdout
     single_read = one_replica[0]["read_bytes"]
     for task in ("worker0", "worker1"):

@@ -21,21 +21,17 @@ pytestmark = pytest.mark.slow  # subprocesses, layouts or whole trainings: not i
 SCRIPT = str(SCRIPTS / "guide_input_run.py")
 
 
-def _run(*arguments, launch=()):
-    return run_script(SCRIPT, *arguments, launch=launch)
-
-
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     folder = tmp_path_factory.mktemp("files")
-    _run(folder, "--write")
+    run_script(SCRIPT, folder, "--write")
     return folder
 
 
 @pytest.fixture(scope="module")
 def reference(files, tmp_path_factory):
     out = tmp_path_factory.mktemp("reference")
-    _run(files, out, "--reference")
+    run_script(SCRIPT, files, out, "--reference")
     return json.loads((out / "single0.json").read_text())
 
 
@@ -48,7 +44,7 @@ def _assert_same(result, expected, name):
 
 
 def test_on_two_replicas_every_policy_and_the_service_give_one_devices_numbers(files, reference, tmp_path):
-    _run(files, tmp_path, "--replicas", 2)
+    run_script(SCRIPT, files, tmp_path, "--replicas", 2)
     results = json.loads((tmp_path / "single0.json").read_text())
     assert len(results) == 10  # 3 policies and the service's 2 modes, each through both routes
     for name, result in results.items():
@@ -59,7 +55,7 @@ def test_on_two_replicas_every_policy_and_the_service_give_one_devices_numbers(f
 def test_on_two_workers_each_policy_gives_tensorflows_sets_through_both_routes(files, reference, tmp_path):
     from trainer.launch.launcher import free_ports
 
-    _run(files, tmp_path, "--shared-service-port", free_ports(1)[0], launch=("--workers", "2"))
+    run_script(SCRIPT, files, tmp_path, "--shared-service-port", free_ports(1)[0], launch=("--workers", "2"))
     tasks = [json.loads((tmp_path / f"{task}.json").read_text()) for task in ("worker0", "worker1")]
     for task, results in zip(("worker0", "worker1"), tasks):
         for policy in ("DATA", "FILE"):
