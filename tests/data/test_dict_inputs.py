@@ -4,15 +4,13 @@ For each model and dict, model.fit runs first; the trainer must then train to th
 trains, and refuse (before anything changes, naming the keys) where it fails. Keras's warnings show once.
 """
 
-import subprocess
-import sys
 import warnings
 
 import keras
 import numpy as np
 import pytest
 
-from conftest import mirrored, script_failed
+from conftest import mirrored, run_script
 from trainer import Trainer
 
 N = 32
@@ -121,9 +119,7 @@ print("trained", flush=True)
 def test_keras_warnings_show_once_on_the_chief_of_two_workers(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(WORKER_SCRIPT)
-    proc = subprocess.run([sys.executable, "-m", "trainer.launch", "--workers", "2", str(script)],
-                          capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, script_failed(proc)
+    proc = run_script(script, launch=("--workers", 2), timeout=240)
     lines = [line for line in proc.stdout.splitlines() if "The structure of `inputs` doesn't match" in line]
     assert lines and all(line.startswith("[worker:0]") for line in lines), proc.stdout[-3000:]
     assert "[worker:0] trained" in proc.stdout and "[worker:1] trained" in proc.stdout

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import script_failed
+from conftest import run_script
 
 from trainer.launch import launcher as launch, supervise
 
@@ -290,9 +290,7 @@ def test_notebook_launcher_returns_the_chiefs_result(tmp_path):
 
         print("RESULT", notebook_launcher(train, workers=2, timeout=120))
     """)
-    proc = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=180,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-    assert proc.returncode == 0, script_failed(proc)
+    proc = run_script(script, timeout=180)
     line = next(out_line for out_line in proc.stdout.splitlines() if out_line.startswith("RESULT"))
     task_id, loss = eval(line[len("RESULT "):])
     assert task_id == 0 and 0 < loss < 5
@@ -306,5 +304,5 @@ def test_notebook_launcher_reports_a_result_it_cannot_return(tmp_path):
         except RuntimeError as err:
             print("RAISED", "pickle" in str(err).lower())
     """)
-    proc = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120)
+    proc = run_script(script, timeout=120, check=False)
     assert "RAISED True" in proc.stdout, proc.stderr[-2000:]

@@ -9,7 +9,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import throughput  # noqa: E402
 
-from conftest import script_failed  # noqa: E402
+from conftest import run_script  # noqa: E402
 
 
 class _Runner:
@@ -54,13 +54,10 @@ def test_measure_reports_teardown_and_ratios_without_it(monkeypatch):
 @pytest.mark.slow
 def test_step_cost_times_every_variant_call_by_call(tmp_path):
     import json
-    import subprocess
 
     out = tmp_path / "step_cost.json"
     script = os.path.join(os.path.dirname(throughput.__file__), "step_cost.py")
-    proc = subprocess.run([sys.executable, script, "--examples", "640", "--rounds", "3", "--steps-per-call", "2",
-                           "--profile-rounds", "1", "--out", str(out)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, script_failed(proc)
+    run_script(script, "--examples", 640, "--rounds", 3, "--steps-per-call", 2, "--profile-rounds", 1, "--out", out)
     result = json.loads(out.read_text())
     assert set(result["all_seconds_per_step"]) == {"trainer", "trainer_no_metrics", "bare_step"}
     for name, times in result["all_seconds_per_step"].items():
