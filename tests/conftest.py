@@ -94,9 +94,18 @@ def run_script(script, *args, launch: tuple = (), env: dict | None = None, timeo
     """Runs a test script (tests/scripts/) in a fresh interpreter, with `env` added to the environment, under
     `trainer-launch` with the `launch` flags if given (e.g. ("--workers", "2")). With `check`, a script that
     did not exit 0 fails the test with the tail of its output (`script_failed`). Returns the process."""
-    command = [sys.executable, *(["-m", "trainer.launch", *map(str, launch)] if launch else []), str(script),
-               *map(str, args)]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=cwd,
+    launcher = ["-m", "trainer.launch", *map(str, launch)] if launch else []
+    return _python([*launcher, str(script), *map(str, args)], env, timeout, cwd, check)
+
+
+def run_code(code: str, *, env: dict | None = None, timeout: int = 300, cwd=None,
+             check: bool = True) -> subprocess.CompletedProcess:
+    """`python -c code` in a fresh interpreter, as `run_script` runs a script."""
+    return _python(["-c", code], env, timeout, cwd, check)
+
+
+def _python(arguments: list, env: dict | None, timeout: int, cwd, check: bool) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, *arguments], capture_output=True, text=True, timeout=timeout, cwd=cwd,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})})
     if check:
         assert proc.returncode == 0, script_failed(proc)

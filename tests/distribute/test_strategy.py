@@ -1,15 +1,12 @@
 """Strategy names and TF_CONFIG parsing."""
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import run_python, script_failed, SCRIPTS
+from conftest import run_code, run_python, SCRIPTS
 from trainer import STRATEGY_NAMES, parse_tf_config, resolve_strategy
 from trainer.distribute.strategy import auto_strategy_name, check_strategy_name
 
@@ -137,9 +134,7 @@ try:
 except ValueError as err:
     print(err)
 """
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-    assert proc.returncode == 0, script_failed(proc)
+    proc = run_code(code, timeout=120)
     assert ("This process runs a MultiWorkerMirroredStrategy already, and TensorFlow runs one per process. "
             "Received: communication='nccl'") in proc.stdout
     assert "where the one running has communication='ring'" in proc.stdout

@@ -1,13 +1,10 @@
 """docs/ecosystem.md's snippets run as pasted (in a fresh interpreter each, in a scratch folder)."""
 
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
-from conftest import script_failed, TESTS
+from conftest import run_code, TESTS
 
 DOC = (TESTS.parent / "docs" / "ecosystem.md").read_text()
 SNIPPETS = re.findall(r"```python\n(.*?)```", DOC, re.S)
@@ -29,9 +26,7 @@ def test_a_snippet_runs_as_pasted(code, tmp_path):
     for name, module in NEEDS.items():
         if re.search(rf"^import .*\b{name}\b", code, re.M):
             pytest.importorskip(module, reason=f"{module} is in the 'ecosystem' extra")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=tmp_path,
-                          env={**os.environ, "WANDB_SILENT": "true", "TF_CPP_MIN_LOG_LEVEL": "2"})
-    assert proc.returncode == 0, script_failed(proc)
+    run_code(code, timeout=600, cwd=tmp_path, env={"WANDB_SILENT": "true"})
 
 
 def test_the_page_has_a_snippet_for_each_tool():

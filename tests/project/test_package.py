@@ -2,8 +2,6 @@
 imports that a user's own `callbacks.py` cannot shadow."""
 
 import random
-import subprocess
-import sys
 import textwrap
 
 import keras
@@ -11,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import LearningRateSeen, mirrored, script_failed, tiny_data, tiny_model
+from conftest import LearningRateSeen, mirrored, run_code, tiny_data, tiny_model
 from trainer import Trainer
 
 
@@ -103,8 +101,7 @@ def test_a_callbacks_py_in_the_working_directory_leaves_fit_working(tmp_path):
         history = Trainer(batch_size=16).fit(model, x, y, epochs=2, callbacks=[CSVLogger("log.csv")])
         print(NAME, len(history.history["loss"]))
     """)
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, script_failed(proc)
+    proc = run_code(code, cwd=tmp_path, timeout=120)
     assert "the user's own callbacks.py 2" in proc.stdout
     assert "Training plan" in proc.stdout  # the default ProgressBar and NanGuard came from trainer.callbacks
     assert (tmp_path / "log.csv").read_text().count("\n") == 3
@@ -113,8 +110,7 @@ def test_a_callbacks_py_in_the_working_directory_leaves_fit_working(tmp_path):
 def test_the_repository_callbacks_folder_refuses_a_second_name():
     from conftest import TESTS
 
-    proc = subprocess.run([sys.executable, "-c", "import callbacks"], cwd=TESTS.parent, capture_output=True,
-                          text=True, timeout=60)
+    proc = run_code("import callbacks", cwd=TESTS.parent, timeout=60, check=False)
     assert proc.returncode != 0
     assert "`from trainer.callbacks import ModelCheckpoint, ...`" in proc.stderr
 

@@ -4,12 +4,11 @@ setup.cfg installs every folder of the package, so that a wheel holds what an ed
 
 import configparser
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-from conftest import script_failed
+from conftest import run_code, script_failed
 
 ROOT = Path(__file__).parent.parent.parent
 
@@ -27,13 +26,8 @@ print(json.dumps({"kinds": kinds, "in_dir": sorted(set(trainer.__all__) - set(di
 """
 
 
-def _python(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
-
-
 def test_the_public_names_import_as_the_readme_writes_them():
-    proc = _python(_NAMES)
-    assert proc.returncode == 0, script_failed(proc)
+    proc = run_code(_NAMES, cwd=ROOT)
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["kinds"]["Trainer"] == "class" and got["kinds"]["ClusterInfo"] == "class"
     assert got["kinds"]["resolve_strategy"] == got["kinds"]["notebook_launcher"] == "function"
@@ -43,9 +37,8 @@ def test_the_public_names_import_as_the_readme_writes_them():
 
 
 def test_the_launcher_and_trainer_quiet_start_without_tensorflow():
-    proc = _python("import sys, trainer, trainer.quiet, trainer.launch.launcher, trainer.launch.notebook\n"
-                   "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))")
-    assert proc.returncode == 0, script_failed(proc)
+    proc = run_code("import sys, trainer, trainer.quiet, trainer.launch.launcher, trainer.launch.notebook\n"
+                    "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))", cwd=ROOT)
     assert proc.stdout.strip() == "[]"
 
 
@@ -84,8 +77,7 @@ def test_beside_the_registrys_trainer_the_import_refuses_and_says_how_to_part_th
     _distribution(coqui, "trainer", "0.0.36", ["trainer/__init__.py", "trainer/trainer.py", "trainer/torch.py"])
     _distribution(editable, "trainer", "0.1.0", ["__editable__.trainer-0.1.0.pth"])
     for site, refused in ((coqui, True), (editable, False)):
-        proc = subprocess.run([sys.executable, "-c", "import trainer"], capture_output=True, text=True,
-                              timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(site)})
+        proc = run_code("import trainer", timeout=120, cwd=tmp_path, env={"PYTHONPATH": str(site)}, check=False)
         assert (proc.returncode != 0) == refused, proc.stderr[-2000:]
         if refused:
             assert "ImportError: Another distribution named `trainer` (version 0.0.36" in proc.stderr
