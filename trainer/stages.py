@@ -2,16 +2,16 @@
 
 Every check runs before anything changes (the process, the model, a file):
 
-1. `checked_fit_call`: the callbacks and fit's own arguments -> `FitCall`.
+1. `checked_fit_call`: the callbacks and fit's own arguments -> `calls.FitCall`.
 2. `fit_data`: the data, checked where its form is known (`data/boundary.py`) -> the inputs.
 3. `check_model`: compiled, and a dtype policy the Trainer can keep.
-4. `Trainer._schedule`: the global batch, the epoch's steps, warmup and learning-rate settings -> `Schedule`.
+4. `Trainer._schedule`: the global batch, the epoch's steps, warmup and learning-rate settings -> `calls.Schedule`.
 5. `checks.check_fit`: the data against the model's inputs.
-6. `Trainer._model_in_scope`: the model in the strategy's scope, with its steps (`engine.py`) -> `Scoped`.
+6. `Trainer._model_in_scope`: the model in the strategy's scope, with its steps (`engine.py`) -> `calls.Scoped`.
 7. `fit_plan`, then `announce`: the plan, printed once by the chief.
 8. `Trainer._run_epochs`: the epochs with callbacks -> the history.
 
-`evaluate` and `predict` share `Trainer._one_pass` (-> `OnePass`) and `Trainer._model_in_scope`.
+`evaluate` and `predict` share `Trainer._one_pass` (-> `calls.OnePass`) and `Trainer._model_in_scope`.
 
 Each stage is a function of the call's arguments, the Trainer's settings and what the stages before it
 decided, so that each can be called, and tested, on its own.
@@ -19,7 +19,6 @@ decided, so that each can be called, and tested, on its own.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import warnings
 from typing import Any
@@ -27,7 +26,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from trainer import _compat, checks, options, scaling
+from trainer import _compat, calls, checks, options, scaling
 from trainer.data import class_weights
 from trainer.data import boundary as data_lib
 from trainer.data import inputs as inputs_lib
@@ -40,57 +39,9 @@ from trainer.model.own_steps import ModelSteps
 from trainer.user_line import user_stacklevel
 
 
-@dataclasses.dataclass(frozen=True)
-class FitCall:
-    """fit's own arguments, checked: what the later stages read of them."""
-
-    callbacks: list
-    epochs: int
-    initial_epoch: int
-    steps_per_epoch: int | None  # the user's cap, None for the data's own length
-    shuffle: bool
-    verbose: int
-    validation_steps: int | None
-    validation_freq: Any
-    validation_batch_size: int | None  # None: training's
-
-
-@dataclasses.dataclass(frozen=True)
-class Schedule:
-    """The global batch and what follows from it for one fit."""
-
-    batch: scaling.BatchPlan
-    source: str  # where the global batch came from when not from the Trainer's settings ("" then)
-    user_steps: int | None  # the steps per epoch the user asked for, checked against the arrays
-    steps_per_epoch: int | None  # the steps an epoch runs, when known
-    lr: engine_lib.LRSettings
-
-
-@dataclasses.dataclass(frozen=True)
-class Scoped:
-    """A call's model once it is in the strategy's scope (`Trainer._model_in_scope`)."""
-
-    model: keras.Model  # the model the call runs (a builder's, once built)
-    engine: engine_lib.Engine  # its steps under the call's strategy
-    lr_plan: scaling.LRPlan | None  # fit's learning-rate plan; None when evaluating, or without a Keras optimizer
-    move: Any  # placement.Move: a context manager that brings the user's model back from the scope
-    process: str  # what the trainer changed for the whole process, in words (`malloc.tune_process`)
-
-
-@dataclasses.dataclass(frozen=True)
-class OnePass:
-    """An `evaluate` or `predict` call's arguments, checked: one pass over the data."""
-
-    model: models.ModelOrBuilder
-    inp: Any  # inputs.Input
-    batch: scaling.BatchPlan
-    steps: int | None  # the user's cap on the steps; None reads all the data
-    callbacks: list
-
-
 def checked_fit_call(callbacks, strategy: tf.distribute.Strategy, *, batch_size, validation_split,
                      validation_freq, validation_batch_size, validation_steps, class_weight, epochs, initial_epoch,
-                     steps_per_epoch, shuffle: bool, verbose) -> FitCall:
+                     steps_per_epoch, shuffle: bool, verbose) -> calls.FitCall:
     """fit's arguments other than the data and the model, checked; the launcher's backup joins the callbacks."""
     callbacks = checks.check_callbacks(callbacks)
     # Under parameter servers only the coordinator runs callbacks.
@@ -106,7 +57,7 @@ def checked_fit_call(callbacks, strategy: tf.distribute.Strategy, *, batch_size,
                                                 steps_per_epoch=steps_per_epoch)
     epochs, steps_per_epoch = capped(epochs, steps_per_epoch)
     validation_steps = capped(None, validation_steps)[1]
-    return FitCall(callbacks, epochs, initial_epoch, steps_per_epoch, shuffle, verbosity(verbose),
+    return calls.FitCall(callbacks, epochs, initial_epoch, steps_per_epoch, shuffle, verbosity(verbose),
                    validation_steps, validation_freq, validation_batch_size or batch_size)
 
 
@@ -123,7 +74,7 @@ def capped(epochs: int | None, steps: int | None) -> tuple[int | None, int | Non
     return epochs, steps
 
 
-def fit_data(call: FitCall, x, y, sample_weight, strategy: tf.distribute.Strategy, *, class_weight,
+def fit_data(call: calls.FitCall, x, y, sample_weight, strategy: tf.distribute.Strategy, *, class_weight,
              validation_split, validation_data, seed: int | None) -> tuple[inputs_lib.Input, inputs_lib.Input | None]:
     """(training input, validation input or None), each checked where its form is known."""
     readers = workers(strategy)
@@ -146,7 +97,7 @@ def fit_data(call: FitCall, x, y, sample_weight, strategy: tf.distribute.Strateg
     return train, val
 
 
-def by_file_shards(train: inputs_lib.Input, strategy: tf.distribute.Strategy, schedule: Schedule, *, shards: int,
+def by_file_shards(train: inputs_lib.Input, strategy: tf.distribute.Strategy, schedule: calls.Schedule, *, shards: int,
                    steps_per_epoch: int | None) -> inputs_lib.Input:
     """`Trainer(data_sharding="files")`: a tf.data.Dataset that leaves its shard policy to tf.distribute, read by
     `shards` file shards (`inputs.FileShardsInput`); other inputs as they are. Refuses, before anything runs,
@@ -215,7 +166,7 @@ def fusion(setting: int | str, engine: engine_lib.Engine, batch: scaling.BatchPl
     return chosen, source
 
 
-def fit_plan(strategy: tf.distribute.Strategy, inp: inputs_lib.Input, schedule: Schedule,
+def fit_plan(strategy: tf.distribute.Strategy, inp: inputs_lib.Input, schedule: calls.Schedule,
              lr_plan: scaling.LRPlan | None, steps: StepFusion, model: keras.Model, *, jit: bool, jit_note: str = "",
              sources: tuple[str, ...] = (), process: str = "", moved: str = "", resumes: bool = False,
              unguarded: tuple[str, ...] = (), draws: dict | None = None) -> Plan:

@@ -14,11 +14,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from trainer import _compat, checks, options, scaling, stages
+from trainer import _compat, calls, checks, options, scaling, stages
 from trainer.data import boundary
 from trainer.data import inputs as inputs_lib
 from trainer.data.passes import Passes
 from trainer.distribute import collectives
+from trainer.distribute.ambient import ambient_strategy, data_strategy, model_home, same_layout, takes
 from trainer.distribute import strategy as strategy_lib
 from trainer.distribute.cluster import cluster_info, is_parameter_server, strategy_cluster_info
 from trainer.engine import loop, malloc, ps
@@ -427,7 +428,7 @@ class Trainer:
         return loop.joined(outputs)
 
     def _one_pass(self, method: str, model, x, y, sample_weight, *, batch_size, steps, callbacks,
-                  strategy: tf.distribute.Strategy, planned_batch: int | None) -> stages.OnePass:
+                  strategy: tf.distribute.Strategy, planned_batch: int | None) -> calls.OnePass:
         """`evaluate`'s or `predict`'s (`method`) arguments, checked before anything changes."""
         callbacks = checks.check_callbacks(callbacks)
         options.check_fit_args(batch_size=batch_size)
@@ -442,7 +443,7 @@ class Trainer:
         stages.check_model(model, self.mixed_precision, compiled=method == "evaluate")
         batch, _ = self._batch_plan(strategy, inp, batch_size, planned_batch)
         check = checks.check_evaluate if method == "evaluate" else checks.check_predict
-        return stages.OnePass(check(model, inp, batch=batch), inp, batch, steps, callbacks)
+        return calls.OnePass(check(model, inp, batch=batch), inp, batch, steps, callbacks)
 
     # Keras's per-batch methods, reached beneath a model's own code (`distribute()`, a routed call) ----------
 
@@ -585,18 +586,18 @@ class Trainer:
         before anything runs.
         """
         setting = self.strategy if strategy is None else strategy
-        ambient = strategy_lib.ambient_strategy()
-        carried = strategy_lib.data_strategy(arguments or {})
+        ambient = ambient_strategy()
+        carried = data_strategy(arguments or {})
         if carried is not None:
             return self._data_strategy(setting, carried, ambient)
-        given = ambient or strategy_lib.model_home(model)
-        if given is not None and strategy_lib.takes(setting, given):
+        given = ambient or model_home(model)
+        if given is not None and takes(setting, given):
             collectives.claim_group_keys(given)
             return given
         resolved = self._resolve_strategy(strategy)
         if ambient is None or ambient is resolved:
             return resolved
-        if isinstance(setting, str) and strategy_lib.same_layout(ambient, resolved):
+        if isinstance(setting, str) and same_layout(ambient, resolved):
             collectives.claim_group_keys(ambient)
             return ambient
         raise ValueError(
@@ -614,8 +615,8 @@ class Trainer:
         """
         if ambient is not None and ambient is not carried:
             received = f"a call inside the scope of {strategy_label(ambient)}"
-        elif setting is carried or strategy_lib.takes(setting, carried) or (
-                isinstance(setting, str) and strategy_lib.same_layout(self._resolve_strategy(setting), carried)):
+        elif setting is carried or takes(setting, carried) or (
+                isinstance(setting, str) and same_layout(self._resolve_strategy(setting), carried)):
             collectives.claim_group_keys(carried)
             return carried
         else:
@@ -701,7 +702,7 @@ class Trainer:
         return int(round(self.warmup_epochs * steps_per_epoch))
 
     def _schedule(self, strategy: tf.distribute.Strategy, train: inputs_lib.Input, batch_size: int | None,
-                  planned_batch: int | None, steps_per_epoch: int | None, scale_lr: bool = True) -> stages.Schedule:
+                  planned_batch: int | None, steps_per_epoch: int | None, scale_lr: bool = True) -> calls.Schedule:
         """The global batch, the steps an epoch runs, the warmup and the learning-rate settings (the rate as
         compiled unless `scale_lr`)."""
         batch, source = self._batch_plan(strategy, train, batch_size, planned_batch)
@@ -710,10 +711,10 @@ class Trainer:
         warmup_steps = self._warmup_steps(steps_per_epoch)
         lr = engine_lib.LRSettings(self.lr_scaling if scale_lr else None, self._base_batch_size(batch, source),
                                    batch, warmup_steps)
-        return stages.Schedule(batch, source, user_steps, steps_per_epoch, lr)
+        return calls.Schedule(batch, source, user_steps, steps_per_epoch, lr)
 
     def _model_in_scope(self, model, strategy, inp, batch: scaling.BatchPlan,
-                        lr: engine_lib.LRSettings | None = None) -> stages.Scoped:
+                        lr: engine_lib.LRSettings | None = None) -> calls.Scoped:
         """The checks are done, so the process may change now (`malloc`), and the model goes into the
         strategy's scope for the call (`Scoped.move` brings it back), built on the first of `batch`'s steps."""
         process = malloc.tune_process(self.tune_malloc)
@@ -721,11 +722,11 @@ class Trainer:
             model, strategy, inp, global_batch_size=batch.global_batch_size, seed=self.seed,
             jit_compile=self.jit_compile, cache=self._engines, in_scope=self._in_scope, lr=lr,
             mixed_precision=self.mixed_precision, batch_norm=self.batch_norm)
-        return stages.Scoped(model, engine, lr_plan, move, process)
+        return calls.Scoped(model, engine, lr_plan, move, process)
 
-    def _run_epochs(self, engine: engine_lib.Engine, context: loop.TrainContext, call: stages.FitCall,
+    def _run_epochs(self, engine: engine_lib.Engine, context: loop.TrainContext, call: calls.FitCall,
                     model: keras.Model, train: inputs_lib.Input, val: inputs_lib.Input | None,
-                    schedule: stages.Schedule, guard: bool = True) -> History:
+                    schedule: calls.Schedule, guard: bool = True) -> History:
         """The epochs with the callbacks: steps read on this process's replicas, or scheduled under
         parameter-server training; returns the history."""
         history = History()

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer import Plan, Trainer, stages
+from trainer import Plan, Trainer, calls, stages
 
 PLAN = dict(
     strategy="MirroredStrategy", num_replicas=2, num_workers=1, global_batch_size=64, per_replica_batch_size=32,
@@ -24,7 +24,7 @@ def _call(**kwargs):
 def test_the_call_is_read_as_keras_reads_it(monkeypatch):
     monkeypatch.delenv("TRAINER_BACKUP_DIR", raising=False)  # no launcher: no backup joins the callbacks
     call = _call(batch_size=16, epochs=3, initial_epoch=1, steps_per_epoch=0, validation_steps=0, verbose="auto")
-    assert call == stages.FitCall(callbacks=[], epochs=3, initial_epoch=1, steps_per_epoch=None, shuffle=True,
+    assert call == calls.FitCall(callbacks=[], epochs=3, initial_epoch=1, steps_per_epoch=None, shuffle=True,
                                   verbose=1, validation_steps=None, validation_freq=1, validation_batch_size=16)
 
 

@@ -15,7 +15,7 @@ LAYERS = [
     {"trainer.model"},
     {"trainer.engine"},
     {"trainer.launch", "trainer.callbacks"},
-    {"trainer.checks", "trainer.options", "trainer.history"},
+    {"trainer.checks", "trainer.options", "trainer.history", "trainer.calls"},
     {"trainer.stages"},
     {"trainer.trainer", "trainer"},
 ]
