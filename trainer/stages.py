@@ -31,6 +31,7 @@ from trainer.data import class_weights
 from trainer.data import boundary as data_lib
 from trainer.data import inputs as inputs_lib
 from trainer.distribute.cluster import cluster_source, is_parameter_server, restarted, strategy_cluster_info
+from trainer.engine import callback_hooks
 from trainer.engine import engine as engine_lib
 from trainer.engine.fusion import StepFusion
 from trainer.engine.plan import Plan, batch_norm_note, optimizer_note, strategy_label
@@ -152,15 +153,13 @@ def fusion(setting: int | str, engine: engine_lib.Engine, batch: scaling.BatchPl
     "auto" takes `model.compile(steps_per_execution=N)` when N > 1, else sizes
     calls from the engine's last measured step time.
     """
-    from trainer.engine import loop
-
     source = ""
-    keras_steps = loop.keras_steps_per_call(engine.steps.model)
+    keras_steps = callback_hooks.keras_steps_per_call(engine.steps.model)
     if setting == "auto" and keras_steps > 1:
         setting, source = keras_steps, f"steps_per_execution={keras_steps} from the model's compile()"
     chosen = StepFusion.for_fit(
         setting, steps_per_epoch=steps_per_epoch,
-        batch_hooks=setting == "auto" and any(loop.has_batch_hooks(c) for c in callbacks),
+        batch_hooks=setting == "auto" and any(callback_hooks.has_batch_hooks(c) for c in callbacks),
         num_workers=strategy_cluster_info(engine.strategy).num_workers,
         seconds_per_step=engine.seconds_per_step.get(batch.global_batch_size))
     return chosen, source

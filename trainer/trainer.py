@@ -22,7 +22,7 @@ from trainer.distribute import collectives
 from trainer.distribute.ambient import ambient_strategy, data_strategy, model_home, same_layout, takes
 from trainer.distribute import strategy as strategy_lib
 from trainer.distribute.cluster import cluster_info, is_parameter_server, strategy_cluster_info
-from trainer.engine import loop, malloc, ps
+from trainer.engine import callback_hooks, eval_loop, loop, malloc, ps
 from trainer.engine import engine as engine_lib
 from trainer.engine.plan import strategy_label
 from trainer.engine.steps import Steps
@@ -337,7 +337,7 @@ class Trainer:
             plan = stages.fit_plan(strategy, train, schedule, scoped.lr_plan, steps, scoped.model,
                                    jit=engine.steps.xla, jit_note=engine.jit_note, sources=(steps_source,),
                                    process=scoped.process, moved=scoped.move.describe(),
-                                   unguarded=loop.unguarded(call.callbacks),
+                                   unguarded=callback_hooks.unguarded(call.callbacks),
                                    resumes=any(getattr(c, "resumes", False) for c in call.callbacks),
                                    draws={**engine.eval_steps.named_draws, **engine.steps.named_draws})
             context = loop.TrainContext(strategy, strategy_cluster_info(strategy), plan, epochs=call.epochs,
@@ -381,7 +381,7 @@ class Trainer:
             known = call.inp.num_steps(call.batch.global_batch_size)
             callback_list = _one_pass_callbacks(call.callbacks, scoped.model, verbose, call.steps, known,
                                                 progress=_shows_progress(verbose, self.verbose))
-            logs = loop.run_eval(scoped.engine.eval_steps, self._readers(scoped.engine.eval_strategy, call.batch),
+            logs = eval_loop.run_eval(scoped.engine.eval_steps, self._readers(scoped.engine.eval_strategy, call.batch),
                                  call.inp, callback_list, num_steps=call.steps, known_steps=known)
         # sorted, as Keras's
         return dict(sorted(logs.items())) if return_dict else logs_in_order(scoped.model, logs)
@@ -422,10 +422,11 @@ class Trainer:
             known = call.inp.num_steps(call.batch.global_batch_size)
             callback_list = _one_pass_callbacks(call.callbacks, model, verbose, call.steps, known,
                                                 progress=_shows_progress(verbose, self.verbose))
-            with loop.one_pass(self._readers(strategy, call.batch), call.inp, read_all=call.steps is None) as reader:
-                outputs = loop.run_predict(self._predict_steps(model, strategy).predictions(reader), callback_list,
-                                           num_steps=call.steps, known_steps=known)
-        return loop.joined(outputs)
+            with eval_loop.one_pass(self._readers(strategy, call.batch), call.inp,
+                                    read_all=call.steps is None) as reader:
+                outputs = eval_loop.run_predict(self._predict_steps(model, strategy).predictions(reader),
+                                                callback_list, num_steps=call.steps, known_steps=known)
+        return eval_loop.joined(outputs)
 
     def _one_pass(self, method: str, model, x, y, sample_weight, *, batch_size, steps, callbacks,
                   strategy: tf.distribute.Strategy, planned_batch: int | None) -> calls.OnePass:
@@ -457,7 +458,7 @@ class Trainer:
         scoped = self._model_in_scope(
             model, strategy, inp, batch, lr=engine_lib.LRSettings(None, batch.global_batch_size, batch, 0))
         engine = scoped.engine
-        with scoped.move, loop.one_pass(self._readers(engine.strategy, batch, shuffle=False), inp,
+        with scoped.move, eval_loop.one_pass(self._readers(engine.strategy, batch, shuffle=False), inp,
                                         read_all=True) as reader:
             if _compat.on_batch_resets_metrics():
                 engine.objective.reset()
@@ -473,7 +474,7 @@ class Trainer:
         stages.check_model(model, self.mixed_precision)
         scoped = self._model_in_scope(model, strategy, inp, batch)
         engine = scoped.engine
-        with scoped.move, loop.one_pass(self._readers(engine.eval_strategy, batch, shuffle=False), inp,
+        with scoped.move, eval_loop.one_pass(self._readers(engine.eval_strategy, batch, shuffle=False), inp,
                                         read_all=True) as reader:
             if _compat.on_batch_resets_metrics():
                 engine.objective.reset()
@@ -746,7 +747,7 @@ class Trainer:
             readers = self._readers(engine.strategy, schedule.batch, call.shuffle)
             passes = Passes.starting_at(call.initial_epoch, schedule.user_steps,
                                         train.num_steps(schedule.batch.global_batch_size),
-                                        loop.keras_steps_per_call(engine.steps.model))
+                                        callback_hooks.keras_steps_per_call(engine.steps.model))
             source = loop.ReaderSteps(engine.steps, readers, train, passes=passes, epochs=context.epochs)
         loop.run_epochs(source, context, callback_list, validation, engine.eval_steps)
         if context.fusion.auto and context.fusion.seconds_per_step is not None:

@@ -163,7 +163,7 @@ def test_plan_names_the_callbacks_every_worker_runs_unguarded_on_several_workers
     import keras
 
     from trainer.callbacks import ChiefOnly, CSVLogger
-    from trainer.engine.loop import unguarded
+    from trainer.engine.callback_hooks import unguarded
 
     class Reporter(keras.callbacks.Callback):
         pass

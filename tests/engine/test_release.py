@@ -2,7 +2,7 @@
 
 import threading
 
-from trainer.engine import loop
+from trainer.engine import eval_loop
 
 
 class _SlowToDestroy:
@@ -19,7 +19,7 @@ class _SlowToDestroy:
 def test_release_destroys_iterators_on_a_helper_thread_without_waiting():
     go, seen = threading.Event(), {}
     held = [_SlowToDestroy(go, seen)]
-    loop.release(held)
+    eval_loop.release(held)
     assert held == []  # the loop may hold a new iterator at once
     go.set()
     for thread in threading.enumerate():
@@ -30,5 +30,5 @@ def test_release_destroys_iterators_on_a_helper_thread_without_waiting():
 
 def test_release_of_nothing_starts_no_thread():
     before = threading.active_count()
-    loop.release([])
+    eval_loop.release([])
     assert threading.active_count() == before

@@ -82,7 +82,7 @@ class _Input:
         """Starts an epoch of reading (a PyDataset's workers)."""
 
     def epoch_end(self, *, read_all: bool) -> list:
-        """Ends an epoch of reading; returns iterators for the caller to release (`loop.release`)."""
+        """Ends an epoch of reading; returns iterators for the caller to release (`eval_loop.release`)."""
         return []
 
 

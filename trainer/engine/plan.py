@@ -82,7 +82,7 @@ class Plan:
     platform: str = ""  # untested versions or missing hooks the user opted into (_compat.check_platform)
     placement: str = ""  # how the model entered the strategy's scope (placement.Move.describe), when it moved
     cluster: str = ""  # where the tasks' cluster came from (cluster.cluster_source), on several tasks
-    unguarded: tuple[str, ...] = ()  # callbacks that run on every worker without knowing it (loop.unguarded)
+    unguarded: tuple[str, ...] = ()  # callbacks that run on every worker without knowing it (callback_hooks.unguarded)
     resume: str | None = None  # None unless a callback resumes training; then the input's reason a backup can't
     # resume it exactly (`Input.resume`), "" when it can
     draws: tuple[str, ...] = ()  # random draws an earlier fit's steps made per replica (Steps.named_draws)
