@@ -30,6 +30,7 @@ SCRIPTS = TESTS / "scripts"  # run in processes of their own (`run_script`, `run
 sys.path.insert(0, str(TESTS / "helpers"))  # what tests and scripts share: the tiny problem, the model families
 
 from tiny import tiny_data, tiny_model  # noqa: E402,F401  (re-exported for tests)
+
 # Two tiers. The default (`make test`, what CI runs) runs every check on the layouts that carry it; the full
 # tier (TRAINER_TESTS=full, `make test-full`) repeats checks on more replica counts, workers, oneDNN settings
 # and scale layouts. A test or parameter only the full tier runs carries the `full` marker.

@@ -381,10 +381,10 @@ class Trainer:
             known = call.inp.num_steps(call.batch.global_batch_size)
             callback_list = _one_pass_callbacks(call.callbacks, scoped.model, verbose, call.steps, known,
                                                 progress=_shows_progress(verbose, self.verbose))
-            logs = eval_loop.run_eval(scoped.engine.eval_steps, self._readers(scoped.engine.eval_strategy, call.batch),
-                                 call.inp, callback_list, num_steps=call.steps, known_steps=known)
-        # sorted, as Keras's
-        return dict(sorted(logs.items())) if return_dict else logs_in_order(scoped.model, logs)
+            readers = self._readers(scoped.engine.eval_strategy, call.batch)
+            logs = eval_loop.run_eval(scoped.engine.eval_steps, readers, call.inp, callback_list, num_steps=call.steps,
+                                      known_steps=known)
+        return dict(sorted(logs.items())) if return_dict else logs_in_order(scoped.model, logs)  # sorted, as Keras's
 
     @_quiet_tf_info
     def predict(
