@@ -10,7 +10,7 @@ import pytest
 
 from trainer.callbacks import ModelCheckpoint
 from trainer.callbacks.checkpoint import INDEX
-from conftest import as_worker, LearningRateSeen, mirrored, run_code, tiny_data, tiny_model
+from conftest import as_worker, LearningRateSeen, mirrored, run_code, script_failed, tiny_data, tiny_model
 from trainer import Trainer
 
 
@@ -216,4 +216,6 @@ def test_checkpoint_with_a_scaled_schedule_loads_in_a_fresh_process(tmp_path):
     _fit([ModelCheckpoint(tmp_path)], epochs=1, model=model)
     code = ("import keras, trainer.callbacks as cb; m = keras.models.load_model(cb.ModelCheckpoint.last_path("
             f"{str(tmp_path)!r})); print(type(m.optimizer.get_config()['learning_rate']))")
-    run_code(code, timeout=120)  # fails the test unless the checkpoint loads
+    proc = run_code(code, timeout=120, check=False)
+    assert proc.returncode == 0, script_failed(proc)
+    assert "dict" in proc.stdout  # the schedule, serialized as Keras serializes one, not a float

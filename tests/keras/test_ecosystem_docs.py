@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from conftest import run_code, TESTS
+from conftest import run_code, script_failed, TESTS
 
 DOC = (TESTS.parent / "docs" / "ecosystem.md").read_text()
 SNIPPETS = re.findall(r"```python\n(.*?)```", DOC, re.S)
@@ -26,7 +26,8 @@ def test_a_snippet_runs_as_pasted(code, tmp_path):
     for name, module in NEEDS.items():
         if re.search(rf"^import .*\b{name}\b", code, re.M):
             pytest.importorskip(module, reason=f"{module} is in the 'ecosystem' extra")
-    run_code(code, timeout=600, cwd=tmp_path, env={"WANDB_SILENT": "true"})
+    proc = run_code(code, timeout=600, cwd=tmp_path, env={"WANDB_SILENT": "true"}, check=False)
+    assert proc.returncode == 0, script_failed(proc)
 
 
 def test_the_page_has_a_snippet_for_each_tool():
