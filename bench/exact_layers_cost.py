@@ -118,7 +118,7 @@ def step_call(strategy, x, y, model: str, variant: str, per_replica: int):
     feed = readers(data_lib.as_input((x, y), arg="data"), epoch=0, until=2**31)
     with traced_as(variant):
         trainer.fit(build(model), (x, y), epochs=1, steps_per_epoch=2)  # builds the engine
-        steps = trainer._engines[0].steps  # the step functions behind fit (not public API)
+        steps = trainer._runs.engines[0].steps  # the step functions behind fit (not public API)
         steps.train(feed, 1)  # traces the call that the timed ones reuse
 
     def call(count: int) -> tuple[int, float]:

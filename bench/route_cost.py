@@ -1,5 +1,5 @@
 """What the way beneath `model.fit` costs a call: `Trainer.fit` (through the model's own fit) against the
-engine called directly (`Trainer._fit`), alternating call by call.
+run called directly (`Runs.fit`), alternating call by call.
 
     python bench/route_cost.py [--rounds 30] [--examples 64]
 
@@ -39,7 +39,7 @@ def main() -> None:
     strategy = trainer._call_strategy(None)
     variants = {
         "through model.fit": lambda: trainer.fit(model, x, y),
-        "engine directly": lambda: trainer._fit(model, x, y, strategy=strategy),
+        "run directly": lambda: trainer._runs.fit(model, x, y, strategy=strategy),
     }
     for run in variants.values():  # trace once each
         run()
@@ -50,11 +50,11 @@ def main() -> None:
             start = time.perf_counter()
             variants[name]()
             times[name].append(time.perf_counter() - start)
-    ratios = [a / b for a, b in zip(times["engine directly"], times["through model.fit"])]
+    ratios = [a / b for a, b in zip(times["run directly"], times["through model.fit"])]
     print(f"{args.rounds} rounds, {args.examples} examples, batch 16, one epoch per call")
     for name, values in times.items():
         print(f"{name:20s} {statistics.median(values) * 1e3:8.2f} ms/call")
-    print(f"speed through model.fit / engine directly: {statistics.median(ratios):.3f}x")
+    print(f"speed through model.fit / run directly: {statistics.median(ratios):.3f}x")
 
 
 if __name__ == "__main__":

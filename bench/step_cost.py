@@ -51,7 +51,7 @@ def trainer_call(strategy, x, y, model):
 
     trainer = Trainer(strategy=strategy, per_replica_batch_size=variants.PER_REPLICA, verbose=0)
     trainer.fit(model, (x, y), epochs=1, steps_per_epoch=2)  # builds and traces the engine
-    steps = trainer._engines[0].steps  # the step functions behind fit (not public API)
+    steps = trainer._runs.engines[0].steps  # the step functions behind fit (not public API)
     global_batch = variants.PER_REPLICA * strategy.num_replicas_in_sync
     readers = inputs_lib.Readers(strategy, global_batch, shuffle=True, seed=0)
     feed = readers(data_lib.as_input((x, y), arg="data"), epoch=0, until=2**31)

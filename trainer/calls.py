@@ -41,7 +41,7 @@ class Schedule:
 
 @dataclasses.dataclass(frozen=True)
 class Scoped:
-    """A call's model once it is in the strategy's scope (`Trainer._model_in_scope`)."""
+    """A call's model once it is in the strategy's scope (`Runs._model_in_scope`)."""
 
     model: keras.Model  # the model the call runs (a builder's, once built)
     engine: engine_lib.Engine  # its steps under the call's strategy

@@ -7,6 +7,7 @@ A value of the wrong type raises TypeError; a value out of range, ValueError.
 from __future__ import annotations
 
 import numbers
+from typing import Protocol
 
 import numpy as np
 
@@ -15,6 +16,29 @@ from trainer.scaling import LR_SCALING_RULES
 MIXED_PRECISION_POLICIES = (None, "mixed_float16", "mixed_bfloat16")
 BATCH_NORM_MODES = ("global", "per_replica")
 DATA_SHARDING = ("exact", "files")
+
+
+class Settings(Protocol):
+    """A Trainer's settings as its runs read them at each call: its public attributes (`Trainer` documents
+    them), checked by `check_trainer_options` when it was made."""
+
+    per_replica_batch_size: int | None
+    batch_size: int | None
+    lr_scaling: str | None
+    base_batch_size: int
+    warmup_epochs: float
+    warmup_steps: int
+    seed: int | None
+    shuffle: bool
+    steps_per_execution: int | str
+    jit_compile: bool | str
+    mixed_precision: str | None
+    batch_norm: str
+    verbose: int
+    nan_guard: bool
+    tune_malloc: bool
+    data_sharding: str
+    file_shards: int
 
 
 def _is_int(value) -> bool:

@@ -1,17 +1,17 @@
-"""The stages of `Trainer.fit`, in the order it runs them, and the ones `evaluate` and `predict` share.
+"""The stages of a fit (`Runs.fit`), in the order it runs them, and the ones `evaluate` and `predict` share.
 
 Every check runs before anything changes (the process, the model, a file):
 
 1. `checked_fit_call`: the callbacks and fit's own arguments -> `calls.FitCall`.
 2. `fit_data`: the data, checked where its form is known (`data/boundary.py`) -> the inputs.
 3. `check_model`: compiled, and a dtype policy the Trainer can keep.
-4. `Trainer._schedule`: the global batch, the epoch's steps, warmup and learning-rate settings -> `calls.Schedule`.
+4. `Batching.schedule`: the global batch, the epoch's steps, warmup and learning-rate settings -> `calls.Schedule`.
 5. `checks.check_fit`: the data against the model's inputs.
-6. `Trainer._model_in_scope`: the model in the strategy's scope, with its steps (`engine.py`) -> `calls.Scoped`.
+6. `Runs._model_in_scope`: the model in the strategy's scope, with its steps (`engine.py`) -> `calls.Scoped`.
 7. `fit_plan`, then `announce`: the plan, printed once by the chief.
-8. `Trainer._run_epochs`: the epochs with callbacks -> the history.
+8. `Runs._run_epochs`: the epochs with callbacks -> the history.
 
-`evaluate` and `predict` share `Trainer._one_pass` (-> `calls.OnePass`) and `Trainer._model_in_scope`.
+`evaluate` and `predict` share `Runs._one_pass` (-> `calls.OnePass`) and `Runs._model_in_scope`.
 
 Each stage is a function of the call's arguments, the Trainer's settings and what the stages before it
 decided, so that each can be called, and tested, on its own.
@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from trainer import _compat, calls, checks, options, scaling
 from trainer.data import class_weights
-from trainer.data import boundary as data_lib
+from trainer.data import boundary
 from trainer.data import inputs as inputs_lib
 from trainer.distribute.cluster import cluster_source, is_parameter_server, restarted, strategy_cluster_info
 from trainer.engine import callback_hooks
@@ -79,7 +79,7 @@ def fit_data(call: calls.FitCall, x, y, sample_weight, strategy: tf.distribute.S
              validation_split, validation_data, seed: int | None) -> tuple[inputs_lib.Input, inputs_lib.Input | None]:
     """(training input, validation input or None), each checked where its form is known."""
     readers = workers(strategy)
-    train, val = data_lib.fit_inputs(x, y, sample_weight, arg=data_arg(y, sample_weight),
+    train, val = boundary.fit_inputs(x, y, sample_weight, arg=data_arg(y, sample_weight),
                                      class_weight=class_weight, shuffle=call.shuffle,
                                      validation_split=validation_split, validation_data=validation_data,
                                      steps_per_epoch=call.steps_per_epoch, **readers,

@@ -10,6 +10,7 @@ from conftest import mirrored, tiny_data, tiny_model
 from trainer import Trainer
 from trainer.data import arrays
 from trainer.data import boundary as data_lib
+from trainer.data import dataset_inputs
 from trainer.data import inputs as inputs_lib
 
 
@@ -67,11 +68,11 @@ def test_dict_inputs_and_missing_sample_weight():
 def test_shard_policy_is_explicit_and_respects_the_user():
     ds = tf.data.Dataset.range(10)
     policy = tf.data.experimental.AutoShardPolicy
-    assert inputs_lib.shard_policy(ds, 1)[0] == policy.OFF
-    assert inputs_lib.shard_policy(ds, 2)[0] == policy.DATA
+    assert dataset_inputs.shard_policy(ds, 1)[0] == policy.OFF
+    assert dataset_inputs.shard_policy(ds, 2)[0] == policy.DATA
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = policy.FILE
-    assert inputs_lib.shard_policy(ds.with_options(options), 2) == (policy.FILE, "set on the dataset by the user")
+    assert dataset_inputs.shard_policy(ds.with_options(options), 2) == (policy.FILE, "set on the dataset by the user")
 
 
 def test_sharding_says_who_splits_each_kind_of_input():
@@ -122,7 +123,7 @@ def _shuffled_labels():
 def test_on_cpu_replicas_a_dataset_is_read_as_global_batches_each_epoch_a_whole_pass(monkeypatch):
     """No distributed iterator: one plain iterator of global batches per epoch, each the pass a plain
     loop reads (a seeded shuffle reshuffles each pass), which the steps split among the replicas."""
-    from trainer.data import feed as feed_lib
+    from trainer.data import readers as readers_lib
 
     plain = _shuffled_labels()
     expected = [[int(i) for _, i in plain] for _ in range(3)]
@@ -132,7 +133,7 @@ def test_on_cpu_replicas_a_dataset_is_read_as_global_batches_each_epoch_a_whole_
     inp = data_lib.as_input(_shuffled_labels(), arg="data")
     for epoch, order in enumerate(expected):
         reader = readers(inp, epoch=epoch)
-        assert isinstance(reader, feed_lib.GlobalBatches)
+        assert isinstance(reader, readers_lib.GlobalBatches)
         batches = [labels.numpy().tolist() for _, labels in reader.iterator]
         assert [len(b) for b in batches] == [8, 8, 8, 8, 5]
         assert sum(batches, []) == order, epoch
@@ -146,7 +147,7 @@ def test_replica_share_cuts_a_global_batch_as_the_feed_does():
     for size in [1, 2, 5, 8, 11]:
         batch = tf.range(size, dtype=tf.int64)
         shares = strategy.run(lambda b: feed_lib.share_of(b), args=(batch,))
-        starts, sizes, begins, ends = feed_lib.computed_slices(size, size, 3)
+        starts, sizes, begins, ends = arrays.computed_slices(size, size, 3)
         local = strategy.experimental_local_results
         for replica, (part, count, (begin, end)) in enumerate(zip(local(shares.batch), local(shares.global_count),
                                                                   zip(*map(local, shares.tracked)))):
@@ -163,9 +164,9 @@ def test_replica_share_cuts_a_global_batch_as_the_feed_does():
 def test_on_accelerators_a_dataset_is_distributed_once_and_each_epoch_reads_a_whole_pass(monkeypatch):
     """Where the steps cannot split host batches (accelerators, several workers), TF's distributed
     iterator reads the dataset; distributing it, which rewrites its graph, happens once per fit."""
-    from trainer.data import feed as feed_lib
+    from trainer.data import readers as readers_lib
 
-    monkeypatch.setattr(feed_lib, "supports", lambda strategy: False)  # as on GPUs
+    monkeypatch.setattr(readers_lib, "reads_in_step", lambda strategy: False)  # as on GPUs
     plain = _shuffled_labels()
     expected = [[int(i) for _, i in plain] for _ in range(3)]
     strategy = mirrored(2)
@@ -178,7 +179,7 @@ def test_on_accelerators_a_dataset_is_distributed_once_and_each_epoch_reads_a_wh
     for epoch, order in enumerate(expected):
         seen = []
         reader = readers(inp, epoch=epoch)
-        assert isinstance(reader, feed_lib.DistributedBatches)
+        assert isinstance(reader, readers_lib.DistributedBatches)
         for cut in reader.iterator:  # each replica's share, cut by the trainer, and the rows it counts
             labels, tracked = (strategy.experimental_local_results(part) for part in (cut.batch[1], cut.tracked))
             seen.extend(np.concatenate([p.numpy()[b:e] for p, (b, e) in zip(labels, tracked)]).tolist())
@@ -200,7 +201,7 @@ def test_a_dataset_batch_of_another_shape_waits_for_the_next_step_call(replicas)
     trainer = Trainer(strategy=strategy, batch_size=12, steps_per_execution=8, lr_scaling=None, verbose=0)
     model = tiny_model()
     trainer.fit(model, dataset)  # builds the engine
-    steps = trainer._engines[0].steps
+    steps = trainer._runs.engines[0].steps
     traced, calls = steps._train_loops.global_batches, []
 
     def recorded(iterator, held, num_steps):

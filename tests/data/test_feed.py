@@ -10,12 +10,13 @@ from conftest import mirrored, tiny_data, tiny_model
 from trainer import Trainer
 from trainer.data import boundary as data_lib
 from trainer.data import feed as feed_lib
+from trainer.data import readers as readers_lib
 
 
 def _feed(x, batch, replicas, order=None, **kwargs):
     inp = data_lib.as_input(x, arg="data")
     order = order or (lambda epoch: np.arange(inp.num_examples))
-    return feed_lib.ArrayFeed(inp.arrays, order, global_batch_size=batch, num_replicas=replicas, **kwargs)
+    return readers_lib.ArrayFeed(inp.arrays, order, global_batch_size=batch, num_replicas=replicas, **kwargs)
 
 
 @pytest.mark.parametrize("examples,batch,replicas", [(1003, 64, 1), (1003, 64, 3), (37, 8, 4), (5, 8, 4), (33, 8, 3)])
@@ -61,7 +62,7 @@ def test_a_call_never_mixes_steps_of_different_shapes():
 def test_fetches_split_a_claim_by_bytes():
     x = np.zeros((1000, 1024), np.float32)  # 4 KiB per example, 64 KiB per step of 16
     feed = _feed((x, np.zeros(1000)), 16, 2)
-    assert feed.steps_per_fetch == feed_lib.FETCH_BYTES // (16 * (4096 + 8))
+    assert feed.steps_per_fetch == readers_lib.FETCH_BYTES // (16 * (4096 + 8))
     feed.steps_per_fetch = 3
     assert list(feed.fetches(8)) == [(0, 3), (3, 3), (6, 2)]
     assert list(feed.fetches(100)) == [(8, 3), (11, 3), (14, 3), (17, 3), (20, 3), (23, 3), (26, 3), (29, 3),
@@ -120,7 +121,7 @@ def test_fits_on_new_arrays_of_the_same_shape_reuse_the_traced_steps():
     model = tiny_model()
     trainer.fit(model, (x, y), epochs=2)
     trainer.fit(model, (x[:150] + 1, y[:150]), epochs=1)
-    steps = trainer._engines[0].steps
+    steps = trainer._runs.engines[0].steps
     assert steps._train_loops.feed.experimental_get_tracing_count() == 1
 
 
@@ -133,7 +134,7 @@ def test_arrays_in_whole_batches_train_bit_for_bit_as_model_fit_on_one_device(re
     import keras
 
     if reader == "accelerator":
-        monkeypatch.setattr(feed_lib, "supports", lambda strategy: False)
+        monkeypatch.setattr(readers_lib, "reads_in_step", lambda strategy: False)
 
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(128, 50, 1)).astype(np.float32), rng.integers(0, 2, 128)
@@ -182,7 +183,7 @@ def test_fit_through_the_feed_equals_fit_through_the_dataset_pipeline(monkeypatc
         return history, trainer.evaluate(history.model, (x, y, w), return_dict=True), trainer.predict(history.model, x)
 
     fed = run()
-    monkeypatch.setattr(feed_lib, "supports", lambda strategy: False)
+    monkeypatch.setattr(readers_lib, "reads_in_step", lambda strategy: False)
     piped = run()
     for key, values in fed[0].history.items():
         np.testing.assert_allclose(values, piped[0].history[key], rtol=1e-6, err_msg=key)
@@ -199,10 +200,10 @@ def test_fit_is_the_same_when_each_call_is_split_into_several_gathers(monkeypatc
     def run():
         trainer = Trainer(strategy=mirrored(2), per_replica_batch_size=16, steps_per_execution=5, verbose=0)
         history = trainer.fit(tiny_model(), (x, y, w), epochs=2, validation_data=(x, y))
-        return history, trainer._engines[0].steps._train_loops.feed.experimental_get_tracing_count()
+        return history, trainer._runs.engines[0].steps._train_loops.feed.experimental_get_tracing_count()
 
     whole, _ = run()
-    monkeypatch.setattr(feed_lib, "FETCH_BYTES", 1)  # one step per gather: 5 gathers per claim of 5 steps
+    monkeypatch.setattr(readers_lib, "FETCH_BYTES", 1)  # one step per gather: 5 gathers per claim of 5 steps
     split, traces = run()
     assert traces == 1  # the traced loop takes any step count
     for key, values in whole.history.items():
@@ -213,12 +214,12 @@ def test_fit_is_the_same_when_each_call_is_split_into_several_gathers(monkeypatc
 
 @pytest.mark.slow
 def test_where_tf_data_splits_arrays_the_uneven_last_step_gets_a_call_of_its_own(monkeypatch):
-    monkeypatch.setattr(feed_lib, "supports", lambda strategy: False)  # as on GPUs: TF's distributed iterator
+    monkeypatch.setattr(readers_lib, "reads_in_step", lambda strategy: False)  # as on GPUs: TF's distributed iterator
     x, y, _ = tiny_data(30)  # global batches of 12: steps of 12, 12 and 6
     trainer = Trainer(strategy=mirrored(2), batch_size=12, steps_per_execution=8, lr_scaling=None, verbose=0)
     model = tiny_model()
     trainer.fit(model, (x, y))
-    steps = trainer._engines[0].steps
+    steps = trainer._runs.engines[0].steps
     traced, calls = steps._train_loops.distributed, []
     steps._train_loops = dataclasses.replace(
         steps._train_loops, distributed=lambda iterator, n: calls.append(int(n)) or traced(iterator, n))

@@ -64,10 +64,10 @@ def test_the_schedule_follows_from_the_global_batch():
     strategy = tf.distribute.get_strategy()
     train, _ = stages.fit_data(_call(), np.zeros((100, 4), np.float32), np.zeros(100), None, strategy,
                                class_weight=None, validation_split=0.0, validation_data=None, seed=0)
-    schedule = trainer._schedule(strategy, train, None, None, None)
+    schedule = trainer._batching.schedule(strategy, train, None, None, None)
     assert (schedule.batch.global_batch_size, schedule.source, schedule.user_steps) == (8, "", None)
     assert schedule.steps_per_epoch == 13 and schedule.lr.warmup_steps == 13  # 100 examples: 12 full, 1 of 4
-    given = trainer._schedule(strategy, train, 25, None, 2)  # fit's batch_size and steps_per_epoch
+    given = trainer._batching.schedule(strategy, train, 25, None, 2)  # fit's batch_size and steps_per_epoch
     assert (given.batch.global_batch_size, given.user_steps, given.steps_per_epoch) == (25, 2, 2)
     assert given.source == "fit's batch_size=25; Trainer's per_replica_batch_size not used"
     assert given.lr.base_batch_size == 25  # a global batch the user fixed keeps its learning rate

@@ -189,10 +189,10 @@ def test_a_model_built_outside_scope_keeps_its_optimizer_state_across_fits(data)
     model = tiny_model()
     trainer = Trainer(strategy=mirrored(2), per_replica_batch_size=16, verbose=0)
     trainer.fit(model, (x, y), epochs=1)
-    engines = list(trainer._engines)
+    engines = list(trainer._runs.engines)
     second = trainer.fit(model, (x, y), epochs=1)
     assert second.model is model
-    assert trainer._engines == engines  # the in-scope variables are filled again: the traced steps are reused
+    assert trainer._runs.engines == engines  # the in-scope variables are filled again: the traced steps are reused
     assert int(model.optimizer.iterations.numpy()) == 2 * 7
 
 
@@ -218,9 +218,9 @@ def test_fine_tuning_a_model_built_outside_scope_takes_the_new_trainable_flags_a
     assert int(second.model.optimizer.iterations.numpy()) == 7  # a new optimizer starts afresh
     assert "accuracy" in second.history
     assert all(not np.array_equal(b, a) for b, a in zip(frozen, model.layers[0].get_weights()))
-    engines = list(trainer._engines)
+    engines = list(trainer._runs.engines)
     trainer.fit(model, (x, y), epochs=1)
-    assert trainer._engines == engines  # unchanged since: its steps are reused
+    assert trainer._runs.engines == engines  # unchanged since: its steps are reused
 
 
 @pytest.mark.slow
@@ -231,7 +231,7 @@ def test_engine_cache_is_bounded(data):
     trainer = Trainer(strategy="default", verbose=0)
     for _ in range(CACHE_SIZE + 2):
         trainer.evaluate(tiny_model(), (x, y))
-    assert len(trainer._engines) == CACHE_SIZE
+    assert len(trainer._runs.engines) == CACHE_SIZE
 
 
 @pytest.mark.slow

@@ -15,8 +15,9 @@ LAYERS = [
     {"trainer.model"},
     {"trainer.engine"},
     {"trainer.launch", "trainer.callbacks"},
-    {"trainer.checks", "trainer.options", "trainer.history", "trainer.calls"},
-    {"trainer.stages"},
+    {"trainer.checks", "trainer.options", "trainer.history", "trainer.calls", "trainer.strategies"},
+    {"trainer.stages", "trainer.batching"},
+    {"trainer.runs"},
     {"trainer.trainer", "trainer"},
 ]
 

@@ -1,5 +1,5 @@
 """The strategies a call finds around it, and which of them it runs on: the user's `with strategy.scope():`,
-the strategy that distributed its data, the one its model was made in (`Trainer._call_strategy` decides)."""
+the strategy that distributed its data, the one its model was made in (`Strategies.for_call` decides)."""
 
 from __future__ import annotations
 

@@ -131,3 +131,17 @@ def _owner(model: keras.Model, method: str) -> str:
             return cls.__name__
     return type(model).__name__
 
+
+def passed_arguments(method: Callable, values: dict[str, Any]) -> dict[str, Any]:
+    """The arguments of a call of the public `method` that differ from its defaults, by name (the model, the
+    strategy and `self` aside), to hand to the model's own method, whose defaults then fill in the rest."""
+    def given(value, default) -> bool:
+        if value is default:
+            return False
+        if isinstance(value, (bool, int, float, str)) and type(value) is type(default):
+            return value != default
+        return True
+
+    parameters = inspect.signature(method).parameters
+    return {name: values[name] for name, parameter in parameters.items()
+            if name not in ("self", "model", "strategy") and given(values[name], parameter.default)}
