@@ -7,8 +7,10 @@ collective group keys in one process, so in-process multi-replica tests use
 cross-device ops run one subprocess per device layout (see `run_python`).
 """
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -92,11 +94,44 @@ def assert_same_run(result: dict, arrays: dict, reference: tuple) -> None:
 
 def run_script(script, *args, launch: tuple = (), env: dict | None = None, timeout: int = 300, cwd=None,
                check: bool = True) -> subprocess.CompletedProcess:
-    """Runs a test script (tests/scripts/) in a fresh interpreter, with `env` added to the environment, under
-    `trainer-launch` with the `launch` flags if given (e.g. ("--workers", "2")). With `check`, a script that
-    did not exit 0 fails the test with the tail of its output (`script_failed`). Returns the process."""
-    launcher = ["-m", "trainer.launch", *map(str, launch)] if launch else []
-    return _python([*launcher, str(script), *map(str, args)], env, timeout, cwd, check)
+    """Runs a test script (tests/scripts/) in a fresh interpreter, with `env` added to the environment (a None
+    value unsets a variable), under `trainer-launch` with the `launch` flags if given (e.g. ("--workers", "2");
+    with `script` None, the launcher alone: its usage errors, `--serve`). With `check`, a script that did not
+    exit 0 fails the test with the tail of its output (`script_failed`). Returns the process."""
+    return _python(_arguments(script, args, launch), env, timeout, cwd, check)
+
+
+def start_script(script, *args, launch: tuple = (), env: dict | None = None, cwd=None,
+                 python: tuple = ()) -> subprocess.Popen:
+    """`run_script`'s process, started and not waited for: for a test that signals it, or runs several side by
+    side (a job's nodes, a cluster's tasks). `python` are the interpreter's own options (e.g. ("-X",
+    "faulthandler")). Its errors come in its output, in order with the rest; `ended` waits for it."""
+    return subprocess.Popen([sys.executable, *python, *_arguments(script, args, launch)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=cwd, env=_environment(env))
+
+
+def ended(proc: subprocess.Popen, timeout: float | None = None) -> subprocess.CompletedProcess:
+    """A process of `start_script` once it has exited, as `run_script` returns one (its output in `stdout`),
+    for the test's checks and `script_failed`.
+
+    Raises:
+      subprocess.TimeoutExpired: it still runs after `timeout` seconds; it is left running, for the test to
+        stop as it must (a signal, a kill).
+    """
+    out, _ = proc.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
+
+
+@contextlib.contextmanager
+def sigint_as_in_a_terminal():
+    """Processes started inside (`start_script`) get SIGINT's default action, as a command typed at a terminal
+    does. Where the test run itself ignores SIGINT (a job started in the background without job control, as
+    CI may start it), its children inherit that, and the launcher rightly keeps ignoring Ctrl-C."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # exec turns a handler into SIG_DFL
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def run_code(code: str, *, env: dict | None = None, timeout: int = 300, cwd=None,
@@ -105,18 +140,30 @@ def run_code(code: str, *, env: dict | None = None, timeout: int = 300, cwd=None
     return _python(["-c", code], env, timeout, cwd, check)
 
 
+def _arguments(script, args: tuple, launch: tuple) -> list[str]:
+    launcher = ["-m", "trainer.launch", *map(str, launch)] if launch else []
+    return [*launcher, *([] if script is None else [str(script)]), *map(str, args)]
+
+
+def _environment(env: dict | None) -> dict:
+    """This process's environment, TensorFlow's C++ logs held to errors, and `env` on top (None: unset)."""
+    merged = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
+    return {name: value for name, value in merged.items() if value is not None}
+
+
 def _python(arguments: list, env: dict | None, timeout: int, cwd, check: bool) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, *arguments], capture_output=True, text=True, timeout=timeout, cwd=cwd,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})})
+                          env=_environment(env))
     if check:
         assert proc.returncode == 0, script_failed(proc)
     return proc
 
 
-def script_failed(proc: subprocess.CompletedProcess) -> str:
-    """How a test reports a script that went otherwise than it expected: its command, exit status and output."""
-    command = " ".join(str(part) for part in proc.args)
-    return f"{command} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+def script_failed(*procs: subprocess.CompletedProcess) -> str:
+    """How a test reports scripts that went otherwise than it expected: each one's command, exit status and
+    output."""
+    return "\n".join(f"{' '.join(str(part) for part in proc.args)} exited {proc.returncode}:\n"
+                     f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}" for proc in procs)
 
 
 def printed_json(proc: subprocess.CompletedProcess) -> dict:

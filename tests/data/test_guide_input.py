@@ -53,7 +53,7 @@ def test_on_two_replicas_every_policy_and_the_service_give_one_devices_numbers(f
 
 
 def test_on_two_workers_each_policy_gives_tensorflows_sets_through_both_routes(files, reference, tmp_path):
-    from trainer.launch.launcher import free_ports
+    from trainer.launch.job import free_ports
 
     run_script(SCRIPT, files, tmp_path, "--shared-service-port", free_ports(1)[0], launch=("--workers", "2"))
     tasks = [json.loads((tmp_path / f"{task}.json").read_text()) for task in ("worker0", "worker1")]

@@ -4,18 +4,16 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
-from conftest import assert_same_run, load_run, run_script, script_failed, SCRIPTS
+from conftest import assert_same_run, ended, load_run, run_script, script_failed, SCRIPTS, start_script
 
 pytestmark = pytest.mark.slow  # subprocesses, layouts or whole trainings: not in the everyday tier
 
 SCRIPT = str(SCRIPTS / "multiworker_run.py")
-ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
 def _launch(out, *extra, workers=2, env=None, timeout=240):
@@ -68,8 +66,8 @@ def test_four_workers_of_two_replicas_match_the_single_process_run(tmp_path, ref
 @pytest.mark.full  # the full tier's scale layouts (TRAINER_TESTS=full)
 def test_four_nodes_match_the_single_process_run(tmp_path, reference):
     """Four launchers as four nodes on localhost, one worker each (the chief on node 0)."""
-    outs, statuses = _nodes(tmp_path, nnodes="4", count=4, timeout=400)
-    assert statuses == [0, 0, 0, 0], "\n".join(out[-2000:] for out in outs)
+    outs, statuses, failed = _nodes(tmp_path, nnodes="4", count=4, timeout=400)
+    assert statuses == [0, 0, 0, 0], failed
     assert "trainer-launch on 4 nodes (node 0 at localhost): 4 workers; chief: worker 0" in outs[0]
     for i in range(4):
         assert_same_run(*load_run(tmp_path, f"worker{i}"), reference)
@@ -123,27 +121,27 @@ def test_a_sigterm_to_one_worker_makes_every_worker_save_the_same_step(tmp_path,
 
 
 def _nodes(out, *extra, env=None, timeout=240, nnodes="2", options=(), count=2):
-    """`count` launchers on this machine acting as nodes of one worker each; their outputs and statuses."""
-    from trainer.launch.launcher import free_ports
+    """`count` launchers on this machine acting as nodes of one worker each; their outputs and statuses, and
+    `script_failed` of them all."""
+    from trainer.launch.job import free_ports
 
     port = free_ports(1)[0]
-    procs = [subprocess.Popen([sys.executable, "-m", "trainer.launch", "--nnodes", nnodes, "--node-rank", str(rank),
-                               "--master-addr", "localhost", "--master-port", str(port), *options, SCRIPT, str(out),
-                               "multi_worker", *extra],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env={**ENV, "TRAINER_RDZV_SECRET": "test-secret", **(env or {})})
+    procs = [start_script(SCRIPT, out, "multi_worker", *extra,
+                          launch=("--nnodes", nnodes, "--node-rank", rank, "--master-addr", "localhost",
+                                  "--master-port", port, *options),
+                          env={"TRAINER_RDZV_SECRET": "test-secret", **(env or {})})
              for rank in range(count)]
     try:
-        outs = [proc.communicate(timeout=timeout)[0] for proc in procs]
+        nodes = [ended(proc, timeout) for proc in procs]
     finally:
         for proc in procs:
             proc.kill()
-    return outs, [proc.returncode for proc in procs]
+    return [node.stdout for node in nodes], [node.returncode for node in nodes], script_failed(*nodes)
 
 
 def test_two_nodes_match_the_single_process_run(tmp_path, reference):
-    (out0, out1), statuses = _nodes(tmp_path)
-    assert statuses == [0, 0], out0[-3000:] + out1[-3000:]
+    (out0, out1), statuses, failed = _nodes(tmp_path)
+    assert statuses == [0, 0], failed
     assert "[worker:0]   cluster        trainer-launch on 2 nodes (node 0 at localhost): 2 workers; chief: worker 0" \
         in out0
     assert "[worker:0]   replicas       2 in sync over 2 worker(s)" in out0 and "Training plan" not in out1
@@ -156,15 +154,15 @@ def test_a_node_gone_mid_epoch_stops_the_job_and_the_rerun_resumes(tmp_path, ref
     """Node 1's launcher and worker die at epoch 1, step 8 (its machine gone): node 0 stops with a message
     naming it and leaves no process; running both nodes again resumes from the backup."""
     start = time.monotonic()
-    (out0, _), statuses = _nodes(tmp_path, "backup", env={"KILL_NODE": "worker1"})
-    assert statuses == [1, -9], out0[-3000:]
+    (out0, _), statuses, failed = _nodes(tmp_path, "backup", env={"KILL_NODE": "worker1"})
+    assert statuses == [1, -9], failed
     assert "[launcher] node 1's launcher is gone (its machine stopped, or it was killed); stopping every task" in out0
     assert time.monotonic() - start < 120
     left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
     assert not left, f"processes left running: {left}"
 
-    (out0, out1), statuses = _nodes(tmp_path, "backup")
-    assert statuses == [0, 0], out0[-3000:] + out1[-3000:]
+    (out0, out1), statuses, failed = _nodes(tmp_path, "backup")
+    assert statuses == [0, 0], failed
     assert "[worker:0] BackupAndRestore: resuming from epoch 1, step 8" in out0
     result, arrays = load_run(tmp_path, "worker1")
     assert result["epochs"] == [1]
@@ -176,9 +174,9 @@ def test_an_elastic_job_resumes_exactly_on_the_node_that_is_left(tmp_path, refer
     alone, and its worker resumes from the backup that trainer-launch asked fit for (at the epoch's start, or at
     the step where the launcher's SIGTERM stopped it) on one replica: the uninterrupted run's weights."""
     env = {"KILL_NODE": "worker1", "TRAINER_BACKUP_DIR": str(tmp_path / "elastic")}
-    (out0, _), statuses = _nodes(tmp_path, env=env, nnodes="1:2",
-                                 options=("--max-restarts", "1", "--rdzv-last-call", "1"))
-    assert statuses == [0, -9], out0[-3000:]
+    (out0, _), statuses, failed = _nodes(tmp_path, env=env, nnodes="1:2",
+                                         options=("--max-restarts", "1", "--rdzv-last-call", "1"))
+    assert statuses == [0, -9], failed
     assert "[launcher] restart 1 of 1: 1 node, 1 worker now (before: 2 nodes, 2 workers)" in out0
     assert ("[worker:0]   cluster        trainer-launch on 1 node (node 0 at localhost), restart 1 of 1 (before: 2 "
             "nodes, 2 workers): 1 worker; chief: worker 0") in out0
@@ -224,23 +222,22 @@ def test_a_sigterm_before_training_ends_a_worker_at_once(tmp_path):
 
 def test_a_dead_peer_is_named_by_every_survivor_not_a_hang():
     """Three workers without a launcher; worker 1 dies: both others end with an error naming it."""
-    from trainer.launch.launcher import cluster_spec, free_ports
+    from trainer.launch.job import cluster_spec, free_ports
     from trainer.launch.supervise import tf_config
 
     cluster = cluster_spec(3, 0, free_ports(3))
-    procs = [subprocess.Popen([sys.executable, str(SCRIPTS / "dead_peer_run.py")],
-                              env={**ENV, "TF_CONFIG": tf_config(cluster, "worker", i)},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(3)]
+    procs = [start_script(SCRIPTS / "dead_peer_run.py", env={"TF_CONFIG": tf_config(cluster, "worker", i)})
+             for i in range(3)]
     try:
-        outs = [proc.communicate(timeout=120)[0] for proc in procs]  # a hang would time out here
+        workers = [ended(proc, 120) for proc in procs]  # a hang would time out here
     finally:
         for proc in procs:
             proc.kill()
             proc.wait()
-    assert [proc.returncode for proc in procs] == [1, -9, 1]
-    for out in (outs[0], outs[2]):
+    assert [worker.returncode for worker in workers] == [1, -9, 1], script_failed(*workers)
+    for worker in (workers[0], workers[2]):
         assert (f"RuntimeError: A collective failed in epoch 0 near step 6: worker 1 ({cluster['worker'][1]}) is "
-                "probably gone or stuck") in out, out[-3000:]
+                "probably gone or stuck") in worker.stdout, script_failed(worker)
 
 
 def test_uneven_last_batches_of_datasets_on_two_workers_match_one_process(tmp_path):
@@ -275,20 +272,19 @@ def test_tensorflows_multi_worker_tutorial_trains_on_two_workers(tmp_path, mode)
     """The tutorial's strategy made first, its model built in the strategy's scope (keras-team/keras#20585: Keras 3's
     own fit fails there), moved to `Trainer(strategy=strategy).fit` and to `Trainer().distribute()`: the Trainer
     takes the user's strategy instead of making a second one in the process, and the workers end equal."""
-    from trainer.launch.launcher import cluster_spec, free_ports
+    from trainer.launch.job import cluster_spec, free_ports
     from trainer.launch.supervise import tf_config
 
     cluster = cluster_spec(2, 0, free_ports(2))
-    procs = [subprocess.Popen([sys.executable, str(SCRIPTS / "tutorial_run.py"), mode, str(tmp_path / f"{i}.json")],
-                              env={**ENV, "TF_CONFIG": tf_config(cluster, "worker", i)},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    procs = [start_script(SCRIPTS / "tutorial_run.py", mode, tmp_path / f"{i}.json",
+                          env={"TF_CONFIG": tf_config(cluster, "worker", i)}) for i in range(2)]
     try:
-        outs = [proc.communicate(timeout=300)[0] for proc in procs]
+        workers = [ended(proc, 300) for proc in procs]
     finally:
         for proc in procs:
             proc.kill()
             proc.wait()
-    assert [proc.returncode for proc in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    assert [worker.returncode for worker in workers] == [0, 0], script_failed(*workers)
     runs = [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(2)]
     assert runs[0] == runs[1]  # the workers agree exactly: history, weights, steps
     assert list(runs[0]["history"]) == ["accuracy", "loss"] and runs[0]["iterations"] == 210

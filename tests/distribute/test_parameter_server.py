@@ -1,21 +1,15 @@
 """Parameter-server training on a local cluster of 1 ps and 2 workers (plus the coordinator)."""
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from conftest import run_script, SCRIPTS, tiny_data
+from conftest import ended, run_script, script_failed, SCRIPTS, start_script, tiny_data
 
 pytestmark = pytest.mark.slow  # subprocesses, layouts or whole trainings: not in the everyday tier
 
 SCRIPT = str(SCRIPTS / "ps_run.py")
-ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-
-
 
 
 @pytest.fixture(scope="module")
@@ -124,22 +118,22 @@ def test_a_variable_partitioner_splits_the_instance_over_the_ps_tasks_with_the_u
 def test_parameter_server_training_over_two_nodes(tmp_path, results):
     """trainer-launch on two nodes (launchers on localhost): the chief and a worker on node 0, a worker and
     the ps task on node 1; it trains as the one-machine cluster does, and node 1 stops when the chief is done."""
-    from trainer.launch.launcher import free_ports
+    from trainer.launch.job import free_ports
 
     default, _, _ = results
     port = free_ports(1)[0]
-    procs = [subprocess.Popen([sys.executable, "-m", "trainer.launch", "--nnodes", "2", "--node-rank", str(rank),
-                               "--master-addr", "localhost", "--master-port", str(port), "--workers", "1",
-                               "--ps", str(rank), SCRIPT, str(tmp_path / "ps.json"), "parameter_server"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env={**ENV, "TRAINER_RDZV_SECRET": "test-secret"})
+    procs = [start_script(SCRIPT, tmp_path / "ps.json", "parameter_server",
+                          launch=("--nnodes", 2, "--node-rank", rank, "--master-addr", "localhost", "--master-port",
+                                  port, "--workers", 1, "--ps", rank),
+                          env={"TRAINER_RDZV_SECRET": "test-secret"})
              for rank in (0, 1)]
     try:
-        outs = [proc.communicate(timeout=300)[0] for proc in procs]
+        nodes = [ended(proc, 300) for proc in procs]
     finally:
         for proc in procs:
             proc.kill()
-    assert [proc.returncode for proc in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    assert [node.returncode for node in nodes] == [0, 0], script_failed(*nodes)
+    outs = [node.stdout for node in nodes]
     assert ("cluster        trainer-launch on 2 nodes (node 0 at localhost): 1 chief, 2 workers, 1 ps; chief: the "
             "chief task") in outs[0]
     assert "[chief:0]" in outs[0] and "[ps:0]" not in outs[0] and "[chief:0]" not in outs[1]

@@ -1,6 +1,5 @@
 """trainer-launch without TensorFlow in the tasks: cluster specs, prefixes, failures, Ctrl-C."""
 
-import contextlib
 import io
 import json
 import os
@@ -12,18 +11,18 @@ import time
 
 import pytest
 
-from conftest import run_script
+from conftest import ended, run_script, script_failed, sigint_as_in_a_terminal, start_script
 
-from trainer.launch import launcher as launch, supervise
+from trainer.launch import job, supervise
 
 
 def test_cluster_spec_and_tf_config():
-    assert launch.cluster_spec(2, 0, [1, 2]) == {"worker": ["localhost:1", "localhost:2"]}
-    cluster = launch.cluster_spec(2, 1, [1, 2, 3, 4])
+    assert job.cluster_spec(2, 0, [1, 2]) == {"worker": ["localhost:1", "localhost:2"]}
+    cluster = job.cluster_spec(2, 1, [1, 2, 3, 4])
     assert cluster == {"chief": ["localhost:1"], "worker": ["localhost:2", "localhost:3"], "ps": ["localhost:4"]}
-    assert launch.tasks(cluster) == [("chief", 0), ("worker", 0), ("worker", 1), ("ps", 0)]
+    assert job.tasks(cluster) == [("chief", 0), ("worker", 0), ("worker", 1), ("ps", 0)]
     assert json.loads(supervise.tf_config(cluster, "worker", 1))["task"] == {"type": "worker", "index": 1}
-    ports = launch.free_ports(3)
+    ports = job.free_ports(3)
     assert len(set(ports)) == 3
 
 
@@ -33,35 +32,21 @@ def _script(tmp_path, body):
     return str(path)
 
 
-def _launch(script, *args, workers=2, ps=0, **kwargs):
+def _launch(script, *args, workers=2, ps=0, options=(), env=None, cwd=None):
     # -X faulthandler: a launcher that hangs can be made to print every thread's stack (see _output)
-    options = kwargs.pop("options", ())
-    return subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "trainer.launch", "--workers", str(workers),
-                             "--ps", str(ps), *options, script, *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
+    return start_script(script, *args, launch=("--workers", workers, "--ps", ps, *options), env=env, cwd=cwd,
+                        python=("-X", "faulthandler"))
 
 
 def _output(proc, timeout=30):
-    """The launcher's output once it exits; a launcher still running after `timeout` fails the test with
+    """The launcher once it exits (`ended`); a launcher still running after `timeout` fails the test with
     its threads' stacks (SIGABRT makes faulthandler print them)."""
     try:
-        return proc.communicate(timeout=timeout)[0]
+        return ended(proc, timeout)
     except subprocess.TimeoutExpired:
         proc.send_signal(signal.SIGABRT)
-        out, _ = proc.communicate(timeout=30)
-        pytest.fail(f"trainer.launch still ran {timeout}s on; its output, then its threads' stacks:\n{out}")
-
-
-@contextlib.contextmanager
-def _sigint_as_in_a_terminal():
-    """Children started inside get SIGINT's default action, as a command typed at a terminal does. Where the
-    test run itself ignores SIGINT (a job started in the background without job control, as CI may start
-    it), its children inherit that, and the launcher rightly keeps ignoring Ctrl-C."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # exec turns a handler into SIG_DFL
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
+        pytest.fail(f"trainer.launch still ran {timeout}s on; its output, then its threads' stacks:\n"
+                    f"{script_failed(ended(proc, 30))}")
 
 
 def _gone(pid):
@@ -78,9 +63,9 @@ def test_each_task_gets_its_tf_config_and_a_prefix(tmp_path):
         task = json.loads(os.environ["TF_CONFIG"])["task"]
         print("hello from", task["type"], task["index"], "args", sys.argv[1:])
     """)
-    out = _output(_launch(script, "--flag", "1", workers=3), timeout=60)
+    launcher = _output(_launch(script, "--flag", "1", workers=3), timeout=60)
     for i in range(3):
-        assert f"[worker:{i}] hello from worker {i} args ['--flag', '1']" in out
+        assert f"[worker:{i}] hello from worker {i} args ['--flag', '1']" in launcher.stdout, script_failed(launcher)
 
 
 def test_a_failing_task_stops_the_others_with_its_status(tmp_path):
@@ -91,10 +76,9 @@ def test_a_failing_task_stops_the_others_with_its_status(tmp_path):
         time.sleep(60)
     """)
     start = time.monotonic()
-    proc = _launch(script)
-    out = _output(proc, timeout=60)
-    assert proc.returncode == 3
-    assert "task worker:1 failed with exit status 3" in out
+    launcher = _output(_launch(script), timeout=60)
+    assert launcher.returncode == 3, script_failed(launcher)
+    assert "task worker:1 failed with exit status 3" in launcher.stdout
     assert time.monotonic() - start < 30
 
 
@@ -105,11 +89,10 @@ def test_a_task_stopped_by_sigterm_from_outside_is_said_to_be_stopped_not_failed
             os.kill(os.getpid(), signal.SIGTERM)  # as a preempted node's own processes get it
         time.sleep(60)
     """)
-    proc = _launch(script)
-    out = _output(proc, timeout=60)
-    assert proc.returncode == 143
-    assert "[launcher] task worker:1 was stopped by SIGTERM (exit status 143); stopping the others" in out
-    assert "failed" not in out
+    launcher = _output(_launch(script), timeout=60)
+    assert launcher.returncode == 143, script_failed(launcher)
+    assert "[launcher] task worker:1 was stopped by SIGTERM (exit status 143); stopping the others" in launcher.stdout
+    assert "failed" not in launcher.stdout
 
 
 @pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
@@ -127,22 +110,23 @@ def test_interrupt_stops_every_task(tmp_path, signum, status):
             f.write(f"{{os.getpid()}}\\n")
         time.sleep(60)
     """)
-    with _sigint_as_in_a_terminal():
+    with sigint_as_in_a_terminal():
         proc = _launch(script)
     deadline = time.monotonic() + 30
     while (not marker.exists() or len(marker.read_text().split()) < 2) and time.monotonic() < deadline:
         time.sleep(0.1)
     proc.send_signal(signum)
     try:
-        out = _output(proc)
+        launcher = _output(proc)
     finally:
         pids = [int(pid) for pid in marker.read_text().split()]
         survivors = [pid for pid in pids if not _gone(pid)]
         for pid in survivors:  # leave no task behind, even when the test fails
             os.kill(pid, signal.SIGKILL)
-    assert proc.returncode == status and "interrupted" in out, out
+    assert launcher.returncode == status and "interrupted" in launcher.stdout, script_failed(launcher)
     assert len(pids) == 2 and not survivors
-    assert "[worker:0] saved and stopped" in out and "[worker:1] saved and stopped" in out, out
+    assert ("[worker:0] saved and stopped" in launcher.stdout
+            and "[worker:1] saved and stopped" in launcher.stdout), script_failed(launcher)
 
 
 @pytest.mark.parametrize("ignored", [False, True], ids=["default", "ignored"])
@@ -160,7 +144,7 @@ def test_run_stops_on_sigint_unless_the_parent_ignores_it(tmp_path, ignored):
     out = io.StringIO()
     try:
         start = time.monotonic()
-        status = launch.run([sys.executable, script, "exit" if ignored else "wait"], workers=1, out=out)
+        status = job.run([sys.executable, script, "exit" if ignored else "wait"], workers=1, out=out)
         assert signal.getsignal(signal.SIGINT) is (signal.SIG_IGN if ignored else signal.default_int_handler)
         assert signal.getsignal(signal.SIGTERM) is sigterm
     finally:
@@ -186,7 +170,7 @@ def test_a_task_that_cannot_start_stops_those_that_did(tmp_path):
         return [str(tmp_path / "no-such-program")]
 
     with pytest.raises(FileNotFoundError, match="no-such-program"):
-        launch.run([sys.executable, script], workers=1, ps=1, out=io.StringIO(), server_command=missing_server)
+        job.run([sys.executable, script], workers=1, ps=1, out=io.StringIO(), server_command=missing_server)
     assert _gone(int(marker.read_text()))
 
 
@@ -209,9 +193,9 @@ def _starts(tmp_path):
 
 def test_max_restarts_starts_every_task_again_after_one_fails(tmp_path):
     script = _script(tmp_path, RESTARTING)
-    proc = _launch(script, "1", options=("--max-restarts", "2"), cwd=tmp_path)
-    out = _output(proc)
-    assert proc.returncode == 0, out
+    launcher = _output(_launch(script, "1", options=("--max-restarts", "2"), cwd=tmp_path))
+    assert launcher.returncode == 0, script_failed(launcher)
+    out = launcher.stdout
     assert out.count("[launcher] restart 1 of 2: task worker:1 failed with exit status 3; starting again") == 1
     assert "restart 2 of 2" not in out
     starts = sorted(_starts(tmp_path))
@@ -224,10 +208,10 @@ def test_max_restarts_starts_every_task_again_after_one_fails(tmp_path):
 
 def test_restarts_used_up_end_with_the_failures_status_and_reason(tmp_path):
     script = _script(tmp_path, RESTARTING)
-    env = {**os.environ, "TRAINER_BACKUP_DIR": str(tmp_path / "mine")}
-    proc = _launch(script, "9", options=("--max-restarts", "2"), cwd=tmp_path, env=env)
-    out = _output(proc)
-    assert proc.returncode == 3, out
+    launcher = _output(_launch(script, "9", options=("--max-restarts", "2"), cwd=tmp_path,
+                               env={"TRAINER_BACKUP_DIR": str(tmp_path / "mine")}))
+    assert launcher.returncode == 3, script_failed(launcher)
+    out = launcher.stdout
     assert "[launcher] restart 2 of 2: task worker:1 failed with exit status 3; starting again" in out
     assert ("[launcher] no restart left (2 of 2 used): task worker:1 failed with exit status 3; exiting with "
             "status 3") in out
@@ -237,15 +221,14 @@ def test_restarts_used_up_end_with_the_failures_status_and_reason(tmp_path):
 
 def test_without_restarts_a_failure_ends_the_job_and_no_backup_is_given(tmp_path):
     script = _script(tmp_path, RESTARTING)
-    env = {k: v for k, v in os.environ.items() if k != "TRAINER_BACKUP_DIR"}
-    proc = _launch(script, "1", cwd=tmp_path, env=env)
-    out = _output(proc)
-    assert proc.returncode == 3 and "restart" not in out and "backup dir None" in out, out
+    launcher = _output(_launch(script, "1", cwd=tmp_path, env={"TRAINER_BACKUP_DIR": None}))
+    out = launcher.stdout
+    assert launcher.returncode == 3 and "restart" not in out and "backup dir None" in out, script_failed(launcher)
 
 
 def test_missing_script_is_a_usage_error():
-    proc = subprocess.run([sys.executable, "-m", "trainer.launch", "--workers", "2"], capture_output=True, text=True)
-    assert proc.returncode == 2 and "the script to run is missing" in proc.stderr
+    proc = run_script(None, launch=("--workers", "2"), check=False)
+    assert proc.returncode == 2 and "the script to run is missing" in proc.stderr, script_failed(proc)
 
 
 @pytest.mark.parametrize("tf_config, received", [
@@ -256,19 +239,16 @@ def test_missing_script_is_a_usage_error():
      "task type 'worker' in a cluster with 0 ps task(s)"),  # a multi-worker job: every task runs the script
 ])
 def test_serve_needs_a_worker_or_ps_task_of_a_ps_cluster(tf_config, received):
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    if tf_config:
-        env["TF_CONFIG"] = json.dumps(tf_config)
-    out = subprocess.run([sys.executable, "-m", "trainer.launch", "--serve"], capture_output=True, text=True,
-                         env=env, timeout=60)
-    assert out.returncode == 2
-    assert "TF_CONFIG must name one" in out.stderr and received in out.stderr
+    env = {"TF_CONFIG": json.dumps(tf_config) if tf_config else None}
+    out = run_script(None, launch=("--serve",), env=env, timeout=60, check=False)
+    assert out.returncode == 2, script_failed(out)
+    assert "TF_CONFIG must name one" in out.stderr and received in out.stderr, script_failed(out)
 
 
 def test_serve_takes_no_script():
-    out = subprocess.run([sys.executable, "-m", "trainer.launch", "--serve", "train.py"], capture_output=True,
-                         text=True, timeout=60)
-    assert out.returncode == 2 and "--serve takes no script" in out.stderr and "'train.py'" in out.stderr
+    out = run_script("train.py", launch=("--serve",), timeout=60, check=False)
+    assert out.returncode == 2 and "--serve takes no script" in out.stderr and "'train.py'" in out.stderr, \
+        script_failed(out)
 
 
 @pytest.mark.slow

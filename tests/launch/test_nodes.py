@@ -7,16 +7,16 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 
 import pytest
 
-from test_launch import _sigint_as_in_a_terminal
-from trainer.launch import launcher as launch
-from trainer.launch import rendezvous
-from trainer.launch.rendezvous import SECRET_ENV, Node, node_cluster
+from conftest import ended, run_script, script_failed, sigint_as_in_a_terminal, start_script
+from trainer.launch import links, rendezvous
+from trainer.launch.agreement import Node, node_cluster
+from trainer.launch.job import free_ports
+from trainer.launch.secret import SECRET_ENV
 
 
 def test_node_cluster_orders_tasks_by_node_and_puts_the_chief_on_node_0():
@@ -40,25 +40,22 @@ SECRET = "a secret of this test"
 
 
 def _node(rank, nnodes, port, script, *args, workers=1, ps=0, timeout=30, secret=SECRET, options=(), cwd=None):
-    env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
-    if secret is not None:
-        env[SECRET_ENV] = secret
-    return subprocess.Popen(
-        [sys.executable, "-m", "trainer.launch", "--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr",
-         "localhost", "--master-port", str(port), "--workers", str(workers), "--ps", str(ps), "--rdzv-timeout",
-         str(timeout), *options, script, *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd)
+    launch = ("--nnodes", nnodes, "--node-rank", rank, "--master-addr", "localhost", "--master-port", port,
+              "--workers", workers, "--ps", ps, "--rdzv-timeout", timeout, *options)
+    return start_script(script, *args, launch=launch, env={SECRET_ENV: secret}, cwd=cwd)
 
 
 def _outputs(*procs, timeout=60):
-    """Every launcher's output once all have exited; kills them all if one is still running after `timeout`."""
+    """Every launcher once all have exited (`ended`): their outputs, and `script_failed(*launchers)` for the
+    messages; kills them all if one is still running after `timeout`."""
     deadline = time.monotonic() + timeout
     try:
-        return [proc.communicate(timeout=max(1.0, deadline - time.monotonic()))[0] for proc in procs]
+        launchers = [ended(proc, max(1.0, deadline - time.monotonic())) for proc in procs]
     except subprocess.TimeoutExpired:
         for proc in procs:
             proc.kill()
-        pytest.fail(f"a launcher still ran {timeout}s on: {[proc.communicate()[0] for proc in procs]}")
+        pytest.fail(f"a launcher still ran {timeout}s on:\n{script_failed(*(ended(proc) for proc in procs))}")
+    return [launcher.stdout for launcher in launchers], script_failed(*launchers)
 
 
 def _gone(pid):
@@ -79,12 +76,12 @@ REPORT = """
 
 def test_every_task_of_every_node_gets_the_same_cluster(tmp_path):
     script = _script(tmp_path, REPORT)
-    port = launch.free_ports(1)[0]
+    port = free_ports(1)[0]
     node1 = _node(1, 2, port, script, workers=1)  # it may start first: it waits for node 0
     time.sleep(0.5)
     node0 = _node(0, 2, port, script, workers=2)
-    out0, out1 = _outputs(node0, node1)
-    assert (node0.returncode, node1.returncode) == (0, 0), out0 + out1
+    (out0, out1), failed = _outputs(node0, node1)
+    assert (node0.returncode, node1.returncode) == (0, 0), failed
     configs = {line.split("]")[0] + "]": json.loads(line.split("config ")[1].rsplit("}", 1)[0] + "}")
                for line in (out0 + out1).splitlines() if " config " in line}
     assert sorted(configs) == ["[worker:0]", "[worker:1]", "[worker:2]"]
@@ -103,11 +100,11 @@ def test_a_failed_task_on_one_node_stops_every_node_with_its_status(tmp_path):
             sys.exit(3)
         time.sleep(60)
     """)
-    port = launch.free_ports(1)[0]
+    port = free_ports(1)[0]
     start = time.monotonic()
     node0, node1 = _node(0, 2, port, script), _node(1, 2, port, script)
-    out0, out1 = _outputs(node0, node1)
-    assert (node0.returncode, node1.returncode) == (3, 3), out0 + out1
+    (out0, out1), failed = _outputs(node0, node1)
+    assert (node0.returncode, node1.returncode) == (3, 3), failed
     assert "[launcher] task worker:1 failed with exit status 3; stopping the others" in out1
     assert "[launcher] node 1: task worker:1 failed with exit status 3; stopping every task here" in out0
     assert time.monotonic() - start < 30
@@ -139,16 +136,16 @@ def _no_survivors(pids):
 def test_a_node_killed_outright_stops_the_others_and_leaves_no_task(tmp_path, killed):
     marker = tmp_path / "pids"
     script = _script(tmp_path, PIDS.format(marker=str(marker)))
-    port = launch.free_ports(1)[0]
+    port = free_ports(1)[0]
     nodes = [_node(0, 2, port, script), _node(1, 2, port, script)]
     pids = _wait_for_pids(marker, 2)
     nodes[killed].kill()  # its machine gone: the launcher dies, and its task with it
     start = time.monotonic()
-    outs = _outputs(*nodes)
+    outs, failed = _outputs(*nodes)
     time.sleep(0.5)  # the kernel delivers the task's death signal
     assert not _no_survivors(pids) and len(pids) == 2
     survivor = nodes[1 - killed]
-    assert survivor.returncode == 1, outs[1 - killed]
+    assert survivor.returncode == 1, failed
     assert (f"[launcher] node {killed}'s launcher is gone (its machine stopped, or it was killed); stopping every "
             "task") in outs[1 - killed]
     assert time.monotonic() - start < 20
@@ -158,27 +155,27 @@ def test_a_node_killed_outright_stops_the_others_and_leaves_no_task(tmp_path, ki
 def test_an_interrupted_node_stops_every_node(tmp_path, signum, status):
     marker = tmp_path / "pids"
     script = _script(tmp_path, PIDS.format(marker=str(marker)))
-    port = launch.free_ports(1)[0]
-    with _sigint_as_in_a_terminal():
+    port = free_ports(1)[0]
+    with sigint_as_in_a_terminal():
         node0, node1 = _node(0, 2, port, script), _node(1, 2, port, script)
     pids = _wait_for_pids(marker, 2)
     node1.send_signal(signum)
-    out0, out1 = _outputs(node0, node1)
+    (out0, out1), failed = _outputs(node0, node1)
     assert not _no_survivors(pids)
-    assert (node0.returncode, node1.returncode) == (status, status), out0 + out1
+    assert (node0.returncode, node1.returncode) == (status, status), failed
     assert "[launcher] interrupted; stopping every task" in out1
     assert "[launcher] node 1: interrupted; stopping every task here" in out0
 
 
 def test_sigterm_while_waiting_for_the_nodes_stops_at_once(tmp_path):
     script = _script(tmp_path, "pass\n")
-    port = launch.free_ports(1)[0]
+    port = free_ports(1)[0]
     node0, node1 = _node(0, 3, port, script, timeout=60), _node(1, 3, port, script, timeout=60)
     time.sleep(3)  # node 1 has arrived; node 2 never will
     start = time.monotonic()
     node0.send_signal(signal.SIGTERM)  # not SIGINT: a test run started in the background ignores it
-    out0, out1 = _outputs(node0, node1, timeout=20)
-    assert (node0.returncode, node1.returncode) == (143, 1), out0 + out1
+    (out0, out1), failed = _outputs(node0, node1, timeout=20)
+    assert (node0.returncode, node1.returncode) == (143, 1), failed
     assert "node 0 was interrupted before every node had arrived" in out0 and "interrupted" in out1
     assert time.monotonic() - start < 5
 
@@ -186,11 +183,11 @@ def test_sigterm_while_waiting_for_the_nodes_stops_at_once(tmp_path):
 def test_a_node_that_never_arrives_is_named_and_nothing_starts(tmp_path):
     marker = tmp_path / "started"
     script = _script(tmp_path, f"open({str(marker)!r}, 'w').close()\n")
-    port = launch.free_ports(1)[0]
+    port = free_ports(1)[0]
     start = time.monotonic()
     node0, node1 = _node(0, 3, port, script, timeout=3), _node(1, 3, port, script, timeout=3)
-    out0, out1 = _outputs(node0, node1)
-    assert (node0.returncode, node1.returncode) == (1, 1), out0 + out1
+    (out0, out1), failed = _outputs(node0, node1)
+    assert (node0.returncode, node1.returncode) == (1, 1), failed
     assert "node(s) 2 of 3 never joined the rendezvous at localhost:" in out0
     assert "(joined: 0, 1)" in out0 and "--node-rank N" in out0
     assert "never joined" in out1  # node 0 tells the nodes that did arrive
@@ -200,17 +197,17 @@ def test_a_node_that_never_arrives_is_named_and_nothing_starts(tmp_path):
 
 def test_a_node_without_node_0_says_where_it_looked(tmp_path):
     script = _script(tmp_path, "pass\n")
-    port = launch.free_ports(1)[0]
-    (out,) = _outputs(_node(1, 2, port, script, timeout=2))
-    assert f"node 1 could not reach node 0's rendezvous at localhost:{port} in 2 s" in out
-    assert "--node-rank 0 on localhost" in out
+    port = free_ports(1)[0]
+    (out,), failed = _outputs(_node(1, 2, port, script, timeout=2))
+    assert f"node 1 could not reach node 0's rendezvous at localhost:{port} in 2 s" in out, failed
+    assert "--node-rank 0 on localhost" in out, failed
 
 
 def test_nodes_started_with_another_node_count_are_refused(tmp_path):
     script = _script(tmp_path, "pass\n")
-    port = launch.free_ports(1)[0]
+    port = free_ports(1)[0]
     node0, node1 = _node(0, 2, port, script), _node(1, 3, port, script)
-    out0, out1 = _outputs(node0, node1)
+    (out0, out1), failed = _outputs(node0, node1)
     assert (node0.returncode, node1.returncode) == (1, 1)
     for out in (out0, out1):
         assert "node 1 was started with --nnodes 3 and node 0 with --nnodes 2" in out
@@ -219,10 +216,10 @@ def test_nodes_started_with_another_node_count_are_refused(tmp_path):
 def test_parameter_server_tasks_on_the_nodes_and_the_chief_on_node_0(tmp_path):
     """The chief runs the script; the other tasks run `--serve` until the chief is done, on every node."""
     script = _script(tmp_path, REPORT + "    time.sleep(1)\n")
-    port = launch.free_ports(1)[0]
+    port = free_ports(1)[0]
     node0, node1 = _node(0, 2, port, script, workers=1), _node(1, 2, port, script, workers=1, ps=1)
-    out0, out1 = _outputs(node0, node1, timeout=90)
-    assert (node0.returncode, node1.returncode) == (0, 0), out0 + out1
+    (out0, out1), failed = _outputs(node0, node1, timeout=90)
+    assert (node0.returncode, node1.returncode) == (0, 0), failed
     config = json.loads(out0.split("[chief:0] config ")[1].split(" trainer-launch")[0])
     assert [len(config["cluster"][kind]) for kind in ("chief", "worker", "ps")] == [1, 2, 1]
     assert config["task"] == {"type": "chief", "index": 0}
@@ -232,10 +229,10 @@ def test_parameter_server_tasks_on_the_nodes_and_the_chief_on_node_0(tmp_path):
 def test_a_node_with_another_secret_is_refused_and_named_and_nothing_starts(tmp_path):
     marker = tmp_path / "started"
     script = _script(tmp_path, f"open({str(marker)!r}, 'w').close()\n")
-    port = launch.free_ports(1)[0]
+    port = free_ports(1)[0]
     node0, node1 = _node(0, 2, port, script), _node(1, 2, port, script, secret="another secret")
-    out0, out1 = _outputs(node0, node1)
-    assert (node0.returncode, node1.returncode) == (1, 1), out0 + out1
+    (out0, out1), failed = _outputs(node0, node1)
+    assert (node0.returncode, node1.returncode) == (1, 1), failed
     for out in (out0, out1):
         assert "node 1 at 127.0.0.1 presented another secret than node 0's: it was refused" in out
     assert "another secret" not in " ".join(out0.split("presented another secret")[::2])  # never the secret
@@ -246,12 +243,12 @@ def test_node_addr_and_a_secret_file_are_what_the_cluster_uses(tmp_path):
     script = _script(tmp_path, REPORT + "    print('secret', os.environ.get('TRAINER_RDZV_SECRET'), flush=True)\n")
     secret_file = tmp_path / "secret"
     secret_file.write_text(SECRET + "\n")
-    port = launch.free_ports(1)[0]
+    port = free_ports(1)[0]
     node0 = _node(0, 2, port, script, options=("--node-addr", "127.0.0.1"))
     node1 = _node(1, 2, port, script, secret=None, options=("--node-addr", "127.0.0.1", "--rdzv-secret-file",
                                                             str(secret_file)))
-    out0, out1 = _outputs(node0, node1)
-    assert (node0.returncode, node1.returncode) == (0, 0), out0 + out1
+    (out0, out1), failed = _outputs(node0, node1)
+    assert (node0.returncode, node1.returncode) == (0, 0), failed
     config = json.loads(out1.split("[worker:1] config ")[1].split(" trainer-launch")[0])
     assert [address.split(":")[0] for address in config["cluster"]["worker"]] == ["127.0.0.1", "127.0.0.1"]
     assert "secret None" in out0 and "secret None" in out1  # the tasks do not see the secret
@@ -266,7 +263,7 @@ def test_a_rendezvous_that_does_not_answer_with_the_secret_is_not_taken_for_node
 
     def impostor():  # challenges as node 0 does, then hands out a cluster without the job's secret
         connection = listener.accept()[0]
-        channel = rendezvous.Channel(connection)
+        channel = links.Channel(connection)
         channel.send({"challenge": "0" * 32})
         channel.receive(10)
         channel.send({"cluster": {"worker": ["localhost:1", "localhost:2"]}, "tasks": [["worker", 1]],
@@ -278,7 +275,7 @@ def test_a_rendezvous_that_does_not_answer_with_the_secret_is_not_taken_for_node
     thread.start()
     with listener, pytest.raises(rendezvous.RendezvousError, match="not with this job's secret"):
         rendezvous.join(nnodes=(2, 2), node_rank=1, master_addr="localhost", master_port=port, workers=1, ps=0,
-                        timeout=5, free_ports=launch.free_ports, secret=b"the job's")
+                        timeout=5, free_ports=free_ports, secret=b"the job's")
     thread.join(timeout=5)
 
 
@@ -310,12 +307,12 @@ def _wait_for(path, timeout=30):
 
 def test_a_node_killed_mid_run_restarts_the_job_on_the_nodes_left(tmp_path):
     script = _script(tmp_path, ELASTIC)
-    port = launch.free_ports(1)[0]
+    port = free_ports(1)[0]
     node0, node1 = (_elastic_node(rank, port, script, "wait,done", 1, cwd=tmp_path) for rank in (0, 1))
     _wait_for(tmp_path / "started-0-worker1")
     node1.kill()  # its machine gone: its task dies with it
-    out0, out1 = _outputs(node0, node1)
-    assert (node0.returncode, node1.returncode) == (0, -9), out0 + out1
+    (out0, out1), failed = _outputs(node0, node1)
+    assert (node0.returncode, node1.returncode) == (0, -9), failed
     assert ("[launcher] restart 1 of 1: node 1's launcher is gone (its machine stopped, or it was killed); starting "
             "again: meeting at the rendezvous") in out0
     assert "[launcher] restart 1 of 1: 1 node, 1 worker now (before: 2 nodes, 2 workers)" in out0
@@ -326,9 +323,9 @@ def test_a_node_killed_mid_run_restarts_the_job_on_the_nodes_left(tmp_path):
 
 def _node_1_lost_and_back(tmp_path, plan: str, restarts: int):
     """Node 1 dies in round 0 and comes back while node 0 runs round 1 alone, which then ends as `plan` says;
-    the outputs and statuses of node 0 and of the node that came back."""
+    the outputs and statuses of node 0 and of the node that came back, and `script_failed` of the two."""
     script = _script(tmp_path, ELASTIC)
-    port = launch.free_ports(1)[0]
+    port = free_ports(1)[0]
     node0, node1 = (_elastic_node(rank, port, script, plan, restarts, cwd=tmp_path) for rank in (0, 1))
     _wait_for(tmp_path / "started-0-worker1")
     node1.kill()
@@ -336,14 +333,15 @@ def _node_1_lost_and_back(tmp_path, plan: str, restarts: int):
     back = _elastic_node(1, port, script, plan, restarts, cwd=tmp_path)  # waits for the next restart
     time.sleep(2)
     (tmp_path / "go-1").touch()  # round 1 ends
-    out0, out_back = _outputs(node0, back)
+    (out0, out_back), failed = _outputs(node0, back)
     node1.communicate()
-    return (out0, out_back), (node0.returncode, back.returncode)
+    return (out0, out_back), (node0.returncode, back.returncode), failed
 
 
 def test_a_node_that_comes_back_joins_at_the_next_restart(tmp_path):
-    (out0, out_back), statuses = _node_1_lost_and_back(tmp_path, "wait,fail,done", 2)  # round 1 fails: a restart
-    assert statuses == (0, 0), out0 + out_back
+    plan = "wait,fail,done"  # round 1 fails: a restart
+    (out0, out_back), statuses, failed = _node_1_lost_and_back(tmp_path, plan, 2)
+    assert statuses == (0, 0), failed
     assert "[launcher] restart 2 of 2: 2 nodes, 2 workers now (before: 1 node, 1 worker)" in out0
     assert "round 2 worker1 trainer-launch on 2 nodes" in out_back
     assert "[launcher] restart 2 of 2: 2 nodes, 2 workers now" in out_back
@@ -351,8 +349,8 @@ def test_a_node_that_comes_back_joins_at_the_next_restart(tmp_path):
 
 def test_a_node_that_comes_back_to_a_job_that_then_completes_ends_with_it(tmp_path):
     """No restart comes after node 1 returns: node 0 tells it the job is done."""
-    (out0, out_back), statuses = _node_1_lost_and_back(tmp_path, "wait,wait", 1)  # round 1 completes the job
-    assert statuses == (0, 0), out0 + out_back
+    (out0, out_back), statuses, failed = _node_1_lost_and_back(tmp_path, "wait,wait", 1)  # round 1 completes the job
+    assert statuses == (0, 0), failed
     assert ("[launcher] node 1: the job completed while this node waited to join it at a restart; nothing to do"
             in out_back)
     assert "round" not in out_back  # it ran no task
@@ -360,12 +358,12 @@ def test_a_node_that_comes_back_to_a_job_that_then_completes_ends_with_it(tmp_pa
 
 def test_a_preempted_node_stops_its_tasks_and_leaves_and_the_others_go_on(tmp_path):
     script = _script(tmp_path, ELASTIC)
-    port = launch.free_ports(1)[0]
+    port = free_ports(1)[0]
     node0, node1 = (_elastic_node(rank, port, script, "wait,done", 1, cwd=tmp_path) for rank in (0, 1))
     _wait_for(tmp_path / "started-0-worker1")
     node1.send_signal(signal.SIGTERM)  # a preemption notice
-    out0, out1 = _outputs(node0, node1)
-    assert (node0.returncode, node1.returncode) == (0, 143), out0 + out1
+    (out0, out1), failed = _outputs(node0, node1)
+    assert (node0.returncode, node1.returncode) == (0, 143), failed
     assert "[launcher] interrupted; stopping every task" in out1 and "restart 1 of" not in out1
     assert "[launcher] restart 1 of 1: node 1: interrupted; starting again" in out0
     assert "round 1 worker0 trainer-launch on 1 node" in out0
@@ -373,12 +371,12 @@ def test_a_preempted_node_stops_its_tasks_and_leaves_and_the_others_go_on(tmp_pa
 
 def test_restarts_used_up_on_nodes_end_with_the_failures_status_and_reason(tmp_path):
     script = _script(tmp_path, ELASTIC)
-    port = launch.free_ports(1)[0]
+    port = free_ports(1)[0]
     (tmp_path / "go-0").touch()
     (tmp_path / "go-1").touch()
     node0, node1 = (_elastic_node(rank, port, script, "fail,fail", 1, cwd=tmp_path) for rank in (0, 1))
-    out0, out1 = _outputs(node0, node1)
-    assert (node0.returncode, node1.returncode) == (5, 5), out0 + out1
+    (out0, out1), failed = _outputs(node0, node1)
+    assert (node0.returncode, node1.returncode) == (5, 5), failed
     assert "[launcher] no restart left (1 of 1 used): " in out0 and "failed with exit status 5" in out0
     assert (tmp_path / "started-1-worker1").exists()  # the second round ran on both nodes
 
@@ -399,7 +397,5 @@ def test_restarts_used_up_on_nodes_end_with_the_failures_status_and_reason(tmp_p
         "node-addr-empty", "nnodes-min-above-max", "negative-restarts", "elastic-without-restarts"])
 def test_bad_node_options_are_usage_errors(tmp_path, args, message):
     script = _script(tmp_path, "pass\n")
-    env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
-    proc = subprocess.run([sys.executable, "-m", "trainer.launch", *args, script], capture_output=True, text=True,
-                          env=env)
-    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    proc = run_script(script, launch=args, env={SECRET_ENV: None}, check=False)
+    assert proc.returncode == 2 and message in proc.stderr, script_failed(proc)

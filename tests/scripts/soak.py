@@ -138,7 +138,7 @@ class Launchers:
     name = "trainer-launch --nnodes 1:2 --max-restarts N, two nodes of one worker"
 
     def __init__(self, soak: Soak):
-        from trainer.launch.launcher import free_ports
+        from trainer.launch.job import free_ports
 
         self.events, self.rng = soak.events, soak.rng
         port = free_ports(1)[0]

@@ -26,155 +26,25 @@ which is also the command for those tasks on a cluster (Kubernetes, cloud jobs).
 Under Slurm, as every task of an srun step, it runs this task's part of the step:
 
     srun -n 4 trainer-launch --ps 1 script.py [args]   # task 0 the chief, task 3 the ps, 1-2 the workers
+
+This module is the command line only: it reads and checks the flags, so that a wrong one is a usage error
+before anything starts, then hands over: a job's rounds to `job.py`, a serving task and an srun task to
+`serve.py`. It must not run, watch or restart tasks itself.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
 import os
-import socket
 import sys
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
-from trainer.distribute.cluster import BACKUP_DIR_ENV
 from trainer.distribute.slurm import slurm_step
-from trainer.launch import links, rendezvous
+from trainer.launch import rendezvous
+from trainer.launch.agreement import nodes_text
+from trainer.launch.job import run, run_nodes
+from trainer.launch.secret import SECRET_ENV, read_secret
 from trainer.launch.serve import check_serve_config, run_slurm_task, serve
-from trainer.launch.supervise import run_tasks, say, stop_requests
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct localhost ports that were free a moment ago."""
-    with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for s in sockets:
-            s.bind(("localhost", 0))
-        return [s.getsockname()[1] for s in sockets]
-
-
-def cluster_spec(workers: int, ps: int, ports: Sequence[int]) -> dict[str, list[str]]:
-    """The cluster dict: workers only (worker 0 is chief), or chief + workers + ps with --ps."""
-    addresses = [f"localhost:{p}" for p in ports]
-    if ps == 0:
-        return {"worker": addresses[:workers]}
-    return {"chief": addresses[:1], "worker": addresses[1 : 1 + workers],
-            "ps": addresses[1 + workers : 1 + workers + ps]}
-
-
-def tasks(cluster: dict[str, list[str]]) -> list[tuple[str, int]]:
-    """Every (task type, index) in the cluster, chief first."""
-    order = ("chief", "worker", "ps")
-    return [(kind, i) for kind in order for i in range(len(cluster.get(kind, [])))]
-
-
-def run(
-    command: Sequence[str],
-    *,
-    workers: int,
-    ps: int = 0,
-    max_restarts: int = 0,
-    env: dict[str, str] | None = None,
-    out=None,
-    server_command: Callable[[str, int], list[str]] | None = None,
-) -> int:
-    """Runs `command` as every computing task of a local cluster; returns the exit status.
-
-    Args:
-      command: the program and its arguments, e.g. [sys.executable, "train.py"].
-      workers: worker tasks.
-      ps: parameter-server tasks; with any, the command runs on a chief and the
-        workers and ps tasks run TensorFlow servers.
-      max_restarts: times every task starts again after one fails (the script
-        resumes from its backup, which the launcher's `TRAINER_BACKUP_DIR` gives).
-      env: the environment (default: this process's).
-      out: where prefixed lines go (default: stdout).
-    """
-    out = out or sys.stdout
-    env = _elastic_env(os.environ if env is None else env, max_restarts, out)
-    with stop_requests() as requested:
-        restart = 0
-        while True:
-            cluster = cluster_spec(workers, ps, free_ports(workers + ps + (1 if ps else 0)))
-            origin = "trainer-launch on this machine" + (f", restart {restart} of {max_restarts}" if restart else "")
-            link = links.Alone(can_restart=restart < max_restarts)
-            status = run_tasks(command, cluster, tasks(cluster), origin=origin, env=env, out=out,
-                               server_command=server_command, link=link, requested=requested)
-            if not _restarts(link, status, restart, max_restarts, out):
-                return status
-            restart += 1
-
-
-def _restarts(link, status: int, restart: int, max_restarts: int, out, after: str = "") -> bool:
-    """Whether the job starts again after a round that ended with `status`; says so, or why not."""
-    if status == 0:
-        return False
-    if link.rejoin:
-        say(out, f"restart {restart + 1} of {max_restarts}: {link.why}; starting again{after}")
-        return True
-    if max_restarts and restart == max_restarts:
-        say(out, f"no restart left ({max_restarts} of {max_restarts} used): {link.why}; exiting with status {status}")
-    return False
-
-
-def _elastic_env(env: Mapping[str, str], max_restarts: int, out) -> dict[str, str]:
-    """The tasks' environment: with restarts, a backup folder for the script (unless it was given one)."""
-    env = dict(env)
-    if max_restarts and not env.get(BACKUP_DIR_ENV):
-        env[BACKUP_DIR_ENV] = os.path.abspath("trainer-backup")
-        say(out, f"backups in {env[BACKUP_DIR_ENV]} ({BACKUP_DIR_ENV}): after a restart, fit resumes from them")
-    return env
-
-
-def run_nodes(command: Sequence[str], *, nnodes: tuple[int, int], node_rank: int, master_addr: str,
-              master_port: int, workers: int, secret: bytes, ps: int = 0, node_addr: str | None = None,
-              max_restarts: int = 0, last_call: float = 10.0, timeout: float = rendezvous.DEFAULT_TIMEOUT,
-              env: dict[str, str] | None = None, out=None) -> int:
-    """This machine's part of a job over `nnodes` = (least, most) machines: meets the others at node 0's
-    rendezvous (with the job's `secret`), runs its own tasks, and stops with the others when any node fails
-    or goes; with restarts left, meets the nodes that are left again and starts over. Returns the exit
-    status."""
-    out = out or sys.stdout
-    env = {k: v for k, v in (os.environ if env is None else env).items() if k != rendezvous.SECRET_ENV}
-    env = _elastic_env(env, max_restarts, out)  # every node's workers back up (node 0 checks they all restart)
-    with contextlib.ExitStack() as stack:
-        requested = stack.enter_context(stop_requests())
-        host = None
-        if node_rank == 0:
-            try:
-                host = stack.enter_context(rendezvous.Host(master_addr, master_port))
-            except rendezvous.RendezvousError as err:
-                say(out, f"node 0: {err}")
-                return 1
-        round_ = rendezvous.Round(max_restarts=max_restarts, nodes=nnodes, last_call=last_call)
-        while True:
-            try:
-                plan = rendezvous.join(nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
-                                       master_port=master_port, workers=workers, ps=ps, timeout=timeout,
-                                       free_ports=free_ports, secret=secret, node_addr=node_addr, host=host,
-                                       round_=round_, interrupted=lambda: bool(requested))
-            except rendezvous.JobEnded as ended:
-                say(out, str(ended))
-                return 0
-            except rendezvous.RendezvousError as err:
-                say(out, f"node {node_rank}: {err}")
-                return 128 + requested[0] if requested else 1
-            if requested:
-                plan.link.stopping(128 + requested[0], "interrupted", leaving=True)
-                return plan.link.finish(128 + requested[0])
-            if plan.restart:
-                before = f" (before: {round_.previous})" if round_.previous else ""
-                say(out, f"restart {plan.restart} of {max_restarts}: {rendezvous.layout(plan.cluster, plan.nodes)} "
-                          f"now{before}")
-            status = run_tasks(command, plan.cluster, plan.tasks, origin=plan.origin, env=env, out=out,
-                               link=plan.link, requested=requested)
-            if not _restarts(plan.link, status, plan.restart, max_restarts, out, after=": meeting at the rendezvous"):
-                if host is not None and status == 0:
-                    host.dismiss("the job completed while this node waited to join it at a restart; nothing to do")
-                return status
-            round_ = dataclasses.replace(round_, restart=plan.restart + 1,
-                                         previous=rendezvous.layout(plan.cluster, plan.nodes))
 
 
 def _count(flag: str, minimum: int) -> Callable[[str], int]:
@@ -231,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "node 0, elsewhere the address this machine reaches node 0 from)")
     nodes.add_argument("--rdzv-secret-file", default=None, metavar="FILE",
                        help=f"a file whose first line is the job's shared secret, which every node presents at the "
-                            f"rendezvous (default: ${rendezvous.SECRET_ENV}); never pass the secret itself")
+                            f"rendezvous (default: ${SECRET_ENV}); never pass the secret itself")
     parser.add_argument("--max-restarts", type=_count("--max-restarts", 0), default=0,
                         help="times every task starts again after a task or a node fails, or a node is preempted; "
                              "the script resumes from its last backup (default 0)")
@@ -266,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for flag, value, default in (("--workers", args.workers, None), ("--nnodes", args.nnodes, (1, 1)),
                                      ("--max-restarts", args.max_restarts, 0)):
             if value != default:
-                shown = rendezvous.nodes_text(value) if flag == "--nnodes" else value
+                shown = nodes_text(value) if flag == "--nnodes" else value
                 parser.error(f"under srun, the step's {step.num_tasks} tasks are the cluster. Received: {flag} "
                              f"{shown}. Drop {flag} (choose the tasks with srun -n and -N, and restarts with "
                              "sbatch --requeue), keep --ps if you want it.")
@@ -278,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          f"--node-addr {args.node_addr!r}. Pass --nnodes N on every machine, or drop them to train "
                          "on this one.")
         return run(command, workers=args.workers or 2, ps=args.ps, max_restarts=args.max_restarts)
-    shown = rendezvous.nodes_text(args.nnodes)
+    shown = nodes_text(args.nnodes)
     if args.node_rank >= most:
         parser.error(f"--node-rank must be 0 to {most - 1} (--nnodes {shown}). Received: --node-rank "
                      f"{args.node_rank}. Give each machine its own rank; node 0 serves the rendezvous.")
@@ -292,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--node-addr must be this machine's address as the others reach it. Received: --node-addr ''. "
                      "Pass e.g. --node-addr 10.0.0.5, or drop it to use the address that reaches node 0.")
     try:
-        secret = rendezvous.read_secret(args.rdzv_secret_file)
+        secret = read_secret(args.rdzv_secret_file)
     except ValueError as err:
         parser.error(str(err))
     return run_nodes(command, nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,

@@ -8,7 +8,7 @@ from queue import Empty
 from typing import Any, Callable
 
 from trainer.distribute.cluster import LAUNCHER_MARK
-from trainer.launch.launcher import cluster_spec, free_ports
+from trainer.launch.job import cluster_spec, free_ports
 from trainer.launch.supervise import GRACE_SECONDS, tf_config
 from trainer.quiet import startup_notices_hidden
 

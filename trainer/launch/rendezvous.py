@@ -5,33 +5,31 @@ and again at each restart.
     trainer-launch --nnodes 2 --node-rank 0 --master-addr host0 --master-port 29400 train.py [args]
 
 Node 0 serves the rendezvous at `--master-addr:--master-port` for the whole
-job (`Host`). Every other node connects and says how many tasks it runs and
-on which free ports; once enough have arrived (`--nnodes N`, or MIN:MAX with a
-last call), node 0 sends each node the same cluster and that node's tasks, so
-every task gets the same full TF_CONFIG. Every node presents the job's shared
-secret (`TRAINER_RDZV_SECRET`, or a file): node 0 challenges each node that
-connects, and a node checks node 0's answer the same way, so the secret never
-crosses the network and a node with another secret is refused and named
-before anything starts. The connections then stay open for the whole round,
-as the links of `links.py`. Pure Python: no TensorFlow here.
+job (`Host`). Every other node connects (`join`), proves that it holds the
+job's secret and says how many tasks it runs and on which free ports; once
+enough have arrived (`--nnodes N`, or MIN:MAX with a last call), node 0 sends
+each node the same cluster and that node's tasks, with its own proof, so a
+node with another secret is refused and named before anything starts. The
+connections then stay open for the whole round, as the links of `links.py`.
+
+This module holds the meeting only: what is agreed is `agreement.py`'s, the
+secret and its proofs are `secret.py`'s; it starts no task. Pure Python: no
+TensorFlow here.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import hmac
-import os
 import secrets
 import select
 import socket
 import time
 
-from trainer.launch.links import TICK, Alone, Channel, Hub, NodeLink
+from trainer.launch.agreement import Agreement, Node, Round, node_cluster, nodes_text, origin_text
+from trainer.launch.links import TICK, Channel, Hub, NodeLink
+from trainer.launch.secret import SECRET_ENV, proof, proven
 
 DEFAULT_MASTER_PORT = 29400
 DEFAULT_TIMEOUT = 300.0  # seconds for every node to arrive
-SECRET_ENV = "TRAINER_RDZV_SECRET"  # the job's shared secret, unless --rdzv-secret-file names a file
 
 
 class RendezvousError(RuntimeError):
@@ -46,108 +44,13 @@ class JobEnded(RendezvousError):
     """The job completed while this node waited to join it at its next restart: there is nothing to do."""
 
 
-def read_secret(path: str | None, environ=os.environ) -> bytes:
-    """The job's shared secret: the file at `path` (its first line), else `TRAINER_RDZV_SECRET`.
-
-    Raises:
-      ValueError: there is none, or the file cannot be read or is empty; the message says how to set one.
-    """
-    how = (f"Set the same secret on every node, e.g. `export {SECRET_ENV}=$(python3 -c 'import secrets; "
-           f"print(secrets.token_hex(16))')` on one and the same value on the others, or write it to a file "
-           "that only you can read and pass --rdzv-secret-file FILE.")
-    if path is not None:
-        try:
-            with open(path, "rb") as f:
-                secret = f.readline().strip()
-        except OSError as err:
-            raise ValueError(f"--rdzv-secret-file must be a readable file. Received: --rdzv-secret-file {path!r} "
-                             f"({err.strerror or err}). {how}") from None
-        if not secret:
-            raise ValueError(f"--rdzv-secret-file must hold the secret on its first line. Received: "
-                             f"--rdzv-secret-file {path!r}, whose first line is empty. {how}")
-        return secret
-    secret = environ.get(SECRET_ENV, "").strip().encode()
-    if not secret:
-        raise ValueError(f"a job over several machines needs a shared secret, which every node presents at the "
-                         f"rendezvous. Received: no {SECRET_ENV} in the environment and no --rdzv-secret-file. {how}")
-    return secret
-
-
-def _proof(secret: bytes, purpose: str, challenge: str) -> str:
-    """What a holder of `secret` answers to `challenge` (HMAC-SHA256): the secret itself never travels."""
-    return hmac.new(secret, f"{purpose}:{challenge}".encode(), hashlib.sha256).hexdigest()
-
-
-def _proven(secret: bytes, purpose: str, challenge: str, proof) -> bool:
-    return isinstance(proof, str) and hmac.compare_digest(_proof(secret, purpose, challenge), proof)
-
-
-@dataclasses.dataclass(frozen=True)
-class Node:
-    """One machine's part of the job, as it reports it at the rendezvous."""
-
-    rank: int
-    host: str  # the address the other nodes reach it by
-    workers: int
-    ps: int
-    ports: tuple[int, ...]  # free ports: one per worker, one per ps task, and one for a chief
-
-
-def node_cluster(nodes: list[Node]) -> tuple[dict[str, list[str]], list[list[tuple[str, int]]]]:
-    """The cluster of every node's tasks (in node order), and each node's (task type, index) list.
-
-    Without ps tasks, the workers form a MultiWorkerMirroredStrategy cluster and node 0's first worker is
-    the chief. With ps tasks on any node, node 0 also runs the chief (the coordinator).
-    """
-    nodes = sorted(nodes, key=lambda n: n.rank)
-    with_ps = any(n.ps for n in nodes)
-    cluster: dict[str, list[str]] = {"chief": [], "worker": [], "ps": []} if with_ps else {"worker": []}
-    own: list[list[tuple[str, int]]] = []
-    for node in nodes:
-        mine = []
-        if with_ps and node.rank == 0:
-            mine.append(("chief", 0))
-            cluster["chief"].append(f"{node.host}:{node.ports[-1]}")
-        kinds = ["worker"] * node.workers + ["ps"] * node.ps
-        for kind, port in zip(kinds, node.ports):
-            mine.append((kind, len(cluster[kind])))
-            cluster[kind].append(f"{node.host}:{port}")
-        own.append(mine)
-    return cluster, own
-
-
-@dataclasses.dataclass(frozen=True)
-class Agreement:
-    """What the rendezvous gave this node: the whole cluster, its own tasks, its link to the others, which
-    restart of the job this round is, and how the plan names the launch (node 0 words it for every node)."""
-
-    cluster: dict[str, list[str]]
-    tasks: list[tuple[str, int]]
-    link: "Alone | NodeLink | Hub"
-    restart: int = 0
-    origin: str = ""
-    nodes: int = 1
-
-
-@dataclasses.dataclass(frozen=True)
-class Round:
-    """One rendezvous of an elastic job, as node 0 holds it: which restart, how many nodes it may start with
-    (`nodes` = (least, most)), how long it waits for more once the least are there, and the layout before."""
-
-    restart: int = 0
-    max_restarts: int = 0
-    nodes: tuple[int, int] = (1, 1)
-    last_call: float = 0.0
-    previous: str = ""
-
-
 def join(*, nnodes: tuple[int, int], node_rank: int, master_addr: str, master_port: int, workers: int, ps: int,
          timeout: float, free_ports, secret: bytes, node_addr: str | None = None, host: "Host | None" = None,
          round_: Round | None = None, interrupted=lambda: False) -> Agreement:
     """Meets the other nodes at node 0's rendezvous; returns this node's `Agreement`.
 
     `nnodes` is (least, most) nodes; `free_ports(count)` gives free ports on this machine for its tasks;
-    `secret` is the job's shared secret (`read_secret`); `node_addr` the address the other nodes reach this
+    `secret` is the job's shared secret (`secret.read_secret`); `node_addr` the address the other nodes reach this
     one's tasks by (default: node 0's `master_addr` on node 0, elsewhere the address this machine reached
     node 0 from); `host` node 0's listener (`Host`) and `round_` its round; `interrupted()` says whether a
     stop was requested (Ctrl-C, SIGTERM), looked at every half second while waiting.
@@ -178,7 +81,7 @@ def join(*, nnodes: tuple[int, int], node_rank: int, master_addr: str, master_po
         channel.send({"nnodes": list(nnodes), "max_restarts": (round_ or Round()).max_restarts, "rank": node_rank,
                       "host": node_addr or channel.sock.getsockname()[0], "workers": workers, "ps": ps,
                       "ports": free_ports(workers + ps + 1), "challenge": challenge,
-                      "proof": _proof(secret, "node", str(hello["challenge"]))})
+                      "proof": proof(secret, "node", str(hello["challenge"]))})
         while reply is None and time.monotonic() < deadline:
             reply = _waited(channel, TICK, interrupted, node_rank)
     except ConnectionError:
@@ -191,7 +94,7 @@ def join(*, nnodes: tuple[int, int], node_rank: int, master_addr: str, master_po
         channel.close()
         why = reply["error"] if reply else f"node 0 at {master_addr}:{master_port} sent no cluster in {timeout:.0f} s"
         raise RendezvousError(why)
-    if not _proven(secret, "cluster", challenge, reply.get("proof")):
+    if not proven(secret, "cluster", challenge, reply.get("proof")):
         channel.close()
         raise RendezvousError(f"{where} answered with a cluster but not with this job's secret: node 0 holds another "
                               f"{SECRET_ENV} (or --rdzv-secret-file), or it is not this job's node 0. Nothing was "
@@ -289,10 +192,10 @@ def _gather(host: Host, own: Node, nnodes: tuple[int, int], timeout: float, secr
             channel.close()
         raise
     cluster, own_tasks = node_cluster(list(nodes.values()))
-    origin = _origin(len(nodes), host.where.rsplit(":", 1)[0], cluster, round_)
+    origin = origin_text(len(nodes), host.where.rsplit(":", 1)[0], cluster, round_)
     for rank, channel in channels.items():
         channel.send({"cluster": cluster, "tasks": own_tasks[rank], "restart": round_.restart, "origin": origin,
-                      "nodes": len(nodes), "proof": _proof(secret, "cluster", challenges[rank])})
+                      "nodes": len(nodes), "proof": proof(secret, "cluster", challenges[rank])})
     link = Hub(channels, servers_only="chief" in cluster, can_restart=round_.restart < round_.max_restarts)
     return Agreement(cluster=cluster, tasks=own_tasks[0], link=link, restart=round_.restart, origin=origin,
                      nodes=len(nodes))
@@ -306,28 +209,6 @@ def _too_few(nodes: dict[int, Node], nnodes: tuple[int, int], where: str, timeou
             f"{', '.join(str(r) for r in sorted(nodes))}). Start trainer-launch --nnodes {count.split(' ')[0]} "
             f"--node-rank N --master-addr {where.rsplit(':', 1)[0]} --master-port {where.rsplit(':', 1)[1]} on each "
             "missing node, check that it reaches node 0, or raise --rdzv-timeout.")
-
-
-def layout(cluster: dict[str, list[str]], nodes: int) -> str:
-    """"2 nodes, 3 workers" (and ps tasks): a round's layout, as the launcher's log and the plan name it."""
-    workers = len(cluster.get("worker", []))
-    text = f"{nodes} node{'s' if nodes != 1 else ''}, {workers} worker{'s' if workers != 1 else ''}"
-    return text + (f", {len(cluster['ps'])} ps" if cluster.get("ps") else "")
-
-
-def _origin(nodes: int, master_addr: str, cluster: dict[str, list[str]], round_: Round) -> str:
-    """How the plan's cluster row names this launch: "trainer-launch on 2 nodes (node 0 at host0)", and on a
-    restart which one, and the layout before."""
-    text = f"trainer-launch on {nodes} node{'s' if nodes != 1 else ''} (node 0 at {master_addr})"
-    if round_.restart:
-        text += f", restart {round_.restart} of {round_.max_restarts} (before: {round_.previous})"
-    return text
-
-
-def nodes_text(nnodes) -> str:
-    """--nnodes as given: "2", or "1:2" for (least, most) nodes."""
-    least, most = nnodes
-    return str(most) if least == most else f"{least}:{most}"
 
 
 def _arrival(channel: Channel, nnodes: tuple[int, int], max_restarts: int, nodes: dict[int, Node],
@@ -349,7 +230,7 @@ def _arrival(channel: Channel, nnodes: tuple[int, int], max_restarts: int, nodes
         channel.close()
         return None, ""
     rank = int(hello["rank"])
-    if not _proven(secret, "node", challenge, hello.get("proof")):
+    if not proven(secret, "node", challenge, hello.get("proof")):
         address = _peer(channel)
         why = (f"node {rank} at {address} presented another secret than node 0's: it was refused, and nothing "
                f"started. Set the same {SECRET_ENV} (or --rdzv-secret-file) on every node of the job.")

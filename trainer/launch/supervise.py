@@ -4,7 +4,7 @@
 and an output prefix), then waits for the script's end, a failed task, a stop
 request (Ctrl-C, SIGTERM) or a stop from another node (the `link` of
 `links.py`), and stops the rest: SIGTERM first (time to save a backup), then
-SIGKILL. `launcher.py` decides what a job is and whether it starts again.
+SIGKILL. `job.py` decides what a job is and whether it starts again.
 """
 
 from __future__ import annotations
