@@ -44,6 +44,30 @@ from trainer.engine.tracing import graph_function
 from trainer.model import placement
 from trainer.model.own_steps import ModelSteps
 
+
+def unpack(batch: Any) -> tuple[Any, Any, tf.Tensor | None]:
+    """(x,), (x, y) or (x, y, sample_weight) -> (x, y or None, sample_weight or None), as Keras unpacks.
+
+    Anything else is x alone: features with no targets (a GAN's images, a model trained on its add_loss).
+    """
+    if not isinstance(batch, (tuple, list)):
+        return batch, None, None
+    if 1 <= len(batch) <= 3:
+        return (*batch, None, None)[:3]
+    raise ValueError(
+        "Training and evaluation data must yield x, (x,), (x, y) or (x, y, sample_weight). "
+        f"Received an element with structure {tf.nest.map_structure(lambda t: t.shape, batch)}."
+    )
+
+
+def with_masks(y_pred, masks):
+    """`y_pred` with the Keras masks `flat_masks` read put back (they do not cross a tf.function boundary)."""
+    for tensor, mask in zip(tf.nest.flatten(y_pred), masks):
+        if mask is not None:
+            _compat.set_keras_mask(tensor, mask)
+    return y_pred
+
+
 def flat_masks(y_pred: Any) -> list[Any]:
     return [_compat.get_keras_mask(t) for t in tf.nest.flatten(y_pred)]
 

@@ -25,7 +25,8 @@ from trainer import _compat
 from trainer.data import feed as feed_lib
 from trainer.data.inputs import Input
 from trainer.data.passes import Passes
-from trainer.engine.steps import Steps, step_function
+from trainer.engine.steps import Steps
+from trainer.engine.tracing import step_function
 from trainer.engine.tracing import graph_function
 
 

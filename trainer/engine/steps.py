@@ -7,19 +7,13 @@ however unevenly the batch was split. Regularization is divided by the replica
 count, so it is added exactly once per global step. How a batch is split, and
 a batch smaller than the replica count, are in `feed.Share`.
 
-A fused call is one `tf.while_loop`, and its steps all have the same shapes:
-TensorFlow keys a collective once per graph, so one whose shape changes
-between iterations aborts the job ("Shape mismatch in the collective
-instance"). The all-gather of an Embedding's sparse gradient has a row per
-example, so the uneven last step runs in a call of its own.
+The loops that run several steps per call are in `fused`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import warnings
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, Iterator
 
 import keras
 import tensorflow as tf
@@ -27,118 +21,11 @@ import tensorflow as tf
 from trainer import _compat
 from trainer.data import feed as feed_lib
 from trainer.distribute.cluster import is_parameter_server
-from trainer.engine import draws
+from trainer.engine import draws, fused
 from trainer.engine import objective as objective_lib
 from trainer.engine.objective import Objective
-from trainer.engine.tracing import graph_function
+from trainer.engine.tracing import graph_function, step_function
 from trainer.model.own_steps import ModelSteps
-
-
-def unpack(batch: Any) -> tuple[Any, Any, tf.Tensor | None]:
-    """(x,), (x, y) or (x, y, sample_weight) -> (x, y or None, sample_weight or None), as Keras unpacks.
-
-    Anything else is x alone: features with no targets (a GAN's images, a model trained on its add_loss).
-    """
-    if not isinstance(batch, (tuple, list)):
-        return batch, None, None
-    if 1 <= len(batch) <= 3:
-        return (*batch, None, None)[:3]
-    raise ValueError(
-        "Training and evaluation data must yield x, (x,), (x, y) or (x, y, sample_weight). "
-        f"Received an element with structure {tf.nest.map_structure(lambda t: t.shape, batch)}."
-    )
-
-
-def step_function(fn, **kwargs):
-    """`graph_function(fn)`, traced with `_compat.replica_hooks` installed (replica shares, global clipping,
-    one apply) and `draws.hooks` (each replica's rows of one device's random draws)."""
-    @functools.wraps(fn)
-    def traced(*args):
-        with _compat.replica_hooks(), draws.hooks():  # the body runs only while TensorFlow traces it
-            return fn(*args)
-
-    return graph_function(traced, **kwargs)
-
-
-def _with_masks(y_pred, masks):
-    for tensor, mask in zip(tf.nest.flatten(y_pred), masks):
-        if mask is not None:
-            _compat.set_keras_mask(tensor, mask)
-    return y_pred
-
-
-def _on_global_batch(replica_fn):
-    """`replica_fn(share)` -> a replica function of a whole global batch, which it splits."""
-    def on_global_batch(batch):
-        return replica_fn(feed_lib.share_of(batch))
-
-    return on_global_batch
-
-
-def _on_replica_batch(replica_fn):
-    """`replica_fn(share)` -> a replica function of the batch a distributed iterator handed the replica."""
-    def on_replica_batch(batch):
-        return replica_fn(feed_lib.handed_share(batch))
-
-    return on_replica_batch
-
-
-class RaggedParts(NamedTuple):
-    """A `tf.RaggedTensor` output as the dense parts that replicas' outputs are gathered by (`strategy.gather`
-    concatenates each part in replica order, which concatenates the ragged rows)."""
-
-    flat_values: tf.Tensor
-    nested_row_lengths: tuple
-
-    @classmethod
-    def of(cls, value: Any) -> Any:
-        return cls(value.flat_values, value.nested_row_lengths()) if isinstance(value, tf.RaggedTensor) else value
-
-    @classmethod
-    def joined(cls, value: Any) -> Any:
-        """`value` with its RaggedParts made ragged again."""
-        if isinstance(value, cls):
-            return tf.RaggedTensor.from_nested_row_lengths(value.flat_values, value.nested_row_lengths,
-                                                           validate=False)
-        if isinstance(value, dict):
-            return {key: cls.joined(v) for key, v in value.items()}
-        if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-            return type(value)(cls.joined(v) for v in value)
-        return value
-
-
-@dataclasses.dataclass(frozen=True)
-class Loops:
-    """A phase's (train or evaluate) compiled step loops, one for each reader of `feed.py`.
-
-    Attributes:
-      use_feed: (ArrayFeed) -> None: the feed that `feed` reads when it runs.
-      feed: (ArrayFeed.signature, first step, steps) -> runs those steps of the feed's epoch.
-      global_batches: (iterator, held, steps) -> (steps run, batch held back), on whole global batches.
-      distributed: (distributed iterator, steps) -> steps run.
-    """
-
-    use_feed: Callable
-    feed: Callable
-    global_batches: Callable
-    distributed: Callable
-
-
-@dataclasses.dataclass(frozen=True)
-class PredictLoops:
-    """Compiled predict steps, one for each reader; each returns a global batch's outputs.
-
-    Attributes:
-      use_feed: as in `Loops`.
-      feed: (ArrayFeed.signature, step) -> the outputs of that step of the feed's epoch.
-      global_batch: a whole global batch -> its outputs.
-      replica_batch: a distributed iterator's per-replica batches -> their outputs, gathered.
-    """
-
-    use_feed: Callable
-    feed: Callable
-    global_batch: Callable
-    replica_batch: Callable
 
 
 class Steps:
@@ -188,12 +75,12 @@ class Steps:
         self._traced_step = ""  # while tracing: the model's own step being traced ("train_step", "test_step")
         # Random draws the steps made per replica, not as one device (draws.replica_rows), for later plans.
         self.named_draws: dict[tuple[str, int], str] = {}
-        self._train_loops = Loops(self._use_feed, step_function(self._train_feed_loop),
+        self._train_loops = fused.Loops(self._use_feed, step_function(self._train_feed_loop),
                                   step_function(self._train_global_loop), step_function(self._train_loop))
-        self._eval_loops = Loops(self._use_feed, step_function(self._eval_feed_loop),
+        self._eval_loops = fused.Loops(self._use_feed, step_function(self._eval_feed_loop),
                                  step_function(self._eval_global_loop), step_function(self._eval_loop))
         predict_batch = step_function(self._predict_step, reduce_retracing=True)
-        self._predict_loops = PredictLoops(
+        self._predict_loops = fused.PredictLoops(
             self._use_feed, step_function(self._predict_feed_step),
             global_batch=lambda batch: predict_batch(batch, True),
             replica_batch=lambda batch: predict_batch(batch, False))
@@ -236,20 +123,20 @@ class Steps:
         """One train step on this replica's share of a global step (replica context)."""
         if self.model_steps.train:
             return self._model_step(self.model.train_step, share)
-        x, y, sample_weight = unpack(share.batch)
+        x, y, sample_weight = objective_lib.unpack(share.batch)
         with draws.replica_rows(share.batch, share.placed, xla=self.xla, named=self.named_draws):
             y_pred, masks, local, grads = self._grads(x, y, sample_weight, share.global_count, self._examples(share))
         if self.model.trainable_variables:
             self.model.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
         else:  # Keras's words, at trace time as Keras's train_step says them; its metrics still update
             warnings.warn("The model does not have any trainable weights.", stacklevel=2)
-        return self._track(share, x, y, _with_masks(y_pred, masks), sample_weight, local)
+        return self._track(share, x, y, objective_lib.with_masks(y_pred, masks), sample_weight, local)
 
     def eval_replica(self, share: feed_lib.Share):
         """One evaluation step on this replica's share of a global step (replica context)."""
         if self.model_steps.test:
             return self._model_step(self.model.test_step, share)
-        x, y, sample_weight = unpack(share.batch)
+        x, y, sample_weight = objective_lib.unpack(share.batch)
         with _compat.activity_share(self.model, self._examples(share)), _compat.replica_share(), \
                 draws.replica_rows(share.batch, share.placed, named=self.named_draws):
             y_pred = self.model(x, training=False)
@@ -351,93 +238,30 @@ class Steps:
         learning_rate = self.model.optimizer.learning_rate
         tf.cond(step <= warmup_steps, lambda: tf.group(learning_rate.assign(lr)), tf.no_op)
 
+    # The phases' loops (`fused`), each traced by `step_function`.
+
+    def _after_train_step(self):
+        return self._apply_warmup if self.warmup is not None else None  # the LR of the next step, for callbacks
+
     def _train_loop(self, iterator, num_steps):
-        """Runs up to `num_steps` train steps; returns how many ran."""
-        return self._fused(self.train_replica, iterator, num_steps, warmup=self.warmup is not None)
+        return fused.on_replica_batches(self._run, self.train_replica, iterator, num_steps, self._after_train_step())
 
     def _eval_loop(self, iterator, num_steps):
-        """Runs up to `num_steps` evaluation steps; returns how many ran."""
-        return self._fused(self.eval_replica, iterator, num_steps, warmup=False)
+        return fused.on_replica_batches(self._run, self.eval_replica, iterator, num_steps)
 
     def _train_global_loop(self, iterator, held, num_steps):
-        """Runs up to `num_steps` train steps of one shape; returns how many ran and the batch held back."""
-        return self._fused_global(self.train_replica, iterator, held, num_steps, warmup=self.warmup is not None)
+        return fused.on_global_batches(self._run, self.train_replica, iterator, held, num_steps,
+                                       self._after_train_step())
 
     def _eval_global_loop(self, iterator, held, num_steps):
-        return self._fused_global(self.eval_replica, iterator, held, num_steps, warmup=False)
-
-    def _fused_global(self, replica_fn, iterator, held, num_steps, warmup: bool):
-        # Like `_fused`, on global batches that start with `held` (if any); a batch whose
-        # shapes differ from the first step's ends the call, and is returned unrun.
-        replica_fn = _on_global_batch(replica_fn)
-        none = tf.experimental.Optional.empty(iterator.element_spec)
-        first_shape = tf.zeros([feed_lib.shape_key_length(iterator.element_spec)], tf.int32)
-
-        def step(executed, batch, shape):
-            self._run(replica_fn, batch)
-            if warmup:
-                self._apply_warmup()
-            return executed + 1, shape, tf.constant(False), none
-
-        def on_batch(executed, shape, optional):
-            batch = optional.get_value()
-            batch_shape = feed_lib.shape_key(batch)
-            same = tf.logical_or(tf.equal(executed, 0), tf.reduce_all(tf.equal(batch_shape, shape)))
-            return tf.cond(same, lambda: step(executed, batch, batch_shape),
-                           lambda: (executed, shape, tf.constant(True), optional))
-
-        def body(executed, shape, stop, kept):
-            del stop, kept
-            resume = tf.logical_and(tf.equal(executed, 0), held.has_value())
-            optional = tf.cond(resume, lambda: held, iterator.get_next_as_optional)  # read only when a step is due
-            return tf.cond(optional.has_value(), lambda: on_batch(executed, shape, optional),
-                           lambda: (executed, shape, tf.constant(True), none))
-
-        executed, _, _, kept = tf.while_loop(
-            lambda executed, shape, stop, kept: tf.logical_and(executed < num_steps, tf.logical_not(stop)),
-            body, (tf.constant(0), first_shape, tf.constant(False), none))
-        return executed, kept
-
-    def _fused(self, replica_fn, iterator, num_steps, warmup: bool):
-        # Several steps in one tf.function call; stops early when the data ends.
-        replica_fn = _on_replica_batch(replica_fn)
-
-        def step(executed, optional):
-            self._run(replica_fn, optional.get_value())
-            if warmup:  # set the LR of the next step, so callbacks see it
-                self._apply_warmup()
-            return executed + 1, tf.constant(False)
-
-        def body(executed, ended):
-            del ended
-            optional = iterator.get_next_as_optional()  # read only when a step is due: no batch is lost
-            return tf.cond(optional.has_value(), lambda: step(executed, optional),
-                           lambda: (executed, tf.constant(True)))
-
-        executed, _ = tf.while_loop(lambda executed, ended: tf.logical_and(executed < num_steps, tf.logical_not(ended)),
-                                    body, (tf.constant(0), tf.constant(False)))
-        return executed
+        return fused.on_global_batches(self._run, self.eval_replica, iterator, held, num_steps)
 
     def _train_feed_loop(self, signature, first, count):
-        """Runs steps first..first+count-1 of the current feed's epoch."""
-        self._fused_feed(self.train_replica, signature, first, count, warmup=self.warmup is not None)
+        fused.on_feed(self._run, self.train_replica, self._fetch(signature, first, count), signature, count,
+                      self._after_train_step())
 
     def _eval_feed_loop(self, signature, first, count):
-        self._fused_feed(self.eval_replica, signature, first, count, warmup=False)
-
-    def _fused_feed(self, replica_fn, signature, first, count, warmup: bool):
-        fetched = self._fetch(signature, first, count)
-
-        def step_fn(fetched, i):
-            return replica_fn(feed_lib.step_batch(fetched, i, signature))
-
-        def body(i):
-            self._run(step_fn, fetched, i)
-            if warmup:
-                self._apply_warmup()
-            return i + 1
-
-        tf.while_loop(lambda i: i < count, body, (tf.constant(0, tf.int64),))
+        fused.on_feed(self._run, self.eval_replica, self._fetch(signature, first, count), signature, count)
 
     def _fetch(self, signature, first, count):
         """Each replica's rows of the feed's steps first..first+count-1 (per replica)."""
@@ -452,7 +276,7 @@ class Steps:
             outputs = self.model.predict_step((batch,) if isinstance(batch, (tuple, list)) else batch)
         else:
             outputs = self.model(share.batch, training=False)
-        return tf.nest.map_structure(RaggedParts.of, feed_lib.tracked(share, outputs))
+        return tf.nest.map_structure(fused.RaggedParts.of, feed_lib.tracked(share, outputs))
 
     def _predict_step(self, batch, global_batches: bool):
         def predict(x):
@@ -470,4 +294,5 @@ class Steps:
         return self._gathered(self.strategy.run(predict, args=(fetched,)))
 
     def _gathered(self, per_replica):
-        return RaggedParts.joined(tf.nest.map_structure(lambda t: self.strategy.gather(t, axis=0), per_replica))
+        gathered = tf.nest.map_structure(lambda t: self.strategy.gather(t, axis=0), per_replica)
+        return fused.RaggedParts.joined(gathered)

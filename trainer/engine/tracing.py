@@ -1,4 +1,5 @@
-"""How the trainer traces its graphs: as written, without AutoGraph, with call statistics per function."""
+"""How the trainer traces its graphs: as written, without AutoGraph, with call statistics per function; a
+step function with the replica hooks installed while it traces."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import functools
 from typing import Any, Callable
 
 import tensorflow as tf
+
+from trainer import _compat
+from trainer.engine import draws
 
 
 def graph_function(fn: Callable, **kwargs: Any) -> Callable:
@@ -31,3 +35,14 @@ def graph_function(fn: Callable, **kwargs: Any) -> Callable:
     wrapped = functools.partial(fn)
     wrapped.__name__ = getattr(fn, "__name__", "graph_function")  # names the traced graphs
     return tf.function(wrapped, autograph=False, **kwargs)
+
+
+def step_function(fn, **kwargs):
+    """`graph_function(fn)`, traced with `_compat.replica_hooks` installed (replica shares, global clipping,
+    one apply) and `draws.hooks` (each replica's rows of one device's random draws)."""
+    @functools.wraps(fn)
+    def traced(*args):
+        with _compat.replica_hooks(), draws.hooks():  # the body runs only while TensorFlow traces it
+            return fn(*args)
+
+    return graph_function(traced, **kwargs)
