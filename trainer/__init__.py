@@ -37,7 +37,7 @@ _alone()
 _EXPORTS = {
     "Trainer": "trainer.trainer",
     "History": "trainer.history",
-    "TrainContext": "trainer.engine.loop",
+    "TrainContext": "trainer.engine.context",
     "Plan": "trainer.engine.plan",
     "BatchPlan": "trainer.scaling",
     "ScaledSchedule": "trainer.scaling",

@@ -17,6 +17,7 @@ from trainer.data.passes import Passes
 from trainer.distribute.cluster import cluster_info, is_parameter_server, strategy_cluster_info
 from trainer.engine import callback_hooks, eval_loop, loop, malloc, ps
 from trainer.engine import engine as engine_lib
+from trainer.engine.context import TrainContext
 from trainer.engine.steps import Steps
 from trainer.history import History
 from trainer.model import models, placement
@@ -83,7 +84,7 @@ class Runs:
                                    unguarded=callback_hooks.unguarded(call.callbacks),
                                    resumes=any(getattr(c, "resumes", False) for c in call.callbacks),
                                    draws={**engine.eval_steps.named_draws, **engine.steps.named_draws})
-            context = loop.TrainContext(strategy, strategy_cluster_info(strategy), plan, epochs=call.epochs,
+            context = TrainContext(strategy, strategy_cluster_info(strategy), plan, epochs=call.epochs,
                                         initial_epoch=call.initial_epoch, fusion=steps, lr_plan=scoped.lr_plan)
             stages.announce(plan, verbose=call.verbose, is_chief=context.is_chief)
             return self._run_epochs(engine, context, call, scoped.model, train, val, schedule, guard)
@@ -215,7 +216,7 @@ class Runs:
             mixed_precision=settings.mixed_precision, batch_norm=settings.batch_norm)
         return calls.Scoped(model, engine, lr_plan, move, process)
 
-    def _run_epochs(self, engine: engine_lib.Engine, context: loop.TrainContext, call: calls.FitCall,
+    def _run_epochs(self, engine: engine_lib.Engine, context: TrainContext, call: calls.FitCall,
                     model: keras.Model, train: inputs_lib.Input, val: inputs_lib.Input | None,
                     schedule: calls.Schedule, guard: bool = True) -> History:
         """The epochs with the callbacks: steps read on this process's replicas, or scheduled under

@@ -14,7 +14,7 @@ from trainer.distribute.cluster import ClusterInfo
 @contextlib.contextmanager
 def explained_collective_errors(context: Any):
     """TensorFlow's errors for a dead peer or a collective-key clash, as errors that say what to do; `context` is
-    the running fit's `loop.TrainContext` (its epoch, step, strategy and cluster role)."""
+    the running fit's `context.TrainContext` (its epoch, step, strategy and cluster role)."""
     try:
         yield
     except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as err:
