@@ -197,6 +197,7 @@ def bare_step_pipeline(strategy, x, y) -> _Runner:
     """
     from trainer.data import boundary as data_lib
     from trainer.data import feed as feed_lib
+    from trainer.data import readers as readers_lib
 
     global_batch = PER_REPLICA * strategy.num_replicas_in_sync
     train_on = _bare_train_step(strategy, global_batch)
@@ -214,7 +215,7 @@ def bare_step_pipeline(strategy, x, y) -> _Runner:
             strategy.run(replica_step, args=(fetched, i, signature))
 
     def epoch() -> int:
-        feed = current["feed"] = feed_lib.ArrayFeed(inp.arrays, lambda _: np.random.permutation(len(x)),
+        feed = current["feed"] = readers_lib.ArrayFeed(inp.arrays, lambda _: np.random.permutation(len(x)),
                                                     global_batch_size=global_batch,
                                                     num_replicas=strategy.num_replicas_in_sync)
         while True:

@@ -693,7 +693,8 @@ def test_each_refusal_stands_where_model_fit_fails_too(row, tmp_path, monkeypatc
 
 
 README = (TESTS.parent / "README.md").read_text()
-CHECKS = ("trainer/checks.py", "trainer/model/checks.py", "trainer/data/boundary.py", "trainer/data/checks.py",
+CHECKS = ("trainer/checks.py", "trainer/model/checks.py", "trainer/data/boundary.py", "trainer/data/user_arrays.py",
+          "trainer/data/keras_forms.py", "trainer/data/class_weights.py", "trainer/data/checks.py",
           "trainer/options.py")
 
 

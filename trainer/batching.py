@@ -7,6 +7,8 @@ import tensorflow as tf
 
 from trainer import calls, checks, options, scaling
 from trainer.data import inputs as inputs_lib
+from trainer.data.dataset_inputs import BatchedInput
+from trainer.data.pipeline_inputs import FunctionInput
 from trainer.engine import engine as engine_lib
 
 
@@ -36,9 +38,9 @@ class Batching:
         the data with it: batches of that size are the Trainer's.
         """
         replicas = strategy.num_replicas_in_sync
-        if isinstance(inp, inputs_lib.BatchedInput) and inp.full_batch_size() != (planned_batch or 0):
+        if isinstance(inp, BatchedInput) and inp.full_batch_size() != (planned_batch or 0):
             return scaling.BatchPlan(inp.full_batch_size(), replicas), f"the {inp.form}'s batches"
-        if isinstance(inp, inputs_lib.FunctionInput):
+        if isinstance(inp, FunctionInput):
             made = scaling.BatchPlan(inp.global_batch_size(strategy), replicas)
             self._check_function_batch(made, batch_size)
             return made, "the dataset function's batches"

@@ -11,8 +11,8 @@ from typing import Any
 import keras
 
 from trainer import _compat
-from trainer.data import inputs as inputs_lib
 from trainer.data import passes
+from trainer.data.array_input import ArrayInput
 from trainer.model import models
 from trainer.model.checks import check_model_inputs
 from trainer.user_line import user_stacklevel
@@ -34,7 +34,7 @@ def check_fit(model, train, val, *, batch, epoch_steps, epochs, initial_epoch, w
 def steps_within_arrays(train, steps_per_epoch: int | None, global_batch_size: int) -> int | None:
     """`steps_per_epoch` for arrays: beyond one pass over them, each epoch ends with the data, as under
     model.fit, which warns as here (its words) and goes on."""
-    if not isinstance(train, inputs_lib.ArrayInput) or steps_per_epoch is None:
+    if not isinstance(train, ArrayInput) or steps_per_epoch is None:
         return steps_per_epoch
     if steps_per_epoch <= train.num_steps(global_batch_size):
         return steps_per_epoch

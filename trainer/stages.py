@@ -30,6 +30,9 @@ from trainer import _compat, calls, checks, options, scaling
 from trainer.data import class_weights
 from trainer.data import boundary
 from trainer.data import inputs as inputs_lib
+from trainer.data.array_input import ArrayInput
+from trainer.data.dataset_inputs import BatchedInput, DatasetInput
+from trainer.data.pipeline_inputs import FileShardsInput
 from trainer.distribute.cluster import cluster_source, is_parameter_server, restarted, strategy_cluster_info
 from trainer.engine import callback_hooks
 from trainer.engine import engine as engine_lib
@@ -89,7 +92,7 @@ def fit_data(call: calls.FitCall, x, y, sample_weight, strategy: tf.distribute.S
                          "validates: model.fit divides the epoch by it. Received: validation_freq=0. Pass e.g. "
                          "validation_freq=1.")
     num_workers = readers["num_workers"]
-    if seed is None and call.shuffle and num_workers > 1 and isinstance(train, inputs_lib.ArrayInput):
+    if seed is None and call.shuffle and num_workers > 1 and isinstance(train, ArrayInput):
         raise ValueError(
             f"The {num_workers} workers must shuffle the arrays alike, and with seed=None each drew its own "
             "seed. Received: Trainer(seed=None) with shuffle=True on several workers. Pass Trainer(seed=0) "
@@ -101,9 +104,9 @@ def fit_data(call: calls.FitCall, x, y, sample_weight, strategy: tf.distribute.S
 def by_file_shards(train: inputs_lib.Input, strategy: tf.distribute.Strategy, schedule: calls.Schedule, *, shards: int,
                    steps_per_epoch: int | None) -> inputs_lib.Input:
     """`Trainer(data_sharding="files")`: a tf.data.Dataset that leaves its shard policy to tf.distribute, read by
-    `shards` file shards (`inputs.FileShardsInput`); other inputs as they are. Refuses, before anything runs,
+    `shards` file shards (`pipeline_inputs.FileShardsInput`); other inputs as they are. Refuses, before anything runs,
     what can't be read so: no `steps_per_epoch`, a batch or replica count that doesn't divide, no files."""
-    if not isinstance(train, (inputs_lib.DatasetInput, inputs_lib.BatchedInput)) or getattr(train, "adapter", None):
+    if not isinstance(train, (DatasetInput, BatchedInput)) or getattr(train, "adapter", None):
         return train
     if train.dataset.options().experimental_distribute.auto_shard_policy != tf.data.experimental.AutoShardPolicy.AUTO:
         return train  # the user's own policy, as tf.distribute applies it
@@ -123,7 +126,7 @@ def by_file_shards(train: inputs_lib.Input, strategy: tf.distribute.Strategy, sc
             f"the same examples from each shard on every layout. Received: file_shards={shards} with a global batch "
             f"of {batch} on {replicas} replica(s). Pass a file_shards that does, e.g. {replicas} or "
             f"{math.gcd(batch, replicas * shards)}, and a batch that is a multiple of it. {fix}")
-    candidate = inputs_lib.FileShardsInput(train, shards, batch)
+    candidate = FileShardsInput(train, shards, batch)
     try:  # the last shard has files only if all have; its first example costs a read buffer of one file
         next(iter(_compat.file_shard(candidate.examples(), shards, shards - 1)))
     except (tf.errors.OpError, StopIteration) as err:
@@ -189,7 +192,7 @@ def fit_plan(strategy: tf.distribute.Strategy, inp: inputs_lib.Input, schedule: 
         per_replica_batch_size=batch.per_replica_batch_size,
         num_examples=inp.num_examples,
         repeated_data=parameter_server,
-        repeated_shards=isinstance(inp, inputs_lib.FileShardsInput),
+        repeated_shards=isinstance(inp, FileShardsInput),
         steps_per_epoch=schedule.steps_per_epoch,
         shard_policy=policy,
         shard_reason=why,

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from conftest import load_run, mirrored, run_script, SCRIPTS, tiny_data, tiny_model
 from trainer import Trainer
-from trainer.data import feed
+from trainer.data import readers
 
 pytestmark = pytest.mark.slow  # subprocesses, layouts or whole trainings: not in the everyday tier
 
@@ -52,7 +52,7 @@ def test_every_form_gives_one_devices_numbers_on_replicas(tmp_path, reference, r
 
 def test_every_form_gives_one_devices_numbers_through_the_accelerator_reader(tmp_path, reference):
     """2 CPU replicas reading as GPUs and TPUs do (TensorFlow's distributed iterator)."""
-    run_script(SCRIPT, tmp_path, "--replicas", "2", env={feed.ACCELERATOR_READER: "1"})
+    run_script(SCRIPT, tmp_path, "--replicas", "2", env={readers.ACCELERATOR_READER: "1"})
     _assert_one_device(*load_run(tmp_path, "single0"), reference)
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import load_run, run_script, SCRIPTS
-from trainer.data import feed
+from trainer.data import readers
 
 pytest.importorskip("grain")  # the 'ecosystem' extra
 pytestmark = pytest.mark.slow  # subprocesses, layouts or whole trainings: not in the everyday tier
@@ -43,7 +43,7 @@ def _assert_one_device(results, arrays, reference):
                                        atol=1e-6, err_msg=f"{form}: {key}")
 
 
-@pytest.mark.parametrize("replicas, env", [(1, {}), (3, {}), (2, {feed.ACCELERATOR_READER: "1"})],
+@pytest.mark.parametrize("replicas, env", [(1, {}), (3, {}), (2, {readers.ACCELERATOR_READER: "1"})],
                          ids=["1 replica", "3 replicas", "2 replicas, accelerator reader"])
 def test_one_process_reads_every_record_and_gives_one_devices_numbers(tmp_path, reference, replicas, env):
     run_script(SCRIPT, tmp_path, "--replicas", replicas, env=env)
@@ -53,7 +53,7 @@ def test_one_process_reads_every_record_and_gives_one_devices_numbers(tmp_path, 
     assert all(result["read"] == [RECORDS, RECORDS] for result in results.values())
 
 
-@pytest.mark.parametrize("env", [{}, {feed.ACCELERATOR_READER: "1"}], ids=["in the step", "accelerator reader"])
+@pytest.mark.parametrize("env", [{}, {readers.ACCELERATOR_READER: "1"}], ids=["in the step", "accelerator reader"])
 def test_each_of_two_workers_reads_half_the_records_with_one_devices_numbers(tmp_path, reference, env):
     """A batch made by the user's `batch_fn` comes whole, so every worker reads all of it; the plans say so."""
     proc = run_script(SCRIPT, tmp_path, launch=("--workers", "2"), env=env)

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from conftest import FULL, run_python, SCRIPTS
-from trainer.data import feed
+from trainer.data import readers
 
 pytestmark = pytest.mark.slow  # subprocesses, layouts or whole trainings: not in the everyday tier
 
@@ -44,7 +44,7 @@ def _run(layout, onednn, families, path):
     name, devices = layout
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": onednn}
     if name == "accelerator":
-        name, env[feed.ACCELERATOR_READER] = "mirrored", "1"
+        name, env[readers.ACCELERATOR_READER] = "mirrored", "1"
     printed = run_python(SCRIPTS / "last_batch_run.py", name, devices, path, ",".join(families), env=env, timeout=600)
     return printed, dict(np.load(path))
 

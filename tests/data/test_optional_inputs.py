@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from conftest import mirrored, run_script, TESTS
 from trainer import Trainer
-from trainer.data import feed
+from trainer.data import readers
 
 RNG = np.random.default_rng(0)
 X, Y = RNG.normal(size=(10, 2)).astype("float32"), RNG.normal(size=(10, 1)).astype("float32")
@@ -56,7 +56,7 @@ FORMS = {  # (fit's data, its batch_size, predict's x)
 @pytest.fixture(params=["in step", "accelerator"])
 def reader(request, monkeypatch):
     if request.param == "accelerator":
-        monkeypatch.setenv(feed.ACCELERATOR_READER, "1")
+        monkeypatch.setenv(readers.ACCELERATOR_READER, "1")
     return request.param
 
 
@@ -97,7 +97,7 @@ def test_a_required_input_given_none_gets_kerass_own_error(form):
 def test_a_list_of_inputs_trains_through_the_accelerator_reader(monkeypatch):
     """tf.data stacked a list of arrays into one tensor (and failed on shapes that differ): a tuple, as Keras's
     own arrays are given to the model on TensorFlow."""
-    monkeypatch.setenv(feed.ACCELERATOR_READER, "1")
+    monkeypatch.setenv(readers.ACCELERATOR_READER, "1")
     xb = RNG.normal(size=(10, 3)).astype("float32")
 
     def model():

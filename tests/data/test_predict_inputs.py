@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from conftest import mirrored
 from trainer import Trainer
-from trainer.data import feed
+from trainer.data import readers
 
 rng = np.random.default_rng(0)
 XA, XB = rng.normal(size=(10, 3)).astype("float32"), rng.normal(size=(10, 2)).astype("float32")
@@ -38,7 +38,7 @@ CASES = [(structure, element) for structure in X for element in ELEMENTS if (str
 @pytest.mark.parametrize("replicas, reader", [(1, "in step"), (2, "in step"), (2, "accelerator")])
 def test_predict_drops_targets_and_weights_as_keras_does(structure, element, replicas, reader, monkeypatch):
     if reader == "accelerator":  # replicas read as GPUs read: TensorFlow's distributed iterator
-        monkeypatch.setenv(feed.ACCELERATOR_READER, "1")
+        monkeypatch.setenv(readers.ACCELERATOR_READER, "1")
     model = _model(structure)
 
     def data():

@@ -13,7 +13,7 @@ from conftest import mirrored, run_python, SCRIPTS, tiny_data, tiny_model
 from trainer import Trainer
 from trainer.data import arrays as arrays_lib
 from trainer.data import boundary
-from trainer.data import feed
+from trainer.data import readers
 
 
 @pytest.fixture(params=["float32", "float64"])
@@ -37,7 +37,7 @@ def test_a_memmap_and_its_views_are_mapped_and_an_array_in_memory_is_not(mapped)
 def test_a_memmap_trains_to_model_fits_numbers_on_two_replicas(mapped, reader, monkeypatch):
     x, y, w = mapped
     if reader == "accelerator":
-        monkeypatch.setenv(feed.ACCELERATOR_READER, "1")
+        monkeypatch.setenv(readers.ACCELERATOR_READER, "1")
     reference = tiny_model(optimizer="adam", lr=0.01)
     expected = reference.fit(np.array(x), y, sample_weight=np.array(w), batch_size=32, epochs=2, shuffle=False,
                              verbose=0)

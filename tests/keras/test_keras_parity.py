@@ -31,7 +31,7 @@ import pytest
 
 from conftest import FULL, run_script, SCRIPTS, TESTS
 from trainer import _compat
-from trainer.data import feed
+from trainer.data import readers
 
 sys.path.insert(0, str(TESTS))
 import parity_cases  # noqa: E402
@@ -106,7 +106,7 @@ def _run(layout: tuple[int, str], cases: list[str], folder, references: list[str
     replicas, how = layout
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     if "accelerator" in how:
-        env[feed.ACCELERATOR_READER] = "1"
+        env[readers.ACCELERATOR_READER] = "1"
     out = folder / f"{replicas}{how}.pkl"
     workers = "workers" in how
     run_script(SCRIPTS / "parity_run.py", replicas, ",".join(cases), out, ",".join(references),

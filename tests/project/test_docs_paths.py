@@ -16,7 +16,7 @@ FOLDERS = ("trainer", "callbacks", "tests", "bench", "examples", "docs", "notebo
 # Installed packages whose files `_compat` names by their path in the package.
 PACKAGES = {"keras": "keras", "tensorflow": "tensorflow", "grain": "grain"}
 # First words that are variables in prose (a strategy's `strategy.run`, a history's `history.plot`), not modules.
-VARIABLES = {"strategy", "history", "plan", "route", "objective", "optimizer"}
+VARIABLES = {"strategy", "history", "plan", "route", "objective", "optimizer", "context"}
 
 _PATH = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)+[\w-]+\.(?:py|md|sh|cfg|ipynb))\b")
 _DOTTED = re.compile(r"`([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)[`(]")

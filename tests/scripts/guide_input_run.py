@@ -49,7 +49,7 @@ strategy = (None if args.reference else tf.distribute.MultiWorkerMirroredStrateg
 import keras  # noqa: E402
 
 from trainer import Trainer, cluster_info  # noqa: E402
-from trainer.data.inputs import shard_policy  # noqa: E402
+from trainer.data.dataset_inputs import shard_policy  # noqa: E402
 
 SPEC = {"x": tf.io.FixedLenFeature([4], tf.float32), "y": tf.io.FixedLenFeature([1], tf.float32)}
 files = sorted(os.path.join(args.data, name) for name in os.listdir(args.data) if name.endswith(".tfrecord"))

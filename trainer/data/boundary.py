@@ -2,24 +2,25 @@
 
 `as_input` (and `fit_inputs`, which also cuts `validation_split`) recognises
 the form (arrays given either way, a tf.data.Dataset batched or not, a
-generator, a PyDataset, or a dataset function), refuses what can't be read
-exactly with a message that names the argument and the fix, folds in
-`class_weight` as Keras does, and returns one of the kinds of
+generator, a PyDataset, or a dataset function) and hands it to the module that
+reads that form: arrays to `trainer/data/user_arrays.py`, what Keras's data
+adapters read to `trainer/data/keras_forms.py`. Each refuses what can't be read
+exactly with a message that names the argument and the fix, `class_weight` is
+folded in as Keras does, and the result is one of the kinds of
 `trainer/data/inputs.py`, which carry the rest of the contract. `fit_inputs`,
-`evaluate_input` and `predict_input` then check what they made: for the
-workers (`check_workers` refuses the Python-fed forms where several processes
-can't read them alike), and on its own (`check_data` in `data/checks.py`). The checks
+`evaluate_input` and `predict_input` (which feeds the model the features of
+`trainer/data/features.py`) then check what they made: for the workers
+(`check_workers` refuses the Python-fed forms where several processes can't
+read them alike), and on its own (`check_data` in `data/checks.py`). The checks
 against the model come later (`checks`), once it is known.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import numbers
 import reprlib
 import types
-import warnings
 from typing import Any
 
 import keras
@@ -29,11 +30,15 @@ import tensorflow as tf
 from trainer import _compat
 from trainer.data import class_weights
 from trainer.data import arrays as arrays_lib
+from trainer.data import keras_forms
+from trainer.data import user_arrays
+from trainer.data.array_input import ArrayInput
 from trainer.data.arrays import as_float32
-from trainer.data.checks import check_data, subject
-from trainer.data.feed import spec_rank
-from trainer.data.inputs import ArrayInput, BatchedInput, DatasetInput, FunctionInput, Input
-from trainer.user_line import user_stacklevel
+from trainer.data.checks import check_data
+from trainer.data.dataset_inputs import BatchedInput
+from trainer.data.features import features
+from trainer.data.inputs import Input
+from trainer.data.pipeline_inputs import FunctionInput
 
 
 def as_input(x: Any, y: Any = None, sample_weight: Any = None, *, arg: str, with_targets: bool = True,
@@ -59,13 +64,12 @@ def as_input(x: Any, y: Any = None, sample_weight: Any = None, *, arg: str, with
             f"Make the {form} yield (x, y) or (x, y, sample_weight), and drop {given}=."
         )
     if form in ("generator", "PyDataset", "grain dataset", "tf.data.Dataset"):
-        view = _keras_view(x, form, arg, class_weight=class_weight, shuffle=shuffle, warn=warn)
-        return _checked_dataset(view, arg, class_weight) if form == "tf.data.Dataset" else _adapted(view, form)
+        return keras_forms.keras_input(x, form, arg, class_weight=class_weight, shuffle=shuffle, warn=warn)
     if form == "function":
         class_weights.refused(class_weight, "a dataset function", "weights in the dataset it returns")
         return FunctionInput(x)
     if form == "distributed dataset":
-        return _distributed(x, arg, class_weight=class_weight, warn=warn)
+        return keras_forms.distributed_input(x, arg, class_weight=class_weight, warn=warn)
     if y is not None or sample_weight is not None:
         data = (x, y) if sample_weight is None else (x, y, sample_weight)
     elif with_targets and isinstance(x, (tuple, list)) and len(x) in (2, 3):
@@ -83,15 +87,7 @@ def as_input(x: Any, y: Any = None, sample_weight: Any = None, *, arg: str, with
         data = (x,) if isinstance(x, (tuple, list)) else x
     else:
         data = x
-    if with_targets and isinstance(data, tuple):
-        for name, part in zip(("x", "y", "sample_weight"), data):
-            _reject_nested_lists(part, arg, name)
-        arrays = tf.nest.map_structure(_as_array, data)
-        arrays = (tf.nest.map_structure(_text_as_bytes, arrays[0]), *arrays[1:])
-    else:
-        _reject_nested_lists(data, arg, "x" if with_targets else arg)
-        arrays = tf.nest.map_structure(_text_as_bytes, tf.nest.map_structure(_as_array, data))
-    inp = ArrayInput(arrays, _common_length(arrays, arg))
+    inp = user_arrays.arrays_input(data, arg, with_targets=with_targets)
     return class_weights.weighed(inp, class_weight, arg) if class_weight is not None else inp
 
 
@@ -183,43 +179,6 @@ def _validation_input(validation_data: Any, train: Input) -> Input:
     return val
 
 
-def _keras_x(element):
-    """The features of a dataset element, as Keras's predict reads them: x of (x,), (x, y) or (x, y, w)."""
-    return element[0] if isinstance(element, (tuple, list)) and 1 <= len(element) <= 3 else element
-
-
-def _keras_x_mapped(*components):
-    """`_keras_x` as `Dataset.map` calls it: a tuple element comes as its components, so one component is x
-    whether the element was x itself or (x,) (a tuple of several inputs stays whole)."""
-    return components[0] if len(components) <= 3 else components
-
-
-def features(inp: Input, model: Any) -> Input:
-    """What predict feeds the model from `inp`: the features of `(x, y[, sample_weight])` elements, as Keras's
-    predict reads them (`unpack_x_y_sample_weight`: x is a tuple's first part, for tuples of 1 to 3).
-
-    A tuple of more parts, which Keras refuses, is taken whole where the model
-    has as many inputs: the features of a multi-input model.
-    """
-    if not isinstance(inp, (DatasetInput, BatchedInput)):
-        return inp
-    spec = inp.example_spec
-    inputs = getattr(model, "inputs", None) if _compat.is_model(model) and model.built else None
-    if isinstance(spec, tuple) and inputs is not None and len(spec) == len(inputs) > 3:
-        return inp
-    return _features_only(inp)
-
-
-def _features_only(inp: DatasetInput | BatchedInput) -> DatasetInput | BatchedInput:
-    dataset = inp.dataset.map(_keras_x_mapped)
-    if isinstance(inp, DatasetInput):
-        return DatasetInput(dataset)
-    first = None if inp.first is None else _keras_x(inp.first)
-    by_rows = None if inp.by_rows is None else lambda rows: inp.by_rows(rows).map(_keras_x_mapped)
-    return dataclasses.replace(inp, dataset=dataset, example_spec=_keras_x(inp.example_spec), first=first,
-                               by_rows=by_rows)
-
-
 def batch_rows(x: Any, arg: str) -> int:
     """The rows of one batch of features given whole (`train_on_batch` and its kin): its first leaf's leading
     dimension."""
@@ -272,86 +231,6 @@ def split_validation(inp: Input, validation_split: float, arg: str) -> tuple[Arr
     return ArrayInput(train, split_at), ArrayInput(val, inp.num_examples - split_at)
 
 
-def _keras_view(x: Any, form: str, arg: str, *, class_weight: Any, shuffle: bool, warn: bool) -> _compat.KerasView:
-    """`x` as Keras's data adapters read it (a generator's adapter peeks at its first batches, and keeps them);
-    their warnings given again as warnings of the user's call."""
-    if form in ("generator", "grain dataset"):
-        class_weights.refused(class_weight, f"a {form} (Keras refuses it too)", "the weights in the batches it yields")
-    if form == "tf.data.Dataset" and x.cardinality() == 0:
-        raise ValueError(f"`{arg}` must hold at least one example (model.fit would run epochs of no step and "
-                         f"return an empty history). Received: {arg}, an empty tf.data.Dataset (cardinality 0). Pass "
-                         "a dataset with examples (check any .take/.filter/.skip).")
-    try:
-        view = _compat.keras_view(x, class_weight=None if form == "tf.data.Dataset" else class_weight,
-                                  shuffle=shuffle, warn=warn)
-    except ValueError as err:
-        raise ValueError(
-            f"`{arg}`, a {form}, must yield batches as (x, y) or (x, y, sample_weight) tuples of arrays. "
-            f"Keras could not read it: {err} Yield tuples of NumPy arrays with one row per example."
-        ) from None
-    for caught in view.warnings:
-        warnings.warn(caught.message, caught.category, stacklevel=user_stacklevel())
-    return view
-
-
-def _adapted(view: _compat.KerasView, form: str) -> BatchedInput:
-    """A generator, PyDataset or grain dataset, batched by its own code: Keras's adapter reads it.
-
-    Its batches are copied as they come (`_owned`): the tensors that tf.data makes of the NumPy arrays a
-    generator yields can share their memory, and a step that computes in place on its share of a batch then
-    writes into the user's arrays (a PyDataset that yields slices of its arrays would see its `y` overwritten,
-    and its next epoch would train on that). A grain MapDataset batched by
-    `.batch()` can also be read record by record (`BatchedInput.by_rows`).
-    """
-    leading = [tf.TensorShape(np.shape(t))[:1] for t in tf.nest.flatten(view.first) if t is not None]
-    batch_size = int(leading[0][0]) if leading and leading[0].rank else None
-    whole_tuple = isinstance(view.dataset.element_spec, tuple)  # `map` hands a tuple over as its components
-
-    def owned(dataset: tf.data.Dataset) -> tf.data.Dataset:
-        return dataset.map(lambda *parts: _owned(parts if whole_tuple else parts[0]))
-
-    dataset = owned(view.dataset)
-    records = _compat.grain_record_batches(view.adapter) if form == "grain dataset" else None
-    by_rows = None if records is None else lambda rows: owned(records(rows))
-    return BatchedInput(dataset, form, batch_size, view.adapter.num_batches, _per_example(dataset.element_spec),
-                        adapter=view.adapter, first=view.first, by_rows=by_rows)
-
-
-def _owned(batch: Any) -> Any:
-    """A batch in memory of its own; an empty `tf.experimental.Optional`, which Keras's adapters make of None
-    (an optional input's absence), as None, which Keras's steps hand the model for it."""
-    batch = tf.nest.map_structure(lambda t: None if isinstance(t, tf.experimental.Optional) else t, batch)
-    return tf.nest.map_structure(lambda t: None if t is None else tf.raw_ops.DeepCopy(x=t), batch,
-                                 expand_composites=True)
-
-
-def _per_example(spec: Any) -> Any:
-    return tf.nest.map_structure(
-        lambda s: tf.TensorSpec(s.shape[1:], s.dtype) if spec_rank(s) else s, spec)
-
-
-def _reject_nested_lists(part: Any, arg: str, name: str) -> None:
-    """A list of numbers (or of lists of numbers) is data, not one input per element as Keras reads lists."""
-    if isinstance(part, dict):
-        for key, value in part.items():
-            _reject_nested_lists(value, arg, f"{name}[{key!r}]")
-    elif isinstance(part, (list, tuple)) and part and any(
-            isinstance(leaf, (numbers.Number, str)) for leaf in tf.nest.flatten(part)):
-        raise TypeError(
-            f"{subject(arg, name)} must be a NumPy array (or a list or dict of arrays, one per model input). Received: "
-            f"{name} as a Python {type(part).__name__} of {len(part)} rows, starting {reprlib.repr(part[0])}. "
-            "Convert it with np.asarray(...); rows of different lengths need padding first "
-            "(keras.utils.pad_sequences)."
-        )
-
-
-def _as_array(value: Any) -> Any:
-    if value is None or isinstance(value, (tf.RaggedTensor, tf.SparseTensor)):  # an optional input's absence;
-        return value  # tensors that tf.data reads (`ArrayInput.reader`)
-    value = np.asarray(value)
-    return value if arrays_lib.is_mapped(value) else as_float32(value)  # a mapped file's rows: as they are taken
-
-
 def as_slices(data: Any) -> Any:
     """A batch given whole (`train_on_batch`), ready for `tf.data.Dataset.from_tensor_slices`: lists of inputs as
     tuples (a list would be stacked into one tensor), float64 arrays as float32."""
@@ -360,73 +239,3 @@ def as_slices(data: Any) -> Any:
     if isinstance(data, dict):
         return {key: as_slices(value) for key, value in data.items()}
     return as_float32(data)
-
-
-def _text_as_bytes(array: np.ndarray) -> np.ndarray:
-    """Features that are text (str arrays, or object arrays of str), as UTF-8 bytes: TensorFlow's tf.string."""
-    if not isinstance(array, np.ndarray):  # a ragged or sparse tensor
-        return array
-    if array.dtype.kind == "U" or (array.dtype == object and array.size and all(
-            isinstance(v, (str, bytes)) for v in array.flat)):
-        encode = np.vectorize(lambda v: v.encode("utf-8") if isinstance(v, str) else v, otypes=[object])
-        return encode(array).astype(bytes)
-    return array
-
-
-def _common_length(arrays: Any, arg: str) -> int:
-    leaves = [a for a in tf.nest.flatten(arrays) if a is not None]  # None: an optional input's absence
-    lengths = [arrays_lib.num_rows(a) for a in leaves]
-    if any(n < 0 for n in lengths):
-        raise ValueError(
-            f"Every array in `{arg}` needs a leading example dimension. Received: {arg} with "
-            f"shapes {[a.shape for a in leaves][:8]}. Pass arrays with one row per example."
-        )
-    if len(set(lengths)) > 1:
-        raise ValueError(
-            f"All arrays in `{arg}` must have the same number of examples (rows). "
-            f"Received: lengths {lengths} (x, y, then sample_weight). "
-            "Make x, y and sample_weight the same length."
-        )
-    if lengths[0] == 0:
-        raise ValueError(f"`{arg}` must hold at least one example (model.fit would run epochs of no step and "
-                         f"return an empty history). Received: {arg} with 0 examples. Pass arrays with at least one "
-                         "row.")
-    return lengths[0]
-
-
-def _distributed(x: Any, arg: str, *, class_weight: Any, warn: bool) -> BatchedInput | FunctionInput:
-    """A dataset the user distributed with a strategy, read from what it was made from: the batched dataset
-    (its batches are the global batches, as TensorFlow splits them over the replicas), or the dataset function
-    with the `tf.distribute.InputOptions` it was given. Its strategy is the call's (`Trainer._call_strategy`)."""
-    source = _compat.distributed_source(x)
-    if source.fn is not None:
-        class_weights.refused(class_weight, "a dataset distributed from a function", "weights in the datasets it makes")
-        return FunctionInput(source.fn, options=source.options, distributed=x)
-    view = _keras_view(source.dataset, "tf.data.Dataset", arg, class_weight=class_weight, shuffle=False, warn=warn)
-    return _checked_dataset(view, arg, class_weight, batched=True)
-
-
-def _checked_dataset(view: _compat.KerasView, arg: str, class_weight: Any = None,
-                     batched: bool = False) -> DatasetInput | BatchedInput:
-    """An unbatched dataset, which the trainer batches, or a batched one (`batched`: known to be), whose batches
-    are the global batches."""
-    dataset, batched, batch_size = view.dataset, batched or view.batched, view.batch_size
-    shapes = [s.shape for s in tf.nest.flatten(dataset.element_spec) if hasattr(s, "shape")]
-    if not batched and shapes and all(s.rank and s[0] is None for s in shapes):
-        batched = True  # every leading dimension unknown: batches from a source this walk can't see into
-    if class_weight is not None:
-        spec = dataset.element_spec
-        if not (isinstance(spec, tuple) and len(spec) in (2, 3)):
-            class_weights.no_targets(class_weight, arg)
-        if isinstance(spec, tuple) and len(spec) == 3:
-            class_weights.single_target(spec[1], [spec[2]], class_weight)
-        if isinstance(spec, tuple) and len(spec) == 2:
-            class_weights.single_target(spec[1], [], class_weight)
-            dataset = dataset.map(class_weights.dataset_map(class_weight, batched))
-    if not batched:
-        return DatasetInput(dataset)
-    cardinality = int(dataset.cardinality())
-    return BatchedInput(dataset, "batched dataset", batch_size, cardinality if cardinality >= 0 else None,
-                        _per_example(dataset.element_spec))
-
-

@@ -17,8 +17,9 @@ import numpy as np
 import tensorflow as tf
 
 from trainer.data import arrays as arrays_lib
-from trainer.data import inputs as inputs_lib
-from trainer.data.feed import spec_rank
+from trainer.data.array_input import ArrayInput
+from trainer.data.dataset_inputs import BatchedInput, DatasetInput
+from trainer.data.specs import spec_rank
 from trainer.user_line import user_stacklevel
 
 PARTS = ("x", "y", "sample_weight")
@@ -26,14 +27,14 @@ PARTS = ("x", "y", "sample_weight")
 
 def check_data(inp, arg: str, *, steps_arg: str | None, steps: int | None, with_targets: bool = True) -> None:
     """Object arrays, label dtypes and NaN/Inf for arrays; structure and cardinality for datasets."""
-    if isinstance(inp, inputs_lib.ArrayInput):
+    if isinstance(inp, ArrayInput):
         for part, struct in parts(inp.arrays, with_targets).items():
             for name, array in leaves(struct, part):
                 if array is not None:  # an optional input's absence
                     _check_array(array, name, part, arg)
         if with_targets and isinstance(inp.arrays, tuple) and len(inp.arrays) == 3:
             _check_sample_weight(inp.arrays[2], arg, per_example=False)
-    elif isinstance(inp, (inputs_lib.DatasetInput, inputs_lib.BatchedInput)):
+    elif isinstance(inp, (DatasetInput, BatchedInput)):
         spec = inp.example_spec
         if with_targets and isinstance(spec, (tuple, list)) and not 1 <= len(spec) <= 3:
             raise ValueError(
@@ -137,7 +138,7 @@ def describe_spec(spec: Any) -> str:
 
 
 def structure(inp) -> Any:
-    return inp.arrays if isinstance(inp, inputs_lib.ArrayInput) else inp.example_spec
+    return inp.arrays if isinstance(inp, ArrayInput) else inp.example_spec
 
 
 def parts(struct: Any, with_targets: bool) -> dict[str, Any]:

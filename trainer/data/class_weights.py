@@ -10,7 +10,7 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
-from trainer.data.inputs import ArrayInput
+from trainer.data.array_input import ArrayInput
 
 
 def refused(class_weight: Any, what: str, fix: str) -> None:

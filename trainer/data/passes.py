@@ -73,7 +73,7 @@ class Passes:
         A resumed run (a later epoch than the next, or a first step past 0) is
         placed where the uninterrupted run would be, where the passes' length
         is known; else it reads a new pass from `first_step`, as
-        `inputs._Input.resume` tells the plan.
+        `input_kind.InputKind.resume` tells the plan.
         """
         skipped = epoch - self.epoch - 1
         exact = self.pass_steps is not None or self.steps_per_epoch is None

@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from trainer import _compat
 from trainer.data import feed as feed_lib
+from trainer.data.readers import ArrayFeed
 from trainer.distribute.cluster import is_parameter_server
 from trainer.engine import draws, fused
 from trainer.engine import objective as objective_lib
@@ -70,7 +71,7 @@ class Steps:
         self.xla = bool(jit_compile)  # the forward and backward pass, one XLA function
         self._grads = graph_function(self._loss_and_grads, jit_compile=True) if jit_compile else self._loss_and_grads
         self._activity_sums = bool(_compat.activity_layers(model))  # Keras < 3.14 sums them over the batch
-        self._feed: feed_lib.ArrayFeed | None = None  # the feed that the traced feed loops read when they run
+        self._feed: ArrayFeed | None = None  # the feed that the traced feed loops read when they run
         self._results_made_by: dict[int, tuple[Any, str]] = {}  # while tracing: which metric made each result
         self._traced_step = ""  # while tracing: the model's own step being traced ("train_step", "test_step")
         # Random draws the steps made per replica, not as one device (draws.replica_rows), for later plans.
@@ -85,11 +86,11 @@ class Steps:
             global_batch=lambda batch: predict_batch(batch, True),
             replica_batch=lambda batch: predict_batch(batch, False))
 
-    def _use_feed(self, feed: feed_lib.ArrayFeed) -> None:
+    def _use_feed(self, feed: ArrayFeed) -> None:
         self._feed = feed
 
     def train(self, reader: Any, num_steps: int) -> int:
-        """Runs up to `num_steps` train steps from `reader` (see `feed.py`); returns how many ran.
+        """Runs up to `num_steps` train steps from `reader` (see `readers.py`); returns how many ran.
 
         Fewer run only when the data ended.
         """

@@ -13,8 +13,9 @@ import numpy as np
 import tensorflow as tf
 
 from trainer import _compat
-from trainer.data import inputs as inputs_lib
+from trainer.data.array_input import ArrayInput
 from trainer.data.checks import describe_spec, leaves, parts, sorted_keys, structure, subject
+from trainer.data.pipeline_inputs import FunctionInput
 from trainer.model import models
 from trainer.model.own_steps import ModelSteps
 
@@ -23,14 +24,14 @@ def check_model_inputs(model: keras.Model, inputs, batch) -> None:
     and the first input's batches (`batch`, a `scaling.BatchPlan`) against the model's stateful layers."""
     needing_targets = _compiled_needing_targets(model)
     for inp, arg, with_targets in inputs:
-        if isinstance(inp, inputs_lib.FunctionInput):
+        if isinstance(inp, FunctionInput):
             continue
         split = parts(structure(inp), with_targets)
         feed = _compat.dict_feed(model, list(split["x"])) if isinstance(split["x"], dict) else None
         if with_targets and "y" not in split and needing_targets:
             _refuse_missing_targets(needing_targets, inp, arg)
         _check_features(model, split["x"], feed, arg)
-        if isinstance(inp, inputs_lib.ArrayInput) and "y" in split:  # datasets can't be scanned cheaply
+        if isinstance(inp, ArrayInput) and "y" in split:  # datasets can't be scanned cheaply
             _check_sparse_labels(model, split["y"], arg)
     check_fixed_batch(model, inputs[0][0], num_replicas=batch.num_replicas, global_batch_size=batch.global_batch_size)
 
@@ -49,8 +50,8 @@ def _compiled_needing_targets(model: keras.Model) -> list[str]:
 
 def _refuse_missing_targets(compiled: list[str], inp, arg: str) -> None:
     """Features alone (no y) train only a model whose loss needs no targets: its own steps, or add_loss only."""
-    form = "arrays" if isinstance(inp, inputs_lib.ArrayInput) else inp.form
-    fix = (f"Pass the targets: fit(model, x, y), or {arg}=(x, y)" if isinstance(inp, inputs_lib.ArrayInput) else
+    form = "arrays" if isinstance(inp, ArrayInput) else inp.form
+    fix = (f"Pass the targets: fit(model, x, y), or {arg}=(x, y)" if isinstance(inp, ArrayInput) else
            f"Make the {form} yield (x, y) elements, e.g. {arg}.map(lambda e: (e['image'], e['label']))")
     raise ValueError(
         f"`{arg}` holds features only (no targets y), but `model`'s compiled {' and '.join(compiled)} need "
@@ -61,7 +62,7 @@ def _refuse_missing_targets(compiled: list[str], inp, arg: str) -> None:
 
 def _elements(inp) -> str:
     """", elements {'image': float32[28, 28]}": what a dataset yields, for messages ("" for arrays)."""
-    return "" if isinstance(inp, inputs_lib.ArrayInput) else f", elements {describe_spec(inp.example_spec)}"
+    return "" if isinstance(inp, ArrayInput) else f", elements {describe_spec(inp.example_spec)}"
 
 
 def _check_features(model: keras.Model, x: Any, feed: _compat.DictFeed | None, arg: str) -> None:
