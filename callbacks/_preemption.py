@@ -1,18 +1,9 @@
 """One step boundary at which every worker saves, whichever of them was told to stop.
 
-Under MultiWorkerMirroredStrategy the workers run every step together. A worker that saves and leaves on
-its own SIGTERM leaves the others waiting in the next step's all-reduce, and the chief, which writes the
-backup, may not be the one that was told. So, as TensorFlow's PreemptionCheckpointHandler does:
-
-- the first worker told names the next step boundary in the key-value store of the coordination service
-  that the strategy started (led by the chief);
-- every worker learns it from a watcher thread and acknowledges it;
-- the worker that named it runs no further step until every worker has acknowledged.
-
-The workers are never a step apart but at the boundary one of them has just passed: none of them can
-finish a step without the others. So the boundary named is still ahead of every worker, and all of them
-save the same step and stop. A worker that does not acknowledge in time (its machine is gone) leaves the
-others to save where they are, as a single process would.
+The first worker told names the next step boundary in the coordination service's key-value store; every worker
+acknowledges it from a watcher thread, and the one that named it runs no further step until all have, so all
+save the same step. A worker that does not acknowledge in time is taken as gone, and the others save where they
+are. Why no worker can be past that boundary: docs/reliability.md, "Faults".
 """
 
 from __future__ import annotations

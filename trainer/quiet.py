@@ -1,18 +1,8 @@
 """TensorFlow's start-up notices, kept off the screen of the example, the notebook and launched tasks.
 
-When TensorFlow loads and finds its devices, its C++ side prints notices to
-the process's stderr (file descriptor 2) that say nothing about the user's
-job: no CUDA driver on a CPU machine, `cuInit` failing there, the CPU
-features the wheel was not built for, oneDNN being on, absl's line about logs
-before its initialisation, a multi-worker cluster connecting, and tf.data's
-line when it first pins glibc's malloc settings (the plan says what the
-trainer does about those). From TensorFlow 2.18 to 2.21 several of them show
-whatever `TF_CPP_MIN_LOG_LEVEL` says, and a multi-worker job repeats them once
-per task. `startup_notices_hidden()` drops those lines (TensorFlow's C++
-INFO records, and the start-up files' warnings and errors) while TensorFlow
-starts; every other line (a real warning or error) passes. The
-user's own `TF_CPP_MIN_LOG_LEVEL` turns it off: then TensorFlow's logs are
-theirs to choose.
+`startup_notices_hidden()` drops, while TensorFlow starts, the lines of the process's stderr that say nothing
+about the user's job; every other line (a real warning or error) must pass, and a `TF_CPP_MIN_LOG_LEVEL` the
+user set turns it off. It imports nothing of the trainer. Which notices: docs/multi_worker.md, "A quiet start".
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The stages of a fit (`Runs.fit`), in the order it runs them, and the ones `evaluate` and `predict` share.
 
-Every check runs before anything changes (the process, the model, a file):
+Each is a function of the call's arguments, the Trainer's settings and what the stages before it decided; every
+check runs before anything changes (the process, the model, a file):
 
 1. `checked_fit_call`: the callbacks and fit's own arguments -> `calls.FitCall`.
 2. `fit_data`: the data, checked where its form is known (`data/boundary.py`) -> the inputs.
@@ -12,9 +13,6 @@ Every check runs before anything changes (the process, the model, a file):
 8. `Runs._run_epochs`: the epochs with callbacks -> the history.
 
 `evaluate` and `predict` share `Runs._one_pass` (-> `calls.OnePass`) and `Runs._model_in_scope`.
-
-Each stage is a function of the call's arguments, the Trainer's settings and what the stages before it
-decided, so that each can be called, and tested, on its own.
 """
 
 from __future__ import annotations

@@ -1,36 +1,9 @@
 """The private Keras and TensorFlow attributes the trainer reads, one module per internal it depends on.
 
-Each names the versions it was checked on (the supported range is setup.cfg's,
-tested at both ends by CI); a hook whose target is gone is named before the
-first call (`platform`), so a release that moves one breaks there, not
-somewhere in a step function. The rest of the trainer imports them from here, as `_compat.<name>`:
-
-- `replicas`: a package, by hook family: Keras's replica scaling of losses and gradients, its optimizer's
-  clipping and accumulation, synchronized BatchNormalization's statistics, the
-  updates of a variable summed over replicas (hooked while a step is traced);
-- `sharded`: ParameterServerStrategy's ShardedVariable;
-- `variables`: the tf.Variable behind a Keras variable, the optimizer's strategy
-  and indices, a model's state;
-- `compiled`: Keras's compiled loss and metrics, metric variables across replicas;
-- `random_state`: Keras's global seed state and its TensorFlow random functions;
-- `activity`: activity regularizers, a mean or a sum over the batch by version;
-- `dict_inputs`: how Keras takes a dict of data for a model's inputs;
-- `adapters`: Keras's data adapters (generators, PyDataset, grain), tf.data's
-  shuffles;
-- `auto_shard`: tf.data's file-level auto-sharding, for one shard of a dataset's files;
-- `distributed_data`: what a dataset the user distributed with a strategy was
-  made from;
-- `keras_methods`: Keras's backend fit, evaluate and predict, routed to the
-  trainer's engine;
-- `strategies`: MirroredStrategy's collective keys, MultiWorkerMirroredStrategy's
-  devices on a CPU worker;
-- `coordination`: the coordination service's key-value store, and the SIGTERM handler it takes;
-- `patches`: the install of the Keras functions that `replicas` and
-  `trainer.engine.draws` replace while a step is traced;
-- `version`, `platform`: the versions CI tests and the gates within them; the
-  check, before a call, that the versions are tested and every hook's target is
-  there (refused otherwise, unless the user opts in);
-- `onednn`, `slurm`, `masks`: oneDNN's state, Slurm's host lists, Keras masks.
+The rest of the trainer imports them from here, as `_compat.<name>`, and touches no private attribute itself.
+Each module names the versions it was checked on; `platform` refuses, before the first call, versions outside
+the range CI tests and any hook whose target is gone, so a release that moves one breaks there, not somewhere
+in a step function. The modules one by one: docs/design.md, "`_compat/`, module by module".
 """
 
 from __future__ import annotations

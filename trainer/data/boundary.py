@@ -1,18 +1,9 @@
 """The boundary: what the user passed to fit, evaluate or predict -> one input kind, checked.
 
-`as_input` (and `fit_inputs`, which also cuts `validation_split`) recognises
-the form (arrays given either way, a tf.data.Dataset batched or not, a
-generator, a PyDataset, or a dataset function) and hands it to the module that
-reads that form: arrays to `trainer/data/user_arrays.py`, what Keras's data
-adapters read to `trainer/data/keras_forms.py`. Each refuses what can't be read
-exactly with a message that names the argument and the fix, `class_weight` is
-folded in as Keras does, and the result is one of the kinds of
-`trainer/data/inputs.py`, which carry the rest of the contract. `fit_inputs`,
-`evaluate_input` and `predict_input` (which feeds the model the features of
-`trainer/data/features.py`) then check what they made: for the workers
-(`check_workers` refuses the Python-fed forms where several processes can't
-read them alike), and on its own (`check_data` in `data/checks.py`). The checks
-against the model come later (`checks`), once it is known.
+`as_input` and `fit_inputs` (which also cuts `validation_split`) recognise the form, hand it to the module that
+reads it (`trainer/data/user_arrays.py`, `trainer/data/keras_forms.py`), fold in `class_weight` and run the
+data's own checks (`check_workers`, `trainer/data/checks.py`). The checks against the model do not belong here:
+they come later, once it is known. The forms: docs/input_forms.md.
 """
 
 from __future__ import annotations

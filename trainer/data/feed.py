@@ -1,23 +1,9 @@
 """Inside the step: each replica's `Share` of a global step, from what its reader hands the step.
 
-The readers (`trainer/data/readers.py`) choose which steps run and from what;
-the step loops of `fused.Loops` then call, in replica context, the way here that
-fits the reader: `fetch` and `step_batch` gather an `ArrayFeed`'s rows,
-`share_of` cuts a whole global batch in place, and `handed_share` takes what
-TensorFlow's distributed iterator handed the replica (a `Cut` made in the input
-pipeline by `cut_shares`, or its own split of a batch). `tracked` picks the
-rows the replica's metrics count, and `shape_key` tells the batches of a step
-call apart by shape. Nothing here keeps state between steps.
-
-Every way gives each replica a `Share` of every step. A global batch with fewer
-examples than there are replicas (the last one, say: 2 examples for 3
-replicas) is not split: every replica computes on all of it, and the loss sum
-is divided by the examples times the replicas, so the replicas' summed
-gradients are still the one-device gradient, and synchronized BatchNormalization
-sums as many copies of each example, so its mean and variance are still those of
-the batch. Each replica's metrics count only its own share of the rows. No
-replica ever runs a step on an empty batch: TensorFlow's oneDNN CPU kernels
-abort on the gradient of Conv2D+BiasAdd or MaxPool over zero examples.
+The step loops call, in replica context, the way that fits the reader: `fetch` and `step_batch` for an
+`ArrayFeed`, `share_of` for a whole global batch, `handed_share` for what TensorFlow's distributed iterator
+handed the replica. No replica may run a step on an empty batch, and nothing here keeps state between steps.
+A batch smaller than the replica count: docs/exactness.md, "The uneven last batch".
 """
 
 from __future__ import annotations

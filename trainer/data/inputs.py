@@ -1,31 +1,9 @@
-"""The input kinds as one type (`Input`), each with its whole contract, and the readers the steps consume.
+"""The input kinds as one type (`Input`), and `Readers`, which makes what a step call reads from an input.
 
-`trainer/data/boundary.py` checks what the user passed and wraps it as one of these
-kinds; from then on the trainer asks the kind, never its type:
-
-| Kind | Global batch | Split across workers | Split across replicas | Each pass | Mid-epoch resume |
-|---|---|---|---|---|---|
-| `ArrayInput` | fit's `batch_size` | each worker gathers its replicas' slices | contiguous slices | reshuffled from `seed` and the pass | exact: skips steps |
-| `DatasetInput` | batched here | every worker reads all, keeps its share (DATA) | contiguous shares | read again from its start | exact: skips examples |
-| `BatchedInput` | the user's batches | every worker reads all, keeps its share (DATA); grain's `.batch()`: its records only | contiguous shares | read again; Keras's spare iterator | exact: skips batches |
-| `FunctionInput` | the function's | by its `input_context` | a pipeline per replica | read again | restarts the epoch |
-| `FileShardsInput` | the dataset's | by file shards (`data_sharding="files"`) | each replica its shards | read on | restarts the shards |
-
-Each kind is defined with its family, on the base of `trainer/data/input_kind.py`:
-`ArrayInput` in `trainer/data/array_input.py`, `DatasetInput` and `BatchedInput` in
-`trainer/data/dataset_inputs.py`, `FunctionInput` and `FileShardsInput` in
-`trainer/data/pipeline_inputs.py`. Nothing here asks a kind's type: what differs
-between the kinds is the kinds' own.
-
-A `Readers` makes, for one strategy and global batch, what a step call reads
-from an input (`kind.reader`): an `ArrayFeed` (arrays on CPU replicas),
-`GlobalBatches` (datasets on CPU replicas) or `DistributedBatches`
-(TensorFlow's distributed iterator: accelerators, dataset functions, datasets
-with a shard policy of their own), the readers of `trainer/data/readers.py`,
-each of which runs the step loops that fit it. Under parameter-server
-training, `per_worker_dataset` gives each worker its own repeated stream
-instead.
-"""  # noqa: E501 (the Markdown table's rows)
+`trainer/data/boundary.py` wraps what the user passed as one of these kinds; from then on the trainer asks the
+kind, never its type: what differs between the kinds is the kinds' own (`trainer/data/input_kind.py` says what
+each answers). The kinds and their contracts: docs/design.md, "The input kinds".
+"""
 
 from __future__ import annotations
 

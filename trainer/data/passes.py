@@ -1,19 +1,9 @@
 """Where fit's epochs read: the input's passes, cut into epochs as Keras's epoch iterator cuts them.
 
-Without `steps_per_epoch`, an epoch is one pass over the input. With it, Keras
-keeps one iterator across epochs (keras/src/trainers/epoch_iterator.py):
-
-- an epoch reads on from where the last one stopped;
-- calls begin at the epoch's steps `range(0, steps_per_epoch, S)`, S being the
-  model's compiled `steps_per_execution`, and each runs S steps, so an epoch
-  runs `ceil(steps_per_epoch / S) * S` steps while the data lasts;
-- the pass's end ends the epoch ("Your input ran out of data"), and the next
-  epoch reads a new pass.
-
-So 10 batches with `steps_per_epoch=9` train 9, 1, 9, 1, ... steps an epoch,
-and with S=2 and `steps_per_epoch=3`, 4 steps an epoch. `Passes` keeps that
-arithmetic, apart from the readers that follow it (`loop.ReaderSteps`) and the
-sizes the trainer gives its own calls (`fusion.py`).
+`Passes` keeps the arithmetic of keras/src/trainers/epoch_iterator.py (an epoch is one pass, or with
+`steps_per_epoch` a stretch of one stream that the pass's end cuts short), and only that: the readers that
+follow it are `loop.ReaderSteps`, the sizes of the trainer's own calls `fusion.py`'s. The rule, with examples:
+docs/input_forms.md, "Forms".
 """
 
 from __future__ import annotations

@@ -1,37 +1,10 @@
 """The readers that step calls consume, and which way CPU replicas read.
 
-Three readers, made by `inputs.Readers`; each runs the compiled loops of
-`fused.Loops` that fit it (`run`, `predictions`), so the steps never ask
-what they were handed:
-
-* `ArrayFeed`: arrays on CPU replicas, gathered inside the step.
-* `GlobalBatches`: a dataset's global batches on CPU replicas, split inside the step.
-* `DistributedBatches`: TensorFlow's distributed iterator (accelerators,
-  dataset functions, datasets with a shard policy of their own).
-
-They keep the host side of reading: which steps come next, and from what.
-What each replica computes on inside the step is `trainer/data/feed.py`'s: no
-reader cuts a global batch into the replicas' shares itself.
-
-Arrays need no tf.data pipeline. Each replica reads its slices of the global
-batches from the user's NumPy arrays inside the step function: at the start of
-a call, one `tf.numpy_function` per replica gathers its rows for all of the
-call's steps (up to FETCH_BYTES), and each step slices its own out
-(`feed.fetch`, `feed.step_batch`): one gather per step would pay TensorFlow's
-py-function call on every step. There is no iterator to create or destroy, no
-copy of the arrays into TensorFlow, and the global
-example count of every step is known without a cross-replica sum. The slices
-are exactly those of `arrays.array_dataset_fn` (which GPUs and TPUs still
-use): the global order depends on the seed and the epoch only, and each
-replica, on any worker, gathers its own contiguous share of each batch.
-
-A tf.data dataset is read as whole global batches from one plain host
-iterator per worker (`GlobalBatches`; on several workers, unless the dataset
-sets a shard policy of its own, every worker reads all of it, as TensorFlow's
-DATA policy does), and each replica takes its share of every batch inside the
-step (`feed.share_of`), cut the same way. TensorFlow's distributed
-iterator would be set up again each epoch, and under MirroredStrategy its
-MultiDeviceIterator traces functions for every device for every new iterator.
+`ArrayFeed` (arrays on CPU replicas), `GlobalBatches` (a dataset's global batches on CPU replicas) and
+`DistributedBatches` (TensorFlow's distributed iterator), made by `inputs.Readers`; each runs the loops of
+`fused.Loops` that fit it, so the steps never ask what they were handed. A reader keeps the host side of
+reading, which steps come next and from what: it never cuts a global batch into the replicas' shares itself,
+which is `trainer/data/feed.py`'s. Why each form is read this way: docs/performance.md, "Defaults and why".
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@
 - `slurm`: the tasks of a Slurm job step (`srun`);
 - `strategy`: strategy names and options -> `tf.distribute.Strategy`, and which strategy a model goes with;
 - `collectives`: distinct collective keys for the MirroredStrategies of one process;
-- `faults`: what a failed collective means, said as what to do.
+- `faults`: what a failed collective means, said as what to do;
+- `ambient`: the strategies a call finds around it (the user's scope, its data's, the model's home);
+- `chatter`: TensorFlow's INFO lines and, off the chief, Keras's warnings hidden while a call runs.
 
 May import `trainer._compat` and nothing else of the trainer. Imported by every folder above it
 (`data`, `model`, `engine`, `launch`), by `trainer.callbacks` and by the facade.

@@ -1,22 +1,9 @@
 """Distinct collective group keys for the MirroredStrategies of one process.
 
-Every MirroredStrategy numbers its collective groups from 1. Two of them over
-different devices, used in one process (a second `fit` in a notebook, say),
-both launch group 1 with different sizes, and TensorFlow then aborts every
-collective of the process ("is joining a group with size 4, but that group has
-size 2"). Two over the same devices (keras.io's guide makes a new one for each
-training run) share group 1 and number its collective instances alike, and one
-whose calls launch collectives in another order than the other's aborts too
-("Collective instance 100 expected type 2 and data_type 3 but got type 0").
-Strategies the trainer builds get a range of keys of their own, and so does a
-user's strategy the trainer runs on before it has run a collective; one passed
-in whose keys clash with keys already used is refused before it runs anything.
-
-TensorFlow has no public way to choose the keys: `_compat.collective_key_base`
-sets the class attribute its own tests use, `_compat.number_instances_from`
-moves a fresh strategy's instance counters, and `_compat.collective_group_keys`
-reads the keys a strategy took. If a TensorFlow version lacks them, strategies
-are built as usual and not checked.
+Every MirroredStrategy numbers its collective groups from 1, so two in one process clash. Strategies the trainer
+builds, and a user's strategy that has run no collective when the trainer first runs on it, get a range of keys
+of their own; a strategy whose keys clash with keys already used is refused before it runs anything. Why:
+docs/reliability.md, "Several strategies in one process".
 """
 
 from __future__ import annotations

@@ -1,37 +1,10 @@
 """Random draws inside a replica, as one device draws them for the whole global batch.
 
-Keras draws every random number of a layer or a train step with TensorFlow's
-stateless ops, from seeds that its SeedGenerators hand out alike on every
-replica (`_compat.keras_random_module`). Each replica runs the model on its own
-rows, so a draw shaped like those rows would give every replica the first rows
-of the draw one device makes: replica 1 would drop out the units replica 0
-drops. While a step is traced (`hooks`), a draw whose leading dimension is the
-replica's rows is replaced by *that replica's rows of the one-device draw for
-the global batch* (`Share.placed`: where the rows start, and the examples):
-
-- Philox, the stateless generator on CPUs and GPUs, is counter-based: number
-  k of a draw comes from counter k // 4 (k // 2 for 64-bit values). Starting
-  the counter at the replica's first number gives exactly its rows, for the
-  cost of its own rows (`_own_rows`).
-- A truncated normal samples by rejection, XLA lays a normal draw's numbers
-  out by its shape (seen on TensorFlow 2.21), and another generator (a TPU's)
-  may count otherwise: there the replica draws the whole global batch's
-  numbers and keeps its rows (`_global_rows`), R times the numbers.
-
-A draw shaped like a tensor the step made by `tf.concat` of parts that are
-each the replica's rows (keras.io's GANs draw label noise over the generated
-rows and the real rows together) takes, part by part, the replica's rows of
-each part of one device's draw (`_in_blocks`). The parts are read back from the
-draw's size (`tf.shape(labels)[0]`), or, where all sizes are static and no op
-is left to read, found among the step's concatenations (`shapes.stacked_like`).
-
-Any other draw whose leading dimension is not the replica's rows (a weight's
-noise, a draw of one number per step) is not per example: it stays as Keras
-makes it, the same on every replica, as on one device. A dimension is taken as
-the rows when it is dynamic and equals the rows when the step runs, or when
-both are static and equal. A draw that follows the data but is none of these is
-named once (`names.warn_unsliced`), and recorded in the `named` dict of the steps
-that traced it, for the plan of the model's next fit.
+While a step is traced (`hooks`), a draw whose leading dimension is the replica's rows becomes that replica's
+rows of the draw one device makes for the global batch (`Share.placed`: where its rows start). Any other draw
+must stay as Keras makes it, the same on every replica, as on one device; one that follows the data but cannot
+be mapped to one device's rows is named once (`names.warn_unsliced`). Why and how: docs/exactness.md,
+"Random layers"; the cost: docs/performance.md, "One device's numbers on several replicas: what it costs".
 """
 
 from __future__ import annotations

@@ -1,27 +1,9 @@
 """Undoes the glibc setting that tf.data pins for the whole process, which halves CPU step speed.
 
-The first time a process builds a `GeneratorDataset` kernel, TensorFlow (2.18
-to 2.21 at least) calls `mallopt(M_MMAP_THRESHOLD, 128 KiB)` (`ApplyPython311MemoryPatch`, meant
-for `Dataset.from_generator` on Python 3.11). Distributed iterators build one:
-any MirroredStrategy iterator, and a OneDeviceStrategy iterator read inside a
-`tf.function`, which is how the trainer reads datasets. From then on glibc
-serves every allocation above 128 KiB with a fresh `mmap` and unmaps it on
-free, so each step's activations and gradients are new pages to fault in, and
-a CNN trains far slower from a tf.data dataset than from arrays
-(bench/mmap_threshold.py; docs/performance.md).
-
-`raise_threshold()` puts the threshold at 32 MiB, the ceiling glibc's own
-dynamic threshold climbs to, with the trim threshold at twice that, as glibc
-pairs them. A user who sets the threshold through glibc's environment
-(`MALLOC_MMAP_THRESHOLD_` or `GLIBC_TUNABLES`) keeps it.
-
-TensorFlow pins the threshold once per process, so `pin_then_raise()` makes it
-do so at once and raises the threshold over it. This is the trainer's one
-process-wide patch, applied in one place: `Trainer.fit`, `evaluate` and
-`predict` call `tune_process` first, unless `Trainer(tune_malloc=False)`, and
-the plan says which. The worker and ps tasks of a parameter-server cluster
-that `trainer-launch` starts (processes of the trainer's own, where no user
-code runs) call `pin_then_raise` before serving.
+This is the trainer's one process-wide patch, applied in one place: `Trainer.fit`, `evaluate` and `predict` call
+`tune_process` first, unless `Trainer(tune_malloc=False)`, and the plan says which; the tasks that
+`trainer-launch --serve` starts call `pin_then_raise`. A threshold the user set through glibc's environment
+must be left alone. Why: docs/performance.md, "Two TensorFlow behaviours the figures depend on".
 """
 
 from __future__ import annotations

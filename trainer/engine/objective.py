@@ -1,32 +1,10 @@
 """The model's own loss and metrics, as `model.fit` computes them, exact across replicas.
 
-The loss is whatever `model.compute_loss` returns: compile's losses with
-their masks, sample weights (per example or per time step), loss weights and
-reductions, plus `model.losses` (weight and activity regularizers, `add_loss`),
-or the model's own override. The metrics are the model's own
-(`model.compute_metrics` updates them; `model.metrics` lists them), so their
-names, and the callbacks that look them up by name, are Keras's.
-
-What changes across replicas is only how a replica's loss is weighed. Keras
-scales each replica's loss by 1/replicas, which is the replica's share of the
-batch only when the shares are equal. Here the forward pass and
-`compute_loss` run as on one device (`_compat.replica_share()` leaves Keras's
-losses unscaled, also those a layer computes for `add_loss`), so they give the
-mean over the replica's own examples, and the step weighs it by the replica's
-share of the global batch, n_r / N. The replicas' sum is then the one-device loss of the whole batch for any
-term that is a mean over the batch (compiled losses, activity regularizers, a
-VAE's KL term) or does not depend on it (weight regularizers). Masks make a
-mean's divisor the count of unmasked entries, so for a masked output the
-replicas add up their counts first (one all-reduce per step), and each
-replica's loss is re-weighted by its count over the global one.
-
-A term that sums over the batch (`add_loss(ops.sum(...))`) is weighed like a
-mean too: on R replicas it counts about 1/R as much as on one device. Write
-such a term as a mean, scaled by a constant, to keep the one-device numbers.
-
-The loss tracker adds each replica's mean times its tracked examples, so the
-logged loss is what `model.fit` logs: every batch's loss weighted by its
-examples, sum(w * loss) / N for an unmasked loss.
+The loss is the model's `compute_loss` and the metrics its `compute_metrics`, run on each replica as on one
+device, so the metrics' names, and the callbacks that look them up, are Keras's. What changes is only the weight
+of a replica's loss: its share of the global batch, n_r / N (for a masked output, its unmasked count over the
+global one), never Keras's 1/replicas. Why that gives one device's loss and gradients: docs/exactness.md,
+"The loss: each replica weighed by its share".
 """
 
 from __future__ import annotations

@@ -1,27 +1,10 @@
 """The call `model.fit` makes past the end of data of unknown size, and what it changes without a batch.
 
-When Keras cannot tell how many batches a pass has (a generator, a filtered
-dataset, TFRecord files, tf.data service) and calls one step at a time
-(`steps_per_execution=1`), the pass ends when a call finds the iterator empty:
-`iterator.get_next()` raises inside the compiled step. Every stateful op of the
-step that does not wait for the batch has run by then, and keeps its effect:
-
-- each optimizer's step counter (`_iterations.assign_add(1)` at the end of
-  `apply` reads no gradient), so Adam's bias correction and every schedule
-  read one step more;
-- each SeedGenerator the step draws from (`next()` assigns its state + [0, 1]
-  with no batch in it), so the next epoch's dropout masks are other ones.
-
-Weights, optimizer slots and metrics wait for the batch and do not change.
-Measured on Keras 3.8 and 3.15 (TF 2.18, 2.21), one device: 3 epochs of 7
-batches leave `iterations` at 8, 16, 24 and a Dropout's seed state 24 draws on,
-in 120 of 120 runs (inter-op threads 1 and 2, SGD, Adam, AdamW, 1 to 7
-layers). It is not a race: the counter's update has no input from the iterator.
-
-The trainer's steps read an optional and never call past the end, so where
-`model.fit` would, `PastEnd.apply` makes the same changes: each counter moves
-on by what one step moves it. A `LossScaleOptimizer` applies inside a `cond` on
-the gradients' finiteness, which waits for the batch: its counters are left.
+The trainer's steps never call past the end, so where `model.fit` would (`Passes.called_past_end`),
+`PastEnd.apply` makes that call's changes: each optimizer's step counter and each SeedGenerator move on by what
+one step moves them. It must not touch weights, slots or metrics, nor a `LossScaleOptimizer`'s counters, which
+wait for the batch under `model.fit` too. Why: docs/exactness.md, "What is not exact" (the end of data of
+unknown size).
 """
 
 from __future__ import annotations

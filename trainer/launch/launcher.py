@@ -2,34 +2,10 @@
 
     trainer-launch --workers 2 script.py [args]          # MultiWorkerMirroredStrategy
     trainer-launch --workers 2 --ps 1 script.py [args]   # ParameterServerStrategy
-    python -m trainer.launch --workers 2 script.py [args]
-
-On several machines, run it on each with its own --node-rank (--workers per
-machine, default 1: a worker computes on all of its machine's GPUs):
-
-    export TRAINER_RDZV_SECRET=...   # the same on every machine (or --rdzv-secret-file FILE)
-    trainer-launch --nnodes 2 --node-rank R --master-addr HOST0 --master-port 29400 script.py [args]
-
-Each output line is prefixed with the task's role and index. If a task fails,
-the others are stopped (on every machine) and the launcher exits with that
-task's status. Ctrl-C stops everything; so does a machine's launcher gone.
-With --max-restarts N the job starts again instead (on the machines left, with
---nnodes MIN:MAX), and fit resumes from the backup the launcher asks it for:
-
-    trainer-launch --workers 2 --max-restarts 3 script.py [args]
-With --ps, the script runs on the chief (the coordinator); the worker and ps
-tasks run TensorFlow servers:
-
-    trainer-launch --serve    # a worker or ps task of a parameter-server cluster, as TF_CONFIG names it
-
-which is also the command for those tasks on a cluster (Kubernetes, cloud jobs).
-Under Slurm, as every task of an srun step, it runs this task's part of the step:
-
-    srun -n 4 trainer-launch --ps 1 script.py [args]   # task 0 the chief, task 3 the ps, 1-2 the workers
 
 This module is the command line only: it reads and checks the flags, so that a wrong one is a usage error
 before anything starts, then hands over: a job's rounds to `job.py`, a serving task and an srun task to
-`serve.py`. It must not run, watch or restart tasks itself.
+`serve.py`. It must not run, watch or restart tasks itself. Every flag: docs/multi_worker.md, "trainer-launch".
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """Several machines without a scheduler: node 0's rendezvous, where the launchers meet at the start of a job
-and again at each restart.
+and again at each restart (`Host` serves it; every other node `join`s it).
 
-    # on every machine, with its own --node-rank:
-    trainer-launch --nnodes 2 --node-rank 0 --master-addr host0 --master-port 29400 train.py [args]
-
-Node 0 serves the rendezvous at `--master-addr:--master-port` for the whole
-job (`Host`). Every other node connects (`join`), proves that it holds the
-job's secret and says how many tasks it runs and on which free ports; once
-enough have arrived (`--nnodes N`, or MIN:MAX with a last call), node 0 sends
-each node the same cluster and that node's tasks, with its own proof, so a
-node with another secret is refused and named before anything starts. The
-connections then stay open for the whole round, as the links of `links.py`.
-
-This module holds the meeting only: what is agreed is `agreement.py`'s, the
-secret and its proofs are `secret.py`'s; it starts no task. Pure Python: no
-TensorFlow here.
+This module holds the meeting only: what is agreed is `agreement.py`'s, the secret and its proofs are
+`secret.py`'s, and it starts no task. Pure Python: no TensorFlow here. The rendezvous as users meet it:
+docs/multi_worker.md, "Several machines".
 """
 
 from __future__ import annotations

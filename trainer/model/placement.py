@@ -1,23 +1,9 @@
 """A Keras model built anywhere, moved into a strategy's scope in place for one call, and back.
 
-Variables belong to the strategy under whose scope they were created. A Keras
-variable is a handle on a backing `tf.Variable` (`_compat.backing`), so a
-model whose variables were made elsewhere moves into the scope without being
-re-created: each of its variables gets a backing variable created inside the
-scope from its current value, with the same trainable flag, name, aggregation
-and synchronization. Under MirroredStrategy that is a MirroredVariable; under
-MultiWorkerMirroredStrategy its initial value is broadcast from the chief, so
-workers whose builds drew different weights start alike; under
-ParameterServerStrategy it lives on the ps tasks, split over them by the
-strategy's variable_partitioner where one is set. Layers, losses, metrics and
-optimizers stay the user's own objects, whatever their constructors take.
-
-After the call every variable moves back to its home (the backing variable it
-had, or a new one outside any scope for state the call created, such as the
-slots of an optimizer built in its step), holding the trained value: the
-model then works without any strategy, as after `model.fit`. The in-scope
-variables are kept in the Trainer's `models.InScope` and filled again by the
-next call, so the steps traced on them are reused.
+`move_in` gives each variable a backing made in the scope from its value; `Move.back` returns every one to its
+home with the trained value, so the model then works without any strategy, as after `model.fit`. Nothing is
+re-created: layers, losses, metrics and optimizers stay the user's own objects. How, strategy by strategy:
+docs/design.md, "The model and optimizer in scope".
 """
 
 from __future__ import annotations

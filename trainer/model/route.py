@@ -1,26 +1,10 @@
 """The trainer beneath `model.fit`: a model's own fit, evaluate and predict, run on the trainer's engine.
 
-`Trainer.fit(model, ...)` does not go around `model.fit`: it calls it. What the
-model's class overrides runs first, as under `model.fit` (a KerasHub task turns
-strings or images into a batched tf.data pipeline that maps its preprocessing
-and makes the targets and weights; a user's model may prepare its data the same
-way), and so does whatever a library patched onto `keras.Model.fit` (MLflow's
-autologging adds its callback and logs the run). Where that chain reaches
-Keras's own backend method for this model, the trainer's engine runs with the
-arguments handed down, instead of Keras's loop (`_compat.keras_methods_hooked`).
-
-A route is scoped to the call and to its model by a context variable: other
-threads and other models stay Keras's, and so does anything called while the
-engine runs (a callback's own `model.evaluate`). `Trainer.distribute()` routes
-every model inside a `with` block, so that a tool which calls `model.fit` (a
-KerasTuner search) trains on the trainer without a line changed.
-
-Keras's per-batch methods (`train_on_batch`, `test_on_batch`,
-`predict_on_batch`) are routed the same way: each global batch runs on the
-trainer's strategy, split over the replicas, so a custom loop of them (a GAN, a
-distillation) trains as on one device. A model's own method that returns
-without reaching any of Keras's is reported: the trainer never trains on data
-the model's own method would have prepared otherwise.
+`call_model` calls the model's own method, so what its class or a library put there runs first; where that
+chain reaches Keras's backend method for this model, the engine runs instead (`_compat.keras_methods_hooked`).
+A `Route` is scoped to one call and its model by a context variable: other threads, other models and anything
+called while the engine runs (a callback's own `model.evaluate`) must stay Keras's. The route as users meet
+it: docs/ecosystem.md, "The route beneath `model.fit`"; who calls whom: docs/design.md, "From `fit` to the step".
 """
 
 from __future__ import annotations

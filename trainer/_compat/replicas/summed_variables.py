@@ -1,17 +1,9 @@
 """Variables summed over replicas: a replica's update adds its own, as one device adds the whole batch's.
 
-Keras's `assign_add` and `assign_sub` are `assign(self + value)` and
-`assign(self - value)`. A variable made with `add_weight(aggregation="sum")`
-is, under MirroredStrategy, an on-write MirroredVariable, and under
-CentralStorageStrategy one copy the replicas share: each replica's `assign`
-hands the strategy its new value whole, and the strategy sums them, so R
-replicas leave R * old + the updates. A count of the examples a layer has
-seen then grows geometrically: 240 for 64 examples in 4 steps on 2 replicas,
-where one device counts 64 (Keras's own fit in the strategy's scope gives 240
-too). tf.Variable's own `assign_add` sums the updates alone, as one device
-adds the whole batch's: in a replica, the hooks hand it the update. Every
-other variable (on-read ones, such as Keras 3.10+'s metrics, and those
-averaged or taken from the first replica, where both ways agree) keeps Keras's.
+While a step is traced, Keras's `assign_add` and `assign_sub` of a variable made with `aggregation="sum"` hand
+TensorFlow's own the update alone, which the strategy sums. Every other variable (on-read ones, such as Keras
+3.10+'s metrics, and those averaged or taken from the first replica, where both ways agree) must keep Keras's.
+Why: docs/exactness.md, "Variables a layer updates from its batch".
 """
 
 from __future__ import annotations
