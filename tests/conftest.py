@@ -166,11 +166,6 @@ def script_failed(*procs: subprocess.CompletedProcess) -> str:
                      f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}" for proc in procs)
 
 
-def printed_json(proc: subprocess.CompletedProcess) -> dict:
-    """The JSON line a script printed last."""
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def load_run(out, task: str) -> tuple[dict, dict]:
     """What a run script's `task` saved in `out`: its JSON results, and its arrays (OUT/<task>.json, .npz)."""
     with open(out / f"{task}.json") as f:
@@ -180,7 +175,8 @@ def load_run(out, task: str) -> tuple[dict, dict]:
 
 def run_python(script, *args, env: dict | None = None, timeout: int = 300, launch: tuple = ()) -> dict:
     """`run_script`, then the JSON the script printed last."""
-    return printed_json(run_script(script, *args, env=env, timeout=timeout, launch=launch))
+    proc = run_script(script, *args, env=env, timeout=timeout, launch=launch)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 class LearningRateSeen(keras.callbacks.Callback):

@@ -135,33 +135,14 @@ class Runs:
         weighed by its share (exact); the metrics over this batch alone, or accumulated since the last reset
         where the installed Keras's do (`_compat.on_batch_resets_metrics`)."""
         inp, batch = self._one_batch(strategy, x, y, sample_weight, class_weight=class_weight, training=True)
-        stages.check_model(model, self.settings.mixed_precision)
-        scoped = self._model_in_scope(
-            model, strategy, inp, batch, lr=engine_lib.LRSettings(None, batch.global_batch_size, batch, 0))
-        engine = scoped.engine
-        with scoped.move, eval_loop.one_pass(self._readers(engine.strategy, batch, shuffle=False), inp,
-                                             read_all=True) as reader:
-            if _compat.on_batch_resets_metrics():
-                engine.objective.reset()
-            engine.steps.train(reader, 1)
-            logs = engine.objective.results()
-        return dict(sorted(logs.items())) if return_dict else logs_in_order(scoped.model, logs)
+        return self._step_on_batch(model, strategy, inp, batch, training=True, return_dict=return_dict)
 
     def test_on_batch(self, model, x, y=None, sample_weight=None, return_dict=False, *,
                       strategy: tf.distribute.Strategy, planned_batch: int | None = None) -> Any:
         """`model.test_on_batch`: the loss and metrics of one global batch, exact over its replicas (reset
         before it as `train_on_batch`'s)."""
         inp, batch = self._one_batch(strategy, x, y, sample_weight, training=False)
-        stages.check_model(model, self.settings.mixed_precision)
-        scoped = self._model_in_scope(model, strategy, inp, batch)
-        engine = scoped.engine
-        with scoped.move, eval_loop.one_pass(self._readers(engine.eval_strategy, batch, shuffle=False), inp,
-                                             read_all=True) as reader:
-            if _compat.on_batch_resets_metrics():
-                engine.objective.reset()
-            engine.eval_steps.evaluate(reader, 1)
-            logs = engine.objective.results("test_step")
-        return dict(sorted(logs.items())) if return_dict else logs_in_order(scoped.model, logs)
+        return self._step_on_batch(model, strategy, inp, batch, training=False, return_dict=return_dict)
 
     def predict_on_batch(self, model, x, *, strategy: tf.distribute.Strategy, planned_batch: int | None = None):
         """`model.predict_on_batch`: the outputs of one global batch of features, split over the replicas."""
@@ -203,6 +184,26 @@ class Runs:
         else:
             inp = boundary.evaluate_input(dataset, None, None, arg="x", steps=None, **workers)
         return inp, scaling.BatchPlan(rows, strategy.num_replicas_in_sync)
+
+    def _step_on_batch(self, model, strategy, inp: inputs_lib.Input, batch: scaling.BatchPlan, *, training: bool,
+                       return_dict: bool) -> Any:
+        """One step on `inp`'s one global batch, trained on or evaluated; its logs as Keras's `*_on_batch`
+        return them."""
+        stages.check_model(model, self.settings.mixed_precision)
+        lr = engine_lib.LRSettings(None, batch.global_batch_size, batch, 0) if training else None
+        scoped = self._model_in_scope(model, strategy, inp, batch, lr=lr)
+        engine = scoped.engine
+        readers = self._readers(engine.strategy if training else engine.eval_strategy, batch, shuffle=False)
+        with scoped.move, eval_loop.one_pass(readers, inp, read_all=True) as reader:
+            if _compat.on_batch_resets_metrics():
+                engine.objective.reset()
+            if training:
+                engine.steps.train(reader, 1)
+                logs = engine.objective.results()
+            else:
+                engine.eval_steps.evaluate(reader, 1)
+                logs = engine.objective.results("test_step")
+        return dict(sorted(logs.items())) if return_dict else logs_in_order(scoped.model, logs)
 
     def _model_in_scope(self, model, strategy, inp, batch: scaling.BatchPlan,
                         lr: engine_lib.LRSettings | None = None) -> calls.Scoped:

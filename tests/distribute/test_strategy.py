@@ -128,7 +128,7 @@ from trainer import Trainer, resolve_strategy
 first = resolve_strategy("multi_worker", communication="ring")
 assert resolve_strategy("multi_worker", communication="ring") is first
 assert resolve_strategy("multi_worker") is first  # no options: the one running, as it is
-assert Trainer(strategy="multi_worker", verbose=0)._resolve_strategy(None) is first
+assert Trainer(strategy="multi_worker", verbose=0)._call_strategy(None) is first
 try:
     resolve_strategy("multi_worker", communication="nccl")
 except ValueError as err:

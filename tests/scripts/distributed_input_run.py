@@ -9,28 +9,17 @@ with `distribute_datasets_from_function`, the bare function, and the first and t
 `Trainer.distribute()` through `model.fit`. Each task writes OUT_DIR/<task>.json and OUT_DIR/<task>.npz.
 """
 
-import argparse
 import json
 import os
 
 import numpy as np
 import tensorflow as tf
 
-from start import start
+from start import REFERENCE, REPLICAS, arguments, start, user_strategy
 
-parser = argparse.ArgumentParser()
-parser.add_argument("out")
-parser.add_argument("--replicas", type=int, default=1)
-parser.add_argument("--reference", action="store_true")
-args = parser.parse_args()
+args = arguments(__doc__, ("out", str), options=(REPLICAS, REFERENCE))
 start(cpus=args.replicas if args.replicas > 1 else 0)
-# Multi-worker strategies must exist before TensorFlow runs anything: the user's strategy comes first.
-if args.reference:
-    strategy = None
-elif "TF_CONFIG" in os.environ:
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-else:
-    strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(args.replicas)])
+strategy = user_strategy(args.replicas, reference=args.reference)
 
 import keras  # noqa: E402
 

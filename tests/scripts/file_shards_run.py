@@ -9,21 +9,15 @@ steps_per_epoch=7 for 2 epochs. Each task writes OUT_DIR/<task>.json (history, e
 the optimizer's steps, the bytes its process read from the files) and OUT_DIR/<task>.npz (weights, predictions).
 """
 
-import argparse
 import json
 import os
 
 import numpy as np
 import tensorflow as tf
 
-from start import start
+from start import REPLICAS, WRITE, arguments, start
 
-parser = argparse.ArgumentParser()
-parser.add_argument("data")
-parser.add_argument("out", nargs="?")
-parser.add_argument("--replicas", type=int, default=1)
-parser.add_argument("--write", action="store_true")
-args = parser.parse_args()
+args = arguments(__doc__, ("data", str), ("out", str, "?"), options=(REPLICAS, WRITE))
 FILES, PER_FILE = 16, 30
 BLOB = bytes(16384)  # 16 KiB a record that the model never reads, so that the files' bytes dwarf the rest
 if args.write:

@@ -15,28 +15,17 @@ The source counts the records it hands out in this process; the records read in 
 saved with the results. Each task writes OUT_DIR/<task>.json and OUT_DIR/<task>.npz.
 """
 
-import argparse
 import json
 import os
 import threading
 
 import numpy as np
-import tensorflow as tf
 
-from start import start
+from start import REFERENCE, REPLICAS, arguments, start, user_strategy
 
-parser = argparse.ArgumentParser()
-parser.add_argument("out")
-parser.add_argument("--replicas", type=int, default=1)
-parser.add_argument("--reference", action="store_true")
-args = parser.parse_args()
+args = arguments(__doc__, ("out", str), options=(REPLICAS, REFERENCE))
 start(cpus=args.replicas if args.replicas > 1 else 0)
-if args.reference:
-    strategy = None
-elif "TF_CONFIG" in os.environ:  # multi-worker strategies must exist before TensorFlow runs anything
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-else:
-    strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(args.replicas)])
+strategy = user_strategy(args.replicas, reference=args.reference)
 
 import grain  # noqa: E402
 import keras  # noqa: E402

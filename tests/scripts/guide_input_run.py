@@ -13,23 +13,16 @@ task writes OUT_DIR/<task>.json: per form and route, the history (with the sum o
 optimizer's steps and the final weights.
 """
 
-import argparse
 import json
 import os
 
 import numpy as np
 import tensorflow as tf
 
-from start import start
+from start import REFERENCE, REPLICAS, WRITE, arguments, start, user_strategy
 
-parser = argparse.ArgumentParser()
-parser.add_argument("data")
-parser.add_argument("out", nargs="?")
-parser.add_argument("--replicas", type=int, default=1)
-parser.add_argument("--reference", action="store_true")
-parser.add_argument("--write", action="store_true")
-parser.add_argument("--shared-service-port", type=int, help="on several workers: task 0's dispatcher of a shared job")
-args = parser.parse_args()
+args = arguments(__doc__, ("data", str), ("out", str, "?"), options=(REPLICAS, REFERENCE, WRITE,
+    ("--shared-service-port", {"type": int, "help": "on several workers: task 0's dispatcher of a shared job"})))
 FILES, PER_FILE, BATCH = 8, 12, 24
 if args.write:
     rng = np.random.default_rng(0)
@@ -43,8 +36,7 @@ if args.write:
     raise SystemExit(0)
 start(cpus=args.replicas if args.replicas > 1 else 0)
 workers = "TF_CONFIG" in os.environ
-strategy = (None if args.reference else tf.distribute.MultiWorkerMirroredStrategy() if workers else
-            tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(args.replicas)]))
+strategy = user_strategy(args.replicas, reference=args.reference)
 
 import keras  # noqa: E402
 

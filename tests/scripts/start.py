@@ -15,6 +15,10 @@ import sys
 from pathlib import Path
 
 HELPERS = Path(__file__).resolve().parent.parent / "helpers"
+# Options the layout scripts share, for `arguments(..., options=(REPLICAS, REFERENCE))`.
+REPLICAS = ("--replicas", {"type": int, "default": 1, "help": "CPU replicas per process"})
+REFERENCE = ("--reference", {"action": "store_true", "help": "model.fit on one device, without the trainer"})
+WRITE = ("--write", {"action": "store_true", "help": "write the data files and exit"})
 
 
 def arguments(doc: str, *positional: tuple, options: tuple = (), argv: list[str] | None = None) -> argparse.Namespace:
@@ -39,3 +43,16 @@ def start(cpus: int = 0) -> None:
 
         tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
                                                    [tf.config.LogicalDeviceConfiguration()] * cpus)
+
+
+def user_strategy(replicas: int, *, reference: bool = False):
+    """The strategy a user's script makes before anything else (a multi-worker strategy must exist before
+    TensorFlow runs an op): none for the one-device reference, a MultiWorkerMirroredStrategy under TF_CONFIG
+    (as trainer-launch sets it), else a MirroredStrategy over `replicas` CPUs. Call after `start`."""
+    import tensorflow as tf
+
+    if reference:
+        return None
+    if "TF_CONFIG" in os.environ:
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
