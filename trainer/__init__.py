@@ -1,7 +1,7 @@
 """trainer: a Keras-style trainer for TensorFlow distribution strategies.
 
 The same script trains on one device, many GPUs or many machines, with the same
-numbers: losses and metrics are aggregated exactly across replicas.
+numbers at one global batch: losses and metrics are aggregated exactly across replicas.
 
 Names are imported on first use, so `trainer-launch` starts without loading
 TensorFlow. The distribution is `keras-strategy-trainer`: on the package registry

@@ -33,8 +33,9 @@ class _Default(str):
 class Trainer:
     """Trains a compiled Keras model under a tf.distribute strategy, with exact results.
 
-    Losses and metrics are aggregated across replicas and workers so that the
-    numbers do not depend on how many devices ran the job.
+    Losses and metrics are aggregated across replicas and workers so that, at one
+    global batch (`batch_size`), the numbers do not depend on how many devices ran
+    the job; `per_replica_batch_size` grows the global batch with the replicas.
 
     Example:
 
@@ -42,10 +43,11 @@ class Trainer:
     import keras, numpy as np
     from trainer import Trainer
 
+    trainer = Trainer(strategy="mirrored", per_replica_batch_size=64)  # first, before any TensorFlow work
     x, y = np.random.rand(1000, 8), np.random.randint(0, 2, 1000)
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
     model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
-    history = Trainer(strategy="mirrored", per_replica_batch_size=64).fit(model, (x, y), epochs=2)
+    history = trainer.fit(model, (x, y), epochs=2)
     ```
 
     Args:
