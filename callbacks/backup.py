@@ -100,7 +100,7 @@ class BackupAndRestore(ContextAware):
     def on_train_begin(self, logs=None):
         if self.context is None:
             raise ValueError(
-                "`callbacks.BackupAndRestore` resumes through Trainer.fit and can't resume a plain "
+                "`trainer.callbacks.BackupAndRestore` resumes through Trainer.fit and can't resume a plain "
                 "Model.fit. Use it with Trainer.fit, or use keras.callbacks.BackupAndRestore."
             )
         self._preempted, self._boundary = False, 0

@@ -1,4 +1,5 @@
-"""The README's quickstart runs as pasted (its set-up commands: tests/project/test_setup_scripts.py)."""
+"""The README's quickstart runs as pasted and prints the plan the README shows (its set-up commands:
+tests/project/test_setup_scripts.py)."""
 
 import pytest
 import re
@@ -8,6 +9,21 @@ import sys
 from conftest import script_failed, TESTS
 
 README = (TESTS.parent / "README.md").read_text()
+# The rows whose text depends on the machine: the README shows their start (precision's hint names the CPU's
+# 16-bit arithmetic, where it has some).
+MACHINE_ROWS = {"precision"}
+
+
+def plan_rows(text: str) -> list[tuple[str, str]]:
+    """(label, text) of each row of the first plan printed in `text`, in order."""
+    lines = text[text.index("Training plan\n"):].splitlines()[1:]
+    rows = []
+    for line in lines:
+        row = re.match(r"^  (\S+(?: \S+)*)\s{2,}(.*)$", line)
+        if row is None:
+            break
+        rows.append((row[1], row[2]))
+    return rows
 
 
 @pytest.mark.slow
@@ -18,3 +34,11 @@ def test_quickstart_runs_as_pasted(tmp_path):
     assert proc.returncode == 0, script_failed(proc)
     assert "replicas       2 in sync over 1 worker(s)" in proc.stdout
     assert re.search(r"^\[[0-9.]+, [0-9.]+\] \[\[", proc.stdout, re.M), proc.stdout[-2000:]  # [loss, accuracy]
+    shown = plan_rows(re.search(r"## Quickstart.*?```text\n(.*?)```", README, re.S).group(1))
+    printed = plan_rows(proc.stdout)
+    assert [label for label, _ in shown] == [label for label, _ in printed], proc.stdout
+    for (label, text), (_, printed_text) in zip(shown, printed):
+        if label in MACHINE_ROWS:
+            assert printed_text.startswith(text), (label, printed_text)
+        else:
+            assert printed_text == text, (label, printed_text)

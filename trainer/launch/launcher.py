@@ -5,7 +5,7 @@
 
 This module is the command line only: it reads and checks the flags, so that a wrong one is a usage error
 before anything starts, then hands over: a job's rounds to `job.py`, a serving task and an srun task to
-`serve.py`. It must not run, watch or restart tasks itself. Every flag: docs/multi_worker.md, "trainer-launch".
+`serve.py`. It must not run, watch or restart tasks itself. Every flag: docs/reference.md, "trainer-launch".
 """
 
 from __future__ import annotations
