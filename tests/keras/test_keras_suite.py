@@ -6,13 +6,12 @@ from its source distribution, run inside `with Trainer(...).distribute():` on
 that do not pass there run again on Keras alone (running all of them there
 first would cost 7 minutes for the same verdicts). A test that
 passes on Keras alone must pass beneath the trainer, except those
-docs/keras_tests.md lists with the reason.
+tests/keras_suite/excused.py lists with the reason.
 """
 
 import fnmatch
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,21 +20,10 @@ import keras
 import pytest
 
 from conftest import FULL
-from keras_suite.keras_plugin import ROOT, keras_test_files
+from keras_suite.excused import excused
+from keras_suite.keras_plugin import keras_test_files
 
 pytestmark = pytest.mark.slow
-
-_LISTED = re.compile(r"^- `(?P<test>[^`]+)`(?: \((?P<modes>[^)]+)\))?", re.MULTILINE)
-
-
-def _listed(mode: str) -> set[str]:
-    """The tests (name patterns) docs/keras_tests.md lists as not passing beneath the trainer in `mode` ("1",
-    "2"): every entry, or those marked for that layout ("(2 replicas)"), and for the full tier's files ("full
-    tier") only in that tier."""
-    text = (ROOT / "docs" / "keras_tests.md").read_text()
-    return {m["test"] for m in _LISTED.finditer(text)
-            if m["modes"] is None or (f"{mode} replica" in m["modes"] and (FULL or "full tier" not in m["modes"]))}
-
 
 def _run(mode: str, folder: Path, tests: list[str]) -> dict[str, str]:
     """Runs Keras's `tests` (files, or test ids under the downloaded folder) in `mode`; {test id: outcome}."""
@@ -64,12 +52,12 @@ def test_keras_suite_passes_beneath_the_trainer(replicas, tmp_path):
     others = sorted(test for test, outcome in beneath.items() if outcome != "passed")
     plain = _run("plain", tmp_path, others) if others else {}
     failing = [test for test in others if plain.get(test) == "passed"]
-    listed = _listed(replicas)
+    listed = excused(replicas, full=FULL)
     unlisted = sorted(test for test in failing if not any(fnmatch.fnmatch(_short(test), p) for p in listed))
     assert not unlisted, f"{len(unlisted)} of Keras's tests pass on Keras alone but not on {replicas} replica(s): " \
                          f"{unlisted}"
     stale = sorted(p for p in listed if not any(fnmatch.fnmatch(_short(test), p) for test in failing))
-    assert not stale, f"docs/keras_tests.md lists tests that now pass on {replicas} replica(s): {stale}"
+    assert not stale, f"tests/keras_suite/excused.py lists tests that now pass on {replicas} replica(s): {stale}"
 
 
 def _short(nodeid: str) -> str:
