@@ -109,13 +109,13 @@ def _own_for_every_replica(context, value):
 def step_call(strategy, x, y, model: str, variant: str, per_replica: int):
     """count -> (steps run, seconds): the train function of a Trainer for `variant`, traced as it says."""
     from trainer import Trainer
-    from trainer.data import boundary as data_lib
+    from trainer.data import boundary
     from trainer.data import inputs as inputs_lib
 
     options = {"batch_norm": "per_replica" if variant == "per_replica" else "global"} if model == "batch_norm" else {}
     trainer = Trainer(strategy=strategy, per_replica_batch_size=per_replica, verbose=0, **options)
     readers = inputs_lib.Readers(strategy, per_replica * strategy.num_replicas_in_sync, shuffle=True, seed=0)
-    feed = readers(data_lib.as_input((x, y), arg="data"), epoch=0, until=2**31)
+    feed = readers(boundary.as_input((x, y), arg="data"), epoch=0, until=2**31)
     with traced_as(variant):
         trainer.fit(build(model), (x, y), epochs=1, steps_per_epoch=2)  # builds the engine
         steps = trainer._runs.engines[0].steps  # the step functions behind fit (not public API)

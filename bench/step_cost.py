@@ -44,7 +44,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def trainer_call(strategy, x, y, model):
     """count -> (steps run, seconds): the Trainer's train function on a feed of (x, y)."""
     from trainer import Trainer
-    from trainer.data import boundary as data_lib
+    from trainer.data import boundary
     from trainer.data import inputs as inputs_lib
 
     import variants
@@ -54,7 +54,7 @@ def trainer_call(strategy, x, y, model):
     steps = trainer._runs.engines[0].steps  # the step functions behind fit (not public API)
     global_batch = variants.PER_REPLICA * strategy.num_replicas_in_sync
     readers = inputs_lib.Readers(strategy, global_batch, shuffle=True, seed=0)
-    feed = readers(data_lib.as_input((x, y), arg="data"), epoch=0, until=2**31)
+    feed = readers(boundary.as_input((x, y), arg="data"), epoch=0, until=2**31)
 
     def call(count: int) -> tuple[int, float]:
         start = time.perf_counter()

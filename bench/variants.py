@@ -195,13 +195,13 @@ def bare_step_pipeline(strategy, x, y) -> _Runner:
     Trainer / this isolates what the Trainer adds beyond its input (metrics,
     callbacks, set-up); this / bare_step is the input's own cost.
     """
-    from trainer.data import boundary as data_lib
+    from trainer.data import boundary
     from trainer.data import feed as feed_lib
     from trainer.data import readers as readers_lib
 
     global_batch = PER_REPLICA * strategy.num_replicas_in_sync
     train_on = _bare_train_step(strategy, global_batch)
-    inp = data_lib.as_input((x, y), arg="data")
+    inp = boundary.as_input((x, y), arg="data")
     current = {}
 
     def replica_step(fetched, i, signature):

@@ -9,7 +9,7 @@ import tensorflow as tf
 from conftest import mirrored, tiny_data, tiny_model
 from trainer import Trainer
 from trainer.data import arrays
-from trainer.data import boundary as data_lib
+from trainer.data import boundary
 from trainer.data import dataset_inputs
 from trainer.data import inputs as inputs_lib
 
@@ -40,7 +40,7 @@ def test_replica_slices_resume_mid_epoch():
 @pytest.mark.parametrize("replicas,examples", [(2, 37), (4, 37), (4, 35)])  # 35: a last batch of 3 for 4
 def test_each_replica_gets_its_slice_of_the_global_batch(replicas, examples):
     x = np.arange(examples, dtype=np.float32)[:, None]
-    inp = data_lib.as_input((x, x), arg="data")
+    inp = boundary.as_input((x, x), arg="data")
     order = arrays.epoch_order(examples, shuffle=True, seed=0, epoch=0)
     strategy = mirrored(replicas)
     fn = arrays.array_dataset_fn(inp.host(), inp.num_examples, lambda epoch: order, 8, range(1))
@@ -53,15 +53,15 @@ def test_each_replica_gets_its_slice_of_the_global_batch(replicas, examples):
 
 
 def test_float64_arrays_become_float32_and_lengths_are_checked():
-    inp = data_lib.as_input((np.zeros((4, 2)), np.zeros(4, np.int64)), arg="data")
+    inp = boundary.as_input((np.zeros((4, 2)), np.zeros(4, np.int64)), arg="data")
     assert inp.arrays[0].dtype == np.float32 and inp.arrays[1].dtype == np.int64
     assert inp.num_examples == 4
     with pytest.raises(ValueError, match=r"leading example dimension"):
-        data_lib.as_input((np.float32(1.0), np.zeros(4)), arg="data")
+        boundary.as_input((np.float32(1.0), np.zeros(4)), arg="data")
 
 
 def test_dict_inputs_and_missing_sample_weight():
-    inp = data_lib.as_input(({"a": np.zeros((5, 2)), "b": np.ones((5,))}, np.zeros(5), None), arg="data")
+    inp = boundary.as_input(({"a": np.zeros((5, 2)), "b": np.ones((5,))}, np.zeros(5), None), arg="data")
     assert len(inp.arrays) == 2 and set(inp.arrays[0]) == {"a", "b"}
 
 
@@ -76,9 +76,9 @@ def test_shard_policy_is_explicit_and_respects_the_user():
 
 
 def test_sharding_says_who_splits_each_kind_of_input():
-    arrays_in = data_lib.as_input((np.zeros(8), np.zeros(8)), arg="d")
-    dataset_in = data_lib.as_input(tf.data.Dataset.range(8).map(lambda i: (i, i)), arg="d")
-    function_in = data_lib.as_input(lambda ctx: tf.data.Dataset.range(8).map(lambda i: (i, i)), arg="d")
+    arrays_in = boundary.as_input((np.zeros(8), np.zeros(8)), arg="d")
+    dataset_in = boundary.as_input(tf.data.Dataset.range(8).map(lambda i: (i, i)), arg="d")
+    function_in = boundary.as_input(lambda ctx: tf.data.Dataset.range(8).map(lambda i: (i, i)), arg="d")
     assert arrays_in.sharding(2)[0] == "OFF"
     assert dataset_in.sharding(1)[0] == "OFF"
     assert dataset_in.sharding(2)[0] == "DATA"
@@ -87,10 +87,10 @@ def test_sharding_says_who_splits_each_kind_of_input():
 
 
 def test_num_steps():
-    assert data_lib.as_input((np.zeros(65), np.zeros(65)), arg="d").num_steps(32) == 3
-    assert data_lib.as_input(tf.data.Dataset.range(64).map(lambda i: (i, i)), arg="d").num_steps(32) == 2
+    assert boundary.as_input((np.zeros(65), np.zeros(65)), arg="d").num_steps(32) == 3
+    assert boundary.as_input(tf.data.Dataset.range(64).map(lambda i: (i, i)), arg="d").num_steps(32) == 2
     unknown = tf.data.Dataset.range(64).filter(lambda i: i > 3).map(lambda i: (i, i))
-    assert data_lib.as_input(unknown, arg="d").num_steps(32) is None
+    assert boundary.as_input(unknown, arg="d").num_steps(32) is None
 
 
 @pytest.mark.parametrize("steps_per_epoch, seen", [
@@ -130,7 +130,7 @@ def test_on_cpu_replicas_a_dataset_is_read_as_global_batches_each_epoch_a_whole_
     strategy = mirrored(2)
     monkeypatch.setattr(strategy, "experimental_distribute_dataset", None)  # calling it would fail
     readers = inputs_lib.Readers(strategy, 8, shuffle=True, seed=0)
-    inp = data_lib.as_input(_shuffled_labels(), arg="data")
+    inp = boundary.as_input(_shuffled_labels(), arg="data")
     for epoch, order in enumerate(expected):
         reader = readers(inp, epoch=epoch)
         assert isinstance(reader, readers_lib.GlobalBatches)
@@ -174,7 +174,7 @@ def test_on_accelerators_a_dataset_is_distributed_once_and_each_epoch_reads_a_wh
     original = strategy.distribute_datasets_from_function
     monkeypatch.setattr(strategy, "distribute_datasets_from_function",
                         lambda *args, **kwargs: distribute_calls.append(1) or original(*args, **kwargs))
-    inp = data_lib.as_input(_shuffled_labels(), arg="data")
+    inp = boundary.as_input(_shuffled_labels(), arg="data")
     readers = inputs_lib.Readers(strategy, 8, shuffle=True, seed=0)
     for epoch, order in enumerate(expected):
         seen = []

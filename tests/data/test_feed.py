@@ -8,13 +8,13 @@ import tensorflow as tf
 
 from conftest import mirrored, tiny_data, tiny_model
 from trainer import Trainer
-from trainer.data import boundary as data_lib
+from trainer.data import boundary
 from trainer.data import feed as feed_lib
 from trainer.data import readers as readers_lib
 
 
 def _feed(x, batch, replicas, order=None, **kwargs):
-    inp = data_lib.as_input(x, arg="data")
+    inp = boundary.as_input(x, arg="data")
     order = order or (lambda epoch: np.arange(inp.num_examples))
     return readers_lib.ArrayFeed(inp.arrays, order, global_batch_size=batch, num_replicas=replicas, **kwargs)
 
