@@ -217,12 +217,13 @@ class Launchers:
         return f"node {fault.node}'s launcher"
 
     def kill_in_rendezvous(self, fault: Fault, since: float) -> str:
-        """Once the node (or the other, if it is not in this round) meets the others again after the fault at
-        `since`, kills its launcher, 0-1.5 s in (node 0 waits 1 s for more nodes once one is there)."""
-        rank = fault.node if self.worker(fault.node) is not None else 1 - fault.node
-        fault.node = rank  # a node that came back waits at the rendezvous from its start, saying nothing
-        meeting = self.events.wait(lambda source, line: source == rank and "meeting at the rendezvous" in line, 120,
-                                   f"node {rank} meeting the others", since=since)
+        """Once a node says it meets the others again after the fault at `since`, kills its launcher, 0-1.5 s in
+        (node 0 waits 1 s for more nodes once one is there). The node is the one that says so: a node that came
+        back waits at the rendezvous from its start, saying nothing, and may join the round before the fault's
+        node can be told from it."""
+        meeting = self.events.wait(lambda source, line: "meeting at the rendezvous" in line, 120,
+                                   "a node meeting the others", since=since)
+        rank = fault.node = meeting[1]
         time.sleep(self.rng.uniform(0.0, 1.5))
         self.procs[rank].kill()
         return f"node {rank}'s launcher killed {time.monotonic() - meeting[0]:.2f} s into the rendezvous"
