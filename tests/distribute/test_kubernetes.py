@@ -7,16 +7,22 @@ the Evaluator left out of the cluster, "environment": "cloud"). For the
 Indexed Job, the pod's own command is run with each completion index.
 """
 
+import configparser
 import json
 import os
+import re
+import shutil
 import stat
 import subprocess
+import sys
+import zipfile
 
 import pytest
 import yaml
 
 from conftest import TESTS
 from trainer.distribute.cluster import ClusterInfo, parse_tf_config
+from trainer.distribute.strategy import auto_strategy_name
 
 MANIFESTS = TESTS.parent / "examples" / "kubernetes"
 
@@ -63,7 +69,7 @@ def test_a_tfjob_with_chief_workers_ps_and_evaluator_is_read_and_the_evaluator_r
     assert [key for key, info in infos.items() if info.is_chief] == [("chief", 0)]
     assert infos[("evaluator", 0)].task_type == "evaluator" and not infos[("evaluator", 0)].is_chief
 
-    from trainer.distribute.strategy import auto_strategy_name, resolve_strategy
+    from trainer.distribute.strategy import resolve_strategy
 
     assert auto_strategy_name(infos[("chief", 0)], 0, False) == "parameter_server"
     monkeypatch.setenv("TF_CONFIG", configs[("evaluator", 0)])
@@ -100,3 +106,52 @@ def test_the_indexed_job_gives_each_pod_its_place_under_the_headless_service(tmp
         config = json.loads(proc.stdout)
         assert config["cluster"] == {"worker": hosts}
         assert parse_tf_config(config) == ClusterInfo("worker", index, num_workers=workers)
+        assert auto_strategy_name(parse_tf_config(config), 0, False) == "multi_worker"
+
+
+DOCKERFILE = (TESTS.parent / "Dockerfile").read_text()
+
+
+def _containers() -> list[dict]:
+    tfjob = yaml.safe_load((MANIFESTS / "tfjob.yaml").read_text())
+    _, job = yaml.safe_load_all((MANIFESTS / "indexed-job.yaml").read_text())
+    return [*tfjob["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"],
+            *job["spec"]["template"]["spec"]["containers"]]
+
+
+def _copied() -> list[str]:
+    """The repository paths the Dockerfile copies into the image."""
+    return [path for line in re.findall(r"^COPY (.+)$", DOCKERFILE, re.M) for path in line.split()[:-1]]
+
+
+def test_the_manifests_run_the_image_the_dockerfile_builds_where_it_puts_the_examples():
+    (tag,) = re.findall(r"docker build -t (\S+) \.", DOCKERFILE)
+    (workdir,) = re.findall(r"^WORKDIR (\S+)$", DOCKERFILE, re.M)
+    for container in _containers():
+        assert container["image"] == tag and container["workingDir"] == workdir
+        (script,) = re.findall(r"python (examples/\S+\.py)", " ".join(container["command"] + container.get("args", [])))
+        assert (TESTS.parent / script).is_file() and any(script.startswith(f"{path}/") for path in _copied())
+
+
+def test_the_image_installs_tensorflow_in_the_range_setup_cfg_allows():
+    setup = configparser.ConfigParser()
+    setup.read(TESTS.parent / "setup.cfg")
+    (allowed,) = [line.strip() for line in setup["options"]["install_requires"].splitlines()
+                  if line.strip().startswith("tensorflow")]
+    assert '"tensorflow[and-cuda]' + allowed.removeprefix("tensorflow") + '"' in DOCKERFILE
+
+
+@pytest.mark.slow  # builds a wheel: seconds
+def test_the_files_the_image_copies_build_the_whole_package(tmp_path):
+    for path in _copied():
+        source = TESTS.parent / path
+        (shutil.copytree if source.is_dir() else shutil.copy)(source, tmp_path / path)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(tmp_path / "dist"), "."], cwd=tmp_path, check=True, capture_output=True, timeout=300)
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    setup = configparser.ConfigParser()
+    setup.read(TESTS.parent / "setup.cfg")
+    packages = setup["options"]["packages"].split()
+    with zipfile.ZipFile(wheel) as archive:
+        folders = {name.rsplit("/", 1)[0].replace("/", ".") for name in archive.namelist() if name.endswith(".py")}
+    assert folders >= set(packages), set(packages) - folders

@@ -3,7 +3,6 @@ strategy="auto" trains one MultiWorkerMirroredStrategy job with the single proce
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,21 +22,7 @@ SCRIPT = str(SCRIPTS / "multiworker_run.py")
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
-    missing = slurm_cluster.missing()
-    if missing:
-        pytest.skip(f"Slurm is not installed here (no {', '.join(missing)}): {slurm_cluster.PACKAGES}")
-    if os.geteuid() != 0:
-        pytest.skip("the one-node Slurm runs its daemons as root (SlurmUser=root); run the tests as root")
-    host = socket.gethostname().split(".")[0]
-    try:
-        socket.gethostbyname(host)  # Slurm names the node by it, and the tasks reach each other there
-    except OSError:
-        pytest.skip(f"this machine's name {host!r} does not resolve; add it to /etc/hosts to run the Slurm tests")
-    folder = tmp_path_factory.mktemp("slurm")
-    folder.chmod(0o700)  # munged refuses a key folder that others can write
-    cluster = slurm_cluster.Slurm(folder).start()
-    yield cluster
-    cluster.stop()
+    yield from slurm_cluster.one_node(tmp_path_factory.mktemp("slurm"))
 
 
 def _load(out, task):

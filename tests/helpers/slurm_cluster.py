@@ -26,6 +26,33 @@ def missing() -> list[str]:
     return [name for name in PROGRAMS if shutil.which(name) is None and not Path("/usr/sbin", name).exists()]
 
 
+def why_not_here() -> str | None:
+    """Why this machine can't run the one-node cluster, or None: the tests that need it skip with the reason."""
+    if missing():
+        return f"Slurm is not installed here (no {', '.join(missing())}): {PACKAGES}"
+    if os.geteuid() != 0:
+        return "the one-node Slurm runs its daemons as root (SlurmUser=root); run the tests as root"
+    host = socket.gethostname().split(".")[0]
+    try:
+        socket.gethostbyname(host)  # Slurm names the node by it, and the tasks reach each other there
+    except OSError:
+        return f"this machine's name {host!r} does not resolve; add it to /etc/hosts to run the Slurm tests"
+    return None
+
+
+def one_node(folder: Path):
+    """A fixture's body: the cluster started in `folder`, stopped after the tests; skipped where it can't run."""
+    import pytest
+
+    why_not = why_not_here()
+    if why_not:
+        pytest.skip(why_not)
+    folder.chmod(0o700)  # munged refuses a key folder that others can write
+    cluster = Slurm(folder).start()
+    yield cluster
+    cluster.stop()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
