@@ -2,7 +2,7 @@
 
 CI draws 3 faults of the kinds no other test strikes (a kill inside a backup's write, a full disk while one
 is written, a kill during the rendezvous) on trainer-launch's two nodes; the full tier draws 20, of every
-kind, there and under Slurm. docs/reliability.md reports the full tier's figures.
+kind, there and under Slurm. docs/testing.md reports the full tier's figures.
 """
 
 import json
