@@ -89,7 +89,8 @@ class ScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):
       warmup_steps: optimizer steps to ramp from `base` to `base * factor`.
     """
 
-    def __init__(self, base, factor: float, warmup_steps: int = 0):
+    def __init__(self, base: float | keras.optimizers.schedules.LearningRateSchedule, factor: float,
+                 warmup_steps: int = 0):
         self.base = base
         self.factor = float(factor)
         self.warmup_steps = int(warmup_steps)

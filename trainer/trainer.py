@@ -208,7 +208,8 @@ class Trainer:
             `tf.data.Dataset` (batched: its batches are the global batches; unbatched:
             the trainer batches it), a generator of batches, a `keras.utils.PyDataset`,
             or a function `input_context -> Dataset`.
-          y, sample_weight: targets and weights, for arrays.
+          y: targets, for arrays.
+          sample_weight: per-example weights, for arrays.
           batch_size: the global batch for arrays and unbatched datasets in this
             call; it wins over the Trainer's batch settings (the plan says so), and
             the learning rate is then left as compiled.
