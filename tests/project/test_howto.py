@@ -1,4 +1,5 @@
-"""docs/howto/cluster.md as a reader follows it: its diff is examples/train.py's, and its commands run as written.
+"""docs/howto/cluster.md and parameter_servers.md as a reader follows them: cluster.md's diff is
+examples/train.py's, and the pages' commands run as written.
 
 Every command line of the page's bash blocks is either run here, in a folder of the test's (the script
 writes model.keras where it runs), with this environment's `python` and `trainer-launch` first on PATH as
@@ -21,6 +22,7 @@ pytestmark = pytest.mark.slow  # whole trainings in processes of their own
 
 ROOT = TESTS.parent
 PAGE = (ROOT / "docs" / "howto" / "cluster.md").read_text()
+PS_PAGE = (ROOT / "docs" / "howto" / "parameter_servers.md").read_text()
 
 ONE = "python examples/train.py"
 TWO_REPLICAS = "python examples/train.py --cpu-replicas 2 --strategy mirrored"
@@ -40,15 +42,17 @@ NOT_HERE = {
     "kubectl apply -f examples/kubernetes/tfjob.yaml": "no Kubernetes cluster (test_kubernetes.py reads it)",
 }
 RUN = {ONE, TWO_REPLICAS, TWO_WORKERS, SECRET, NODE.format(rank=0), NODE.format(rank=1), SRUN, SBATCH}
+PS_LOCAL = "trainer-launch --workers 2 --ps 1 examples/train.py"
+PS_SRUN = "srun -n 4 trainer-launch --ps 1 examples/train.py"
 
 
-def _blocks(language: str) -> list[str]:
-    return re.findall(rf"^```{language}\n(.*?)^```", PAGE, re.S | re.M)
+def _blocks(language: str, page: str = PAGE) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", page, re.S | re.M)
 
 
-def _commands() -> set[str]:
+def _commands(page: str = PAGE) -> set[str]:
     """The command lines of the page's bash blocks, their comments cut; the batch script is a file, not commands."""
-    lines = [line for block in _blocks("bash") if not block.startswith("#!") for line in block.splitlines()]
+    lines = [line for block in _blocks("bash", page) if not block.startswith("#!") for line in block.splitlines()]
     return {re.sub(r"\s+#.*$", "", line).strip() for line in lines if not line.startswith("#")}
 
 
@@ -102,8 +106,9 @@ def one_process(tmp_path_factory):
     return loss
 
 
-def test_every_command_of_the_page_is_run_here_or_said_why_not():
+def test_every_command_of_the_pages_is_run_here_or_said_why_not():
     assert _commands() == RUN | set(NOT_HERE), _commands() ^ (RUN | set(NOT_HERE))
+    assert _commands(PS_PAGE) == {PS_LOCAL, PS_SRUN}
 
 
 def test_the_diff_is_examples_train_py_and_both_sides_train_alike_unshuffled(tmp_path):
@@ -169,3 +174,20 @@ def test_the_batch_script_runs_on_the_one_node_cluster(one_process, slurm, folde
     job = log.stem.split("-")[1]
     backup = folder / "runs" / f"train-{job}" / "backup" / "fit-1"
     assert backup.is_dir() and not os.listdir(backup)  # backed up at each epoch, and gone once done
+
+
+@pytest.mark.full  # the full tier's: tests/distribute/test_parameter_server.py runs such clusters in CI's
+def test_the_parameter_server_pages_cluster_trains_the_script(folder):
+    output = _run(PS_LOCAL, folder)
+    assert "1 chief, 2 workers, 1 ps" in output and "ParameterServerStrategy (asynchronous)" in output
+    (loss,) = _test_losses(output)  # the chief alone runs the script; asynchronous, so no one-device number
+    assert loss < 0.6 and (folder / "model.keras").exists()
+
+
+@pytest.mark.full  # the full tier's: a minute
+def test_the_parameter_server_pages_srun_trains_the_script(slurm, folder):
+    # 4 tasks on this node's 2 CPUs need --overcommit; --kill-on-bad-exit ends the servers if the chief fails.
+    output = _run(PS_SRUN.replace("srun", "srun --overcommit --kill-on-bad-exit=1"), folder, env=slurm.env)
+    assert "trainer-launch under Slurm" in output and "1 chief, 2 workers, 1 ps" in output
+    (loss,) = _test_losses(output)
+    assert loss < 0.6
