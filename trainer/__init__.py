@@ -10,6 +10,7 @@ the name `trainer` is Coqui's PyTorch trainer, which installs an import package
 """
 
 import importlib
+import os
 from importlib import metadata
 
 DISTRIBUTION = "keras-strategy-trainer"
@@ -33,6 +34,21 @@ def _alone() -> None:
 
 
 _alone()
+
+
+def _callbacks_of_a_checkout() -> None:
+    """Lets `trainer.callbacks` import from a clone of the repository, whose callbacks/ folder sits beside this
+    one (setup.cfg's package_dir installs it as trainer.callbacks). Python started in the clone's root imports
+    this folder, not the installed package, even after `pip install .`; without this, every `fit` there failed
+    on `import trainer.callbacks`. An installed package has trainer/callbacks/ and is left as it is."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    if not os.path.isdir(os.path.join(here, "callbacks")) and os.path.isfile(os.path.join(root, "callbacks",
+                                                                                          "__init__.py")):
+        __path__.append(root)  # the clone's top-level folders become findable below `trainer.`: callbacks/
+
+
+_callbacks_of_a_checkout()
 
 _EXPORTS = {
     "Trainer": "trainer.trainer",

@@ -115,6 +115,17 @@ def test_the_repository_callbacks_folder_refuses_a_second_name():
     assert "`from trainer.callbacks import ModelCheckpoint, ...`" in proc.stderr
 
 
+def test_python_started_in_a_clone_finds_trainer_callbacks_without_an_editable_install():
+    # After `pip install .` (no editable finder), Python started in the clone's root imports the clone's trainer/,
+    # which has no callbacks/ folder: the README's quickstart pasted there failed in fit.
+    from conftest import TESTS
+
+    code = ("import sys, importlib.util; sys.meta_path[:] = [f for f in sys.meta_path if 'Editable' not in "
+            "getattr(f, '__name__', '')]; import trainer; print(importlib.util.find_spec('trainer.callbacks').origin)")
+    proc = run_code(code, cwd=TESTS.parent, timeout=60)
+    assert proc.stdout.strip() == str(TESTS.parent / "callbacks" / "__init__.py")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["none", "mirrored2"])
 def test_the_models_optimizer_is_untouched_where_nothing_is_scaled(strategy):
