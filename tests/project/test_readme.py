@@ -42,3 +42,14 @@ def test_quickstart_runs_as_pasted(tmp_path):
             assert printed_text.startswith(text), (label, printed_text)
         else:
             assert printed_text == text, (label, printed_text)
+
+
+def test_the_quickstart_makes_its_trainer_before_its_data_and_model():
+    # On several workers the strategy must exist before TensorFlow runs anything: a model built before the
+    # Trainer is refused there ("Create the Trainer ... at the top of the script"), so a quickstart that
+    # makes it later is not "the same script" the README runs on a cluster.
+    lines = re.search(r"```python\n(.*?)```", README, re.S).group(1).splitlines()
+    first = {what: next(i for i, line in enumerate(lines) if re.search(pattern, line))
+             for what, pattern in (("trainer", r"= Trainer\("), ("data", r"np\.random\."),
+                                   ("model", r"keras\.(Sequential|Model|Input)\("))}
+    assert first["trainer"] < min(first["data"], first["model"]), lines
