@@ -199,7 +199,7 @@ def test_a_node_without_node_0_says_where_it_looked(tmp_path):
     script = _script(tmp_path, "pass\n")
     port = free_ports(1)[0]
     (out,), failed = _outputs(_node(1, 2, port, script, timeout=2))
-    assert f"node 1 could not reach node 0's rendezvous at localhost:{port} in 2 s" in out, failed
+    assert f"[launcher] node 1 could not reach node 0's rendezvous at localhost:{port} in 2 s" in out, failed
     assert "--node-rank 0 on localhost" in out, failed
 
 

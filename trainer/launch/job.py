@@ -135,8 +135,8 @@ def run_nodes(command: Sequence[str], *, nnodes: tuple[int, int], node_rank: int
             except rendezvous.JobEnded as ended:
                 say(out, str(ended))
                 return 0
-            except rendezvous.RendezvousError as err:
-                say(out, f"node {node_rank}: {err}")
+            except rendezvous.RendezvousError as err:  # most name the node already ("node 1 could not reach ...")
+                say(out, str(err) if str(err).startswith("node ") else f"node {node_rank}: {err}")
                 return 128 + requested[0] if requested else 1
             if requested:
                 plan.link.stopping(128 + requested[0], "interrupted", leaving=True)
