@@ -29,6 +29,11 @@ def test_ranks_fill_the_nodes_in_slurms_order_with_one_port_each(monkeypatch):
     monkeypatch.setenv("TRAINER_SLURM_PORT_BASE", "23456")
     assert _addresses(dict(STEP, SLURM_STEP_NODELIST="a,b", SLURM_STEP_TASKS_PER_NODE="2(x2)",
                            SLURM_STEP_NUM_TASKS="4"))[1:3] == ["a:23457", "b:23456"]
+    for wrong in ("2345x", "80", "65535"):
+        monkeypatch.setenv("TRAINER_SLURM_PORT_BASE", wrong)
+        with pytest.raises(ValueError, match=rf"TRAINER_SLURM_PORT_BASE must be a port number .* Received: "
+                                             rf"TRAINER_SLURM_PORT_BASE='{wrong}'. Set it to a free port"):
+            step.port_base()
 
 
 def test_a_step_of_several_tasks_is_a_cluster_whose_chief_is_task_0(monkeypatch):

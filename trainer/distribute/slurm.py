@@ -31,6 +31,11 @@ class SlurmStep:
         task computes alike from the job and step ids (so two jobs sharing a node rarely meet), in 12000-27999."""
         given = os.environ.get("TRAINER_SLURM_PORT_BASE")
         if given:
+            if not given.isdigit() or not 1024 <= int(given) <= 65535 - self.num_tasks:
+                raise ValueError(
+                    f"TRAINER_SLURM_PORT_BASE must be a port number from 1024 to {65535 - self.num_tasks}, the first "
+                    f"of each node's tasks' ports. Received: TRAINER_SLURM_PORT_BASE={given!r}. Set it to a free "
+                    "port, e.g. 23456, or unset it to derive one from the job and step ids.")
             return int(given)
         return 12000 + (self.job_id * 31 + self.step_id) % 1000 * 16
 
