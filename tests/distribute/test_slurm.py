@@ -175,3 +175,7 @@ def test_under_srun_the_launcher_takes_its_tasks_from_slurm(slurm, tmp_path):
     proc = subprocess.run(command, capture_output=True, text=True, env=slurm.env, timeout=120, cwd=TESTS)
     assert proc.returncode != 0
     assert "under srun, the step's 2 tasks are the cluster. Received: --workers 2. Drop --workers" in proc.stderr
+    too_many_ps = [*command[:4], "-m", "trainer.launch", "--ps", "1", *command[-3:]]
+    proc = subprocess.run(too_many_ps, capture_output=True, text=True, env=slurm.env, timeout=120, cwd=TESTS)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "`--ps` must leave a chief and at least one worker among the step's 2 tasks. Received: --ps 1" in proc.stderr

@@ -98,7 +98,7 @@ def test_repeated_fits_under_mirrored_strategies_of_different_sizes():
     assert result["error"].startswith("`strategy` must not reuse the collective group keys of another "
                                       "MirroredStrategy of this process. Received: strategy=MirroredStrategy over 4 "
                                       "device(s), group key 1, which a strategy over 2 device(s) already used")
-    assert "trainer.resolve_strategy('mirrored', devices=[...])" in result["error"]
+    assert "resolve_strategy('mirrored', devices=[...]) (`from trainer import resolve_strategy`" in result["error"]
 
 
 def test_a_collective_error_names_the_peer_task_and_its_address():

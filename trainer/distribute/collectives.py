@@ -42,8 +42,9 @@ def claim_group_keys(strategy: tf.distribute.Strategy) -> None:
                     f"process. Received: strategy=MirroredStrategy over {devices.count(',') + 1} device(s), "
                     f"group key {key}, which a strategy over {_used[key].count(',') + 1} device(s) already "
                     "used; TensorFlow would abort every collective. Build strategies with "
-                    "trainer.resolve_strategy('mirrored', devices=[...]) (each gets its own keys), pass "
-                    "cross_device_ops=tf.distribute.ReductionToOneDevice(), or use one device layout per process."
+                    "resolve_strategy('mirrored', devices=[...]) (`from trainer import resolve_strategy`; each gets "
+                    "its own keys), pass cross_device_ops=tf.distribute.ReductionToOneDevice(), or use one device "
+                    "layout per process."
                 )
         _used.update(groups)
         if _compat.number_instances_from(strategy, _INSTANCES_PER_STRATEGY * _next_range):

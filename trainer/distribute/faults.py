@@ -30,8 +30,8 @@ def explained_collective_errors(context: Any):
         raise RuntimeError(
             "Two MirroredStrategies over different devices used the same collective group key in this "
             "process (one ran outside the Trainer), and TensorFlow has aborted its collectives. Restart "
-            "the process; then build strategies with trainer.resolve_strategy('mirrored', devices=[...]), "
-            "or use one device layout per process."
+            "the process; then build strategies with resolve_strategy('mirrored', devices=[...]) (`from trainer "
+            "import resolve_strategy`), or use one device layout per process."
         ) from err
 
 

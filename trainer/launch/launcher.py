@@ -116,7 +116,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 parser.error(f"under srun, the step's {step.num_tasks} tasks are the cluster. Received: {flag} "
                              f"{shown}. Drop {flag} (choose the tasks with srun -n and -N, and restarts with "
                              "sbatch --requeue), keep --ps if you want it.")
-        return run_slurm_task(step, command, args.ps)
+        try:
+            return run_slurm_task(step, command, args.ps)
+        except ValueError as err:  # the parameter-server cluster the step's tasks cannot make: nothing started
+            parser.error(str(err))
     if most == 1:
         if args.node_rank != 0 or args.master_addr is not None or args.node_addr is not None:
             parser.error(f"--node-rank, --master-addr and --node-addr place this machine in a job over several, but "
