@@ -297,6 +297,7 @@ class Trainer:
         ```
         """
         strategy_lib.check_strategy_name(strategy)
+        _compat.check_platform()  # before the route: a Keras it can't reach refuses here, not in Keras's own loop
 
         def engine(method: str, model: keras.Model, arguments: dict[str, Any]) -> Any:
             if (method in ("fit", "evaluate", "predict") and arguments.get("batch_size") is None
@@ -335,6 +336,7 @@ class Trainer:
         given, so that a model's own method that batches them (a KerasHub
         task) makes the Trainer's batches.
         """
+        _compat.check_platform()  # first: a Keras the route can't reach would run its own loop instead
         strategy = self._call_strategy(strategy, model, arguments)
         run = self._engine_for(method)
         if not _compat.is_model(model):

@@ -1,35 +1,56 @@
-"""Outside the tested versions, or with a hook's target gone, the trainer refuses; with the opt-in it trains, and
-the plan says what is no longer guaranteed (tests/scripts/platform_run.py, in fresh interpreters)."""
+"""Outside the tested versions, or with a hook's target gone, every entry refuses before anything runs; with the
+opt-in it trains, and the plan says what is no longer guaranteed, except without the route to the trainer's steps,
+which no opt-in replaces (tests/scripts/platform_run.py, in fresh interpreters). This file runs in every tier."""
 
 import pytest
 
 from conftest import run_python, SCRIPTS
 from trainer._compat.patches import UNTESTED_OPT_IN, Patches
+from trainer._compat.version import TESTED
 
 SCRIPT = SCRIPTS / "platform_run.py"
 OPT_IN = {UNTESTED_OPT_IN: "1"}
+KERAS = "{0[0]}.{0[1]}-{1[0]}.{1[1]}".format(*TESTED["Keras"])
+ENTRIES = ("fit", "evaluate", "predict", "distribute: fit", "distribute: evaluate", "distribute: predict",
+           "distribute: train_on_batch", "distribute: test_on_batch", "distribute: predict_on_batch")
+ROUTE = "keras/src/backend/tensorflow/trainer.py"
 
 
-@pytest.mark.parametrize("mode, found", [
-    ("newer", "Found: Keras 3.16.0 (tested 3.8-3.15)."),
-    ("moved", "Found: no `_all_reduce_sum_gradients` of TFOptimizer (keras/src/backend/tensorflow/optimizer.py)."),
+@pytest.mark.parametrize("mode, found, opt_in", [
+    ("newer", f"Found: Keras 3.17.0 (tested {KERAS}).", f"or set {UNTESTED_OPT_IN}=1 to train anyway"),
+    ("moved", "Found: no `_all_reduce_sum_gradients` of TFOptimizer (keras/src/backend/tensorflow/optimizer.py).",
+     f"or set {UNTESTED_OPT_IN}=1 to train anyway"),
+    ("route", f"of {ROUTE}", f"{UNTESTED_OPT_IN}=1 can't stand in for a missing route"),
 ])
-def test_an_untested_platform_is_refused_before_anything_changes(mode, found):
-    result = run_python(SCRIPT, mode, "2")
-    assert found in result["refused"]
-    assert f"or set {UNTESTED_OPT_IN}=1 to train anyway" in result["refused"]
-    assert not result["weights_changed"] and "Training plan" not in result["plan"]
+def test_every_entry_refuses_an_untested_platform_before_anything_runs(mode, found, opt_in):
+    results = run_python(SCRIPT, mode, "2")
+    assert sorted(results) == sorted(ENTRIES)
+    for entry, result in results.items():
+        assert result["refused"] and found in result["refused"] and opt_in in result["refused"], (entry, result)
+        assert f"Keras {KERAS}" in result["refused"] or f"tested {KERAS}" in result["refused"], (entry, result)
+        assert not result["weights_changed"] and not result["model_called"], entry
+        assert "Training plan" not in result["plan"], entry
+
+
+def test_without_the_route_no_opt_in_trains_and_keras_loop_never_runs():
+    for entry, result in run_python(SCRIPT, "route", "2", env=OPT_IN).items():
+        assert result["refused"] and ROUTE in result["refused"] and "Nothing has run" in result["refused"], entry
+        assert not result["weights_changed"] and not result["model_called"], entry
 
 
 @pytest.mark.parametrize("mode, note", [
-    ("newer", "Keras 3.16.0 (tested 3.8-3.15); every hook is in place;"),
+    ("newer", f"Keras 3.17.0 (tested {KERAS}); every hook is in place;"),
     ("moved", "without hooks for the replicas' loss and gradient shares"),
 ])
 def test_with_the_opt_in_it_trains_and_the_plan_says_what_is_not_guaranteed(mode, note):
-    result = run_python(SCRIPT, mode, "2", env=OPT_IN)
-    assert result["refused"] is None and result["weights_changed"]
-    versions = [line for line in result["plan"].splitlines() if line.strip().startswith("versions")]
-    assert len(versions) == 1 and note in versions[0], result["plan"]
+    results = run_python(SCRIPT, mode, "2", env=OPT_IN)
+    for entry, result in results.items():
+        assert result["refused"] is None, (entry, result)
+    fit = results["fit"]
+    assert fit["weights_changed"] and fit["model_called"]
+    assert results["distribute: fit"]["weights_changed"] and results["distribute: train_on_batch"]["weights_changed"]
+    versions = [line for line in fit["plan"].splitlines() if line.strip().startswith("versions")]
+    assert len(versions) == 1 and note in versions[0], fit["plan"]
     assert versions[0].endswith("the numbers are not guaranteed to be one device's")
 
 

@@ -44,9 +44,9 @@ def _package_root(name: str) -> Path | None:
 def _newest() -> bool:
     """Whether Keras and TensorFlow are the newest that CI tests, which every file `_compat` names has (some are
     newer than the floor: Keras's grain adapter)."""
-    from trainer._compat.version import INSTALLED, TESTED
+    from trainer._compat.version import TESTED, installed
 
-    return all(INSTALLED[name][1] == high for name, (_, high) in TESTED.items())
+    return all(installed()[name][1] == high for name, (_, high) in TESTED.items())
 
 
 def _path_exists(path: str) -> bool | None:

@@ -9,10 +9,8 @@ import inspect
 import threading
 from typing import Callable
 
-import keras
-
 from .patches import Patches
-from .version import KERAS_GE_3_15
+from .version import KERAS_GE_3_15, KERAS_GE_3_16
 
 
 # Keras's own fit, evaluate and predict ---------------------------------------------
@@ -22,8 +20,8 @@ from .version import KERAS_GE_3_15
 # `keras.Model.fit` (MLflow's autologging) still run; where that chain reaches
 # Keras's backend method, the trainer's engine takes over (trainer/model/route.py).
 # The backend methods are `TensorFlowTrainer.fit`, `evaluate` and `predict`
-# (keras/src/backend/tensorflow/trainer.py, 3.8-3.15; with `train_on_batch` and its kin, which
-# the route refuses), the first three wrapped by
+# (keras/src/backend/tensorflow/trainer.py, 3.8-3.16: `Trainer` from 3.16; with `train_on_batch`
+# and its kin), the first three wrapped by
 # `traceback_utils.filter_traceback`, whose closure holds the method itself. A
 # patch such as MLflow's keeps the wrapper it found, so the hook goes inside
 # it: the closure's cell gets the dispatcher, and every holder of the wrapper
@@ -31,26 +29,35 @@ from .version import KERAS_GE_3_15
 # instead (a patch made before then keeps Keras's own method). Hooked only
 # while a trainer call or `Trainer.distribute()` is under way, then put back.
 
+# Keras 3.16 renamed both classes: the backend's TensorFlowTrainer is `Trainer(base_trainer.BaseTrainer)`, and
+# keras/src/trainers/trainer.py's `Trainer` (the base of every backend's trainer) is `BaseTrainer`.
+_BACKEND, _BASE = ("Trainer", "BaseTrainer") if KERAS_GE_3_16 else ("TensorFlowTrainer", "Trainer")
+_BACKEND_FILE = f"{_BACKEND} (keras/src/backend/tensorflow/trainer.py)"
 try:
-    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer as _TFTrainer
+    from keras.src.backend.tensorflow import trainer as _tf_trainer
 except ImportError:  # pragma: no cover - `_compat.platform` names it before a call
-    _TFTrainer = None
-try:  # the base of every backend's trainer (keras/src/trainers/trainer.py, 3.8-3.15): what has Keras's own fit
+    _tf_trainer = None
+try:
     from keras.src.trainers import trainer as _trainers
 except ImportError:  # pragma: no cover
     _trainers = None
-_KerasTrainer = getattr(_trainers, "Trainer", keras.Model)
+_TFTrainer = getattr(_tf_trainer, _BACKEND, None)
+_KerasTrainer = getattr(_trainers, _BASE, None)  # what has Keras's own fit
 
-# Read, not replaced: listed so that `_compat.platform` checks that they are there before a call.
+# Read, not replaced: listed so that `_compat.platform` checks that they are there before a call. `required`: the
+# route is how the trainer runs at all, so no opt-in trains without it (Keras's own loop would run instead).
 _TARGETS = Patches("Keras's fit, evaluate and predict, routed to the trainer's steps",
-                   [(name, _TFTrainer, name, None, "TensorFlowTrainer (keras/src/backend/tensorflow/trainer.py)")
-                    for name in ("fit", "evaluate", "predict")]
-                   + [("keras_trainer", _trainers, "Trainer", None, "keras/src/trainers/trainer.py")], {})
+                   [("backend_trainer", _tf_trainer, _BACKEND, None, "keras/src/backend/tensorflow/trainer.py"),
+                    ("keras_trainer", _trainers, _BASE, None, "keras/src/trainers/trainer.py")]
+                   + [(name, _TFTrainer, name, None, _BACKEND_FILE) for name in
+                      ("fit", "evaluate", "predict", "train_on_batch", "test_on_batch", "predict_on_batch")],
+                   {}, required=True)
 
 
 def is_model(obj) -> bool:
     """Whether `obj` has Keras's own fit: a `keras.Model`, or any object that mixes in Keras's backend trainer
     (Keras's own tests train `class ExampleModel(Trainer, layers.Dense)`), as opposed to a builder function."""
+    _TARGETS.refuse_if_missing()
     return isinstance(obj, _KerasTrainer)
 
 # fit, evaluate, predict, and the per-batch methods a model's own loop could call instead
@@ -85,9 +92,7 @@ def keras_methods_hooked(dispatch: Callable):
     """While inside (on any thread), Keras's own `fit`, `evaluate` and `predict` on the TensorFlow backend call
     `dispatch(name, keras_method, model, args, kwargs)` instead; nested and concurrent uses share one hook."""
     global _hook_users
-    if _TFTrainer is None:  # pragma: no cover
-        yield
-        return
+    _TARGETS.refuse_if_missing()
     with _hook_lock:
         if _hook_users == 0:
             _unhook[:] = [_hook_one(name, dispatch) for name in KERAS_METHODS]

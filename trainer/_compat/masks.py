@@ -7,9 +7,9 @@ from typing import Any
 
 from .patches import Patches
 
-try:  # keras/src/backend/common/masking.py (3.8-3.15)
+try:  # keras/src/backend/common/masking.py (3.8-3.16; re-exported by keras.src.backend before 3.16)
     from keras.src.backend import common as _common
-    from keras.src.backend import get_keras_mask as _get, set_keras_mask as _set
+    from keras.src.backend.common.masking import get_keras_mask as _get, set_keras_mask as _set
 except ImportError:  # pragma: no cover - `_compat.platform` names it before a call
     _common = _get = _set = None
 

@@ -35,15 +35,18 @@ class Patches:
         is kept, under its key, for code that replaces it for a moment itself. An owner that could not be
         imported is None.
       originals: key -> the function the row replaced, filled while installed.
+      required: without these targets the trainer can't run at all (the route to its steps): no opt-in trains
+        without them, since Keras's own code would run in the trainer's place.
     """
 
     registry: ClassVar[list[Patches]] = []
 
     def __init__(self, purpose: str, table: Sequence[tuple[str, Any, str, Callable | None, str]],
-                 originals: dict[str, Callable]):
+                 originals: dict[str, Callable], *, required: bool = False):
         self.purpose = purpose
         self.table = tuple(table)
         self.originals = originals
+        self.required = required
         self._depth = 0
         Patches.registry.append(self)
 
@@ -52,12 +55,29 @@ class Patches:
         return [f"`{attribute}` of {where}" for _, owner, attribute, _, where in self.table
                 if owner is None or not hasattr(owner, attribute)]
 
+    def refuse_if_missing(self) -> None:
+        """Raises RuntimeError naming the missing targets, the tested versions and the fix, where a target of
+        `required` hooks is gone (opted in or not); else returns."""
+        missing = self.missing() if self.required else []
+        if missing:
+            from .version import TESTED, installed, pip_fix
+
+            tested = " and ".join(f"{name} {low[0]}.{low[1]}-{high[0]}.{high[1]}"
+                                  for name, (low, high) in TESTED.items())
+            found = ", ".join(f"{name} {text}" for name, (text, _) in installed().items())
+            raise RuntimeError(
+                f"The trainer runs beneath Keras's own fit through {', '.join(missing)}, which this Keras lacks "
+                f"(found {found}; tested {tested}), so Keras's own loop would train in its place. Nothing has "
+                f"run. Install tested versions ({pip_fix()}); {UNTESTED_OPT_IN}=1 can't stand in for a "
+                f"missing route.")
+
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
         """The replacements in place while inside. A missing target raises RuntimeError, naming it, unless the
         user opted in to untested versions: then none is installed (the replacements call each other's
         originals), and Keras's own functions run."""
         if self._depth == 0:
+            self.refuse_if_missing()
             missing = self.missing()
             if missing and not opted_in():
                 raise RuntimeError(

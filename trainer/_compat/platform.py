@@ -3,15 +3,16 @@
 The trainer gives one device's numbers through hooks into Keras's and
 TensorFlow's private code (`Patches.registry`), each checked on the range CI
 tests (`version.TESTED`). Outside that range, or with a target gone, the first
-fit, evaluate or predict refuses, unless the user opts in
+entry (fit, evaluate, predict, `distribute()`) refuses, unless the user opts in
 (TRAINER_UNTESTED_VERSIONS=1): then it trains, with the hooks whose targets are
-there, and the plan says what is no longer guaranteed.
+there, and the plan says what is no longer guaranteed. The route to the
+trainer's own steps is never optional: without it Keras's loop would train.
 """
 
 from __future__ import annotations
 
 from .patches import UNTESTED_OPT_IN, Patches, opted_in
-from .version import TESTED, untested
+from .version import TESTED, pip_fix, untested
 
 
 def _range(name: str) -> str:
@@ -22,6 +23,8 @@ def _range(name: str) -> str:
 def check() -> str:
     """'' where the trainer is tested and every hook's target is there. Else, when the user opted in, the plan's
     note of what differs; otherwise raises RuntimeError naming what was found, the tested range and the way out."""
+    for patches in Patches.registry:
+        patches.refuse_if_missing()  # the route to the trainer's steps: no opt-in runs without it
     versions = untested()
     missing = [(patches, patches.missing()) for patches in Patches.registry]
     missing = [(patches.purpose, targets) for patches, targets in missing if targets]
@@ -32,7 +35,7 @@ def check() -> str:
         raise RuntimeError(
             f"The trainer gives one device's numbers through hooks into Keras's and TensorFlow's own code, tested on "
             f"{_range('Keras')} and {_range('TensorFlow')}, and can't promise them here. Found: {found}. Install "
-            f"tested versions (pip install 'keras>=3.8,<3.16' 'tensorflow>=2.18.1,<2.22'), or set "
+            f"tested versions ({pip_fix()}), or set "
             f"{UNTESTED_OPT_IN}=1 to train anyway: the plan then says which hooks are in place.")
     lost = (f"; without hooks for {', '.join(purpose for purpose, _ in missing)}, these follow Keras's own "
             "per-replica arithmetic" if missing else "; every hook is in place")

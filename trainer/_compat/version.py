@@ -20,23 +20,49 @@ TF_VERSION = _major_minor(tf.__version__)
 
 # What CI tests: the oldest tier (.ci/oldest) and setup.cfg's newest. Outside it the trainer refuses to train,
 # unless the user opts in (`_compat.platform`).
-TESTED = {"Keras": ((3, 8), (3, 15)), "TensorFlow": ((2, 18), (2, 21))}
-INSTALLED = {"Keras": (keras.version(), KERAS_VERSION), "TensorFlow": (tf.__version__, TF_VERSION)}
+# Moving the range on a release day: docs/contributors/release_day.md.
+TESTED = {"Keras": ((3, 8), (3, 16)), "TensorFlow": ((2, 18), (2, 22))}
+OLDEST = {"Keras": "3.8.0", "TensorFlow": "2.18.1"}  # the oldest tier's exact releases (.ci/oldest)
+DISTRIBUTIONS = {"Keras": "keras", "TensorFlow": "tensorflow"}
+
+
+def installed() -> dict[str, tuple[str, tuple[int, int]]]:
+    """What the version check reads, at each check: name -> (version text, (major, minor))."""
+    return {name: (text, _major_minor(text)) for name, text in (("Keras", keras.version()),
+                                                                  ("TensorFlow", tf.__version__))}
+
 
 # What changed in Keras within the range, and from which version; each gate is read in one place.
 KERAS_GE_3_11 = KERAS_VERSION >= (3, 11)  # on_*_batch_end gets a call's last step (`batch_end_index`)
 KERAS_GE_3_14 = KERAS_VERSION >= (3, 14)  # an activity regularizer's value is a mean over the batch (`activity`)
 KERAS_GE_3_15 = KERAS_VERSION >= (3, 15)  # train_on_batch and test_on_batch reset the metrics first (`keras_methods`)
+# keras/src/backend/tensorflow/trainer.py's TensorFlowTrainer is Trainer(BaseTrainer), keras/src/trainers/trainer.py's
+# Trainer is BaseTrainer (`keras_methods`); backend/tensorflow/nn.py is backend/tensorflow/ops/nn.py
+# (`replicas.batch_norm`); keras.src.backend no longer re-exports the mask functions (`masks`)
+KERAS_GE_3_16 = KERAS_VERSION >= (3, 16)
 
 
 def untested() -> list[str]:
     """The installed versions outside the tested range, in words ("Keras 3.16.0 (tested 3.8-3.15)")."""
     found = []
-    for name, (text, version) in INSTALLED.items():
+    for name, (text, version) in installed().items():
         low, high = TESTED[name]
         if not low <= version <= high:
             found.append(f"{name} {text} (tested {low[0]}.{low[1]}-{high[0]}.{high[1]})")
     return found
+
+
+def requirement(name: str) -> str:
+    """The tested range of `name` ("Keras", "TensorFlow") as a pip requirement: "tensorflow>=2.18.1,<2.23"."""
+    high = TESTED[name][1]
+    return f"{DISTRIBUTIONS[name]}>={OLDEST[name]},<{high[0]}.{high[1] + 1}"
+
+
+def pip_fix() -> str:
+    """The pip command that installs tested versions of what is untested here (of both, if neither is)."""
+    names = [name for name, (_, version) in installed().items()
+             if not TESTED[name][0] <= version <= TESTED[name][1]] or list(TESTED)
+    return "pip install " + " ".join(f"'{requirement(name)}'" for name in sorted(names, reverse=True))
 
 
 def debug_limits() -> tuple[int | None, int | None]:

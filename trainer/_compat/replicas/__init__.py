@@ -18,7 +18,7 @@ import contextlib
 
 from ..patches import Patches
 from ..sharded import _PSExtended
-from .batch_norm import compute_moments_sync, tf_nn
+from .batch_norm import NN_FILE, compute_moments_sync, tf_nn
 from .optimizer import BaseOptimizer, apply, clip_gradients, interim
 from .parameter_servers import ps_update
 from .shares import TFOptimizer, all_reduce_sum_gradients, loss_module, originals, replica_share, scale, unscale
@@ -36,12 +36,12 @@ HOOKS = (  # (key, owner, attribute, replacement, where)
     ("apply", BaseOptimizer, "apply", apply, _OPTIMIZER),
     # replaced only inside `optimizer.apply`'s cross-replica call
     ("merge_call", interim, "maybe_merge_call", None, "tensorflow/python/distribute/merge_call_interim.py"),
-    ("moments_sync", tf_nn, "_compute_moments_sync", compute_moments_sync, "keras/src/backend/tensorflow/nn.py"),
+    ("moments_sync", tf_nn, "_compute_moments_sync", compute_moments_sync, NN_FILE),
     ("assign_add", KerasVariable, "assign_add", summed_update("assign_add"), _VARIABLE),
     ("assign_sub", KerasVariable, "assign_sub", summed_update("assign_sub"), _VARIABLE),
-) + ((("ps_update", _PSExtended, "_update", ps_update,
-       "ParameterServerStrategyExtended (tensorflow/python/distribute/parameter_server_strategy.py)"),)
-     if _PSExtended is not None else ())
+    ("ps_update", _PSExtended, "_update", ps_update,
+     "ParameterServerStrategyExtended (tensorflow/python/distribute/parameter_server_strategy.py)"),
+)
 _PATCHES = Patches("the replicas' loss and gradient shares, clipping, accumulation, synchronized statistics and "
                    "summed variables", HOOKS, originals)
 

@@ -7,8 +7,15 @@ import tensorflow as tf
 from . import collective  # read when a step traces: bench/exact_layers_cost.py replaces its sums
 from .shares import factor, originals
 
-try:  # keras/src/backend/tensorflow/nn.py (3.8-3.15): BatchNormalization(synchronized=True)'s statistics
-    from keras.src.backend.tensorflow import nn as tf_nn
+from ..version import KERAS_GE_3_16
+
+# BatchNormalization(synchronized=True)'s statistics: keras/src/backend/tensorflow/nn.py (3.8-3.15), ops/nn.py (3.16)
+NN_FILE = f"keras/src/backend/tensorflow/{'ops/' if KERAS_GE_3_16 else ''}nn.py"
+try:
+    if KERAS_GE_3_16:
+        from keras.src.backend.tensorflow.ops import nn as tf_nn
+    else:
+        from keras.src.backend.tensorflow import nn as tf_nn
 except ImportError:  # pragma: no cover - `_compat.platform` names it before a call
     tf_nn = None
 
