@@ -54,3 +54,15 @@ python_env() {
     .venv/bin/pip install -q -e "$spec"
     echo "$wanted" >"$stamp"
 }
+
+# python_of VERSION: a Python VERSION (e.g. 3.12) to make a venv with: python3.12 on the PATH, else pyenv's,
+# else (said) the machine's python3.
+python_of() {
+    local version=$1 found
+    if "python$version" --version >/dev/null 2>&1; then command -v "python$version"; return 0; fi
+    found=$(ls -d "$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")/versions/$version".*/bin/python3 2>/dev/null \
+        | sort -V | tail -1)
+    if [ -n "$found" ]; then echo "$found"; return 0; fi
+    say "skipped: no Python $version here (python$version, pyenv); the tier runs on python3 instead" >&2
+    command -v python3
+}
