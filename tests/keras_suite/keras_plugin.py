@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -37,15 +38,28 @@ FULL_MEMBERS = ("keras/src/models/", "keras/src/wrappers/")
 LEFT_OUT = ("keras/src/callbacks/orbax_checkpoint_test.py",)
 
 
+def suite_release(version: str) -> str:
+    """The Keras release whose tests run on Keras `version`: that release, or for a nightly or a pre-release
+    (whose source distribution ships no tests) the newest release of an earlier minor version, as a pip
+    requirement's bound ("<3.16")."""
+    release = re.fullmatch(r"(\d+)\.(\d+)\.\d+", version)
+    if release:
+        return version
+    major, minor = re.match(r"(\d+)\.(\d+)", version).groups()
+    return f"<{major}.{minor}"
+
+
 def keras_test_files(version: str, *, full: bool = False) -> list[Path]:
     """The test files of Keras `version`'s source distribution that the tier runs (`full`: the full tier's),
-    downloaded once for every member listed."""
-    folder = CACHE / version
+    downloaded once for every member listed; for a nightly, those of the release before it (`suite_release`)."""
+    release = suite_release(version)
+    folder = CACHE / release.replace("<", "before-")
+    requirement = f"keras=={release}" if release[0].isdigit() else f"keras{release}"
     members = MEMBERS + FULL_MEMBERS
     if not (folder / "done").exists() or (folder / "done").read_text() != "\n".join(members):
         folder.mkdir(parents=True, exist_ok=True)
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-binary", ":all:", "--no-deps",
-                        "--dest", str(folder), f"keras=={version}"], check=True)
+                        "--dest", str(folder), requirement], check=True)
         (archive,) = folder.glob("keras-*.tar.gz")
         with tarfile.open(archive) as tar:
             for member in tar.getmembers():
@@ -86,10 +100,23 @@ def pytest_configure(config):
         # trainer_test.py imports jax at its top and uses it only on the JAX backend.
         sys.modules["jax"] = types.ModuleType("jax")
 
+    _renamed_trainers()
     if _MODE != "plain":
         replicas = int(_MODE)
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
+
+
+def _renamed_trainers() -> None:
+    """Keras 3.16 renamed the classes the tests of earlier releases import (TensorFlowTrainer is the backend's
+    `Trainer`, trainers/trainer.py's `Trainer` is `BaseTrainer`): the old names are given back for these runs,
+    both modes alike, so that those tests run on a nightly rather than fail to import."""
+    from keras.src.backend.tensorflow import trainer as backend
+    from keras.src.trainers import trainer as base
+
+    if not hasattr(backend, "TensorFlowTrainer") and hasattr(base, "BaseTrainer"):
+        backend.TensorFlowTrainer = backend.Trainer
+        base.Trainer = base.BaseTrainer
 
 
 def _the_trainer():
