@@ -9,6 +9,6 @@ WORKDIR /app
 COPY setup.cfg pyproject.toml README.md LICENSE ./
 COPY trainer trainer
 COPY callbacks callbacks
-RUN pip install --no-cache-dir . "tensorflow[and-cuda]>=2.18.1,<2.22"
+RUN pip install --no-cache-dir . "tensorflow[and-cuda]>=2.18.1,<2.23"
 # The manifests run the examples from here (workingDir /app).
 COPY examples examples

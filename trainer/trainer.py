@@ -22,7 +22,7 @@ from trainer.runs import Runs
 from trainer.strategies import Strategies
 
 
-# `model.fit`'s global batch for arrays when none is given (keras/src/trainers/trainer.py, 3.8-3.15).
+# `model.fit`'s global batch for arrays when none is given (keras/src/trainers/trainer.py, 3.8-3.16).
 KERAS_BATCH_SIZE = 32
 
 

@@ -1,6 +1,6 @@
 """docs/reference.md lists what the code has: every flag of `trainer-launch`, every `TRAINER_*` variable the
-trainer reads, every row the plan can print; and nothing the code lacks. Its version matrix is the range
-setup.cfg allows and CI tests."""
+trainer reads, every row the plan can print; and nothing the code lacks. Its version matrix is checked by
+tests/project/test_versions.py."""
 
 import ast
 import re
@@ -45,49 +45,3 @@ def test_the_plans_rows_are_the_pages():
               and isinstance(node.elts[0], ast.Constant) and isinstance(node.elts[0].value, str)}
     listed = set(re.findall(r"^\| `([a-z][a-z /-]*)` \|", _section("The plan's rows"), re.M))
     assert labels == listed, f"only in the code: {sorted(labels - listed)}; only on the page: {sorted(listed - labels)}"
-
-
-
-
-def _release(version: str) -> tuple[int, int, int]:
-    """(major, minor, patch), a missing part 0: `3.8` is `3.8.0`."""
-    major, minor, patch = (int(part) for part in (version.split(".") + ["0", "0"])[:3])
-    return major, minor, patch
-
-
-def _major_minor(version: str) -> tuple[int, int]:
-    return _release(version)[:2]
-
-
-def test_the_version_matrix_is_the_range_ci_tests():
-    """The Versions table's two tiers are setup.cfg's range, .ci/oldest's pins and `_compat.version.TESTED`,
-    read as text (no TensorFlow import)."""
-    setup = (ROOT / "setup.cfg").read_text()
-    requires = setup[setup.index("install_requires ="):setup.index("\n[", setup.index("install_requires ="))]
-    ranges = re.findall(r"\b(tensorflow|keras)>=([\d.]+),<([\d.]+)", requires)
-    low, high = {name: floor for name, floor, _ in ranges}, {name: ceiling for name, _, ceiling in ranges}
-    oldest = dict(re.findall(r"\b(tensorflow|keras)==([\d.]+)", (ROOT / ".ci" / "oldest").read_text()))
-    assert set(low) == set(high) == set(oldest) == {"tensorflow", "keras"}, (low, high, oldest)
-    # The oldest tier pins setup.cfg's floor; the newest tier's minor version is the last one below its ceiling.
-    for name in ("tensorflow", "keras"):
-        assert _release(oldest[name]) == _release(low[name]), (name, oldest[name], low[name])
-    newest = {}
-    for name, ceiling in high.items():
-        major, minor = _major_minor(ceiling)
-        assert minor > 0, f"{name}<{ceiling}: the newest tested minor version is not the one below the ceiling"
-        newest[name] = f"{major}.{minor - 1}"
-
-    section = _section("Versions")
-    tiers = {row[0]: row[1:] for row in re.findall(r"^\| (newest|oldest) \| ([\d.]+) \| ([\d.]+) \|", section, re.M)}
-    assert tiers == {"newest": (newest["tensorflow"], newest["keras"]),
-                     "oldest": (oldest["tensorflow"], oldest["keras"])}, tiers
-    bounds = ", ".join(f"`{name}>={low[name]},<{high[name]}`" for name in ("tensorflow", "keras"))
-    assert bounds in section, bounds
-    python = re.search(r"^python_requires = >=([\d.]+)$", setup, re.M)[1]
-    assert f"Python {python} or newer (`python_requires`)" in section, python
-
-    # What the trainer checks before a fit (trainer/_compat/version.py) is the same range.
-    version_py = (ROOT / "trainer" / "_compat" / "version.py").read_text()
-    tested = {name.lower(): ((int(a), int(b)), (int(c), int(d))) for name, a, b, c, d in re.findall(
-        r'"(Keras|TensorFlow)": \(\((\d+), (\d+)\), \((\d+), (\d+)\)\)', version_py)}
-    assert tested == {name: (_major_minor(oldest[name]), _major_minor(newest[name])) for name in oldest}, tested

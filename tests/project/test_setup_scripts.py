@@ -126,4 +126,4 @@ def test_make_test_does_what_the_readme_does_by_hand():
     assert f'-e ".[{extras}]"' in by_hand[2], extras
     for command in by_hand[3].split(" && "):
         assert re.search("^" + re.escape(command) + "$", test, re.M), command
-    assert test.rstrip().endswith("bash .ci/oldest")
+    assert test.rstrip().endswith("bash .ci/oldest\nbash .ci/next")

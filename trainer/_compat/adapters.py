@@ -19,7 +19,7 @@ import tensorflow as tf
 # adapters, so that their batches, steps, workers, queue and epoch hooks are
 # those of `model.fit`.
 
-try:  # keras/src/trainers/data_adapters/ (3.0-3.15)
+try:  # keras/src/trainers/data_adapters/ (3.0-3.16)
     from keras.src.trainers.data_adapters.generator_data_adapter import GeneratorDataAdapter as _GeneratorAdapter
     from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter as _PyDatasetAdapter
 except ImportError:  # pragma: no cover
@@ -27,7 +27,7 @@ except ImportError:  # pragma: no cover
 
 # Grain's datasets (grain.MapDataset, grain.IterDataset, grain.DataLoader), which model.fit takes since Keras
 # 3.10 and which a KerasHub task's own fit makes from arrays when grain is installed:
-# keras/src/trainers/data_adapters/grain_dataset_adapter.py and `data_adapters.is_grain_dataset` (3.10-3.15).
+# keras/src/trainers/data_adapters/grain_dataset_adapter.py and `data_adapters.is_grain_dataset` (3.10-3.16).
 try:
     from keras.src.trainers.data_adapters import is_grain_dataset as _is_grain_dataset
     from keras.src.trainers.data_adapters.grain_dataset_adapter import GrainDatasetAdapter as _GrainAdapter
@@ -128,7 +128,7 @@ def first_batch(adapter: Any) -> Any:
 def declared_batch_size(dataset: tf.data.Dataset) -> tuple[bool, int | None]:
     """(batched, batch size) from the `.batch()` in `dataset`'s chain of transformations.
 
-    Walks `_input_dataset` (tf.data's Python classes, TF 2.16-2.21) back from
+    Walks `_input_dataset` (tf.data's Python classes, TF 2.16-2.22) back from
     the dataset through maps, prefetches, caches and the like, to the last
     `.batch`, `.padded_batch` or `.unbatch`; (False, None) when the chain ends
     without one, or passes through something whose batching it cannot see.
@@ -171,7 +171,7 @@ def keras_view(x: Any, *, class_weight: Any = None, shuffle: bool = False, warn:
 
 def _graph_nodes(dataset: tf.data.Dataset) -> list[tuple[dict, Any]]:
     """(nodes by name, node) for every node of `dataset`'s graph, functions included: `Dataset._as_serialized_graph`
-    (2.0-2.21). A graph that cannot be read (a dataset of Python objects) gives none."""
+    (2.0-2.22). A graph that cannot be read (a dataset of Python objects) gives none."""
     from tensorflow.core.framework import graph_pb2
 
     try:
@@ -211,7 +211,7 @@ def dataset_shuffles(dataset: tf.data.Dataset) -> list[tuple[bool, bool]]:
 def service_jobs(dataset: tf.data.Dataset) -> list[str]:
     """The tf.data service jobs `dataset` reads from (`tf.data.experimental.service.distribute`), by name: "" for
     a job of each reader's own, else the `job_name` its readers share, each handed other elements of it. The
-    DataServiceDataset ops' input named `job_name` (found by their OpDef, TF 2.18-2.21)."""
+    DataServiceDataset ops' input named `job_name` (found by their OpDef, TF 2.18-2.22)."""
     from tensorflow.python.framework import op_def_registry
 
     jobs = []

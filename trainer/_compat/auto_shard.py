@@ -3,7 +3,7 @@
 `tf.distribute` shards a dataset across workers with a graph rewrite that
 finds the dataset's file source and keeps every N-th file
 (`tensorflow/python/data/experimental/ops/distribute.py`, `_AutoShardDataset`,
-checked on TF 2.18 and 2.21; `tf.distribute`'s own `input_ops.auto_shard_dataset`
+checked on TF 2.18, 2.21 and 2.22; `tf.distribute`'s own `input_ops.auto_shard_dataset`
 calls it). The trainer calls it for canonical shards of its own
 (`Trainer(data_sharding="files")`), which no public API offers: `Dataset.shard`
 keeps every N-th element, after reading them all.
@@ -15,7 +15,7 @@ import tensorflow as tf
 
 try:
     from tensorflow.python.data.experimental.ops.distribute import _AutoShardDataset
-except ImportError:  # pragma: no cover - checked on TF 2.18 and 2.21
+except ImportError:  # pragma: no cover - checked on TF 2.18, 2.21 and 2.22
     _AutoShardDataset = None
 
 
@@ -24,7 +24,7 @@ def file_shard(dataset: tf.data.Dataset, num_shards: int, index: int) -> tf.data
     policy gives a worker): raises `tf.errors.NotFoundError` when iterated if the dataset reads no files."""
     if _AutoShardDataset is None:  # pragma: no cover
         raise RuntimeError(
-            f"TensorFlow {tf.__version__} has no _AutoShardDataset (read on TF 2.18-2.21), which "
+            f"TensorFlow {tf.__version__} has no _AutoShardDataset (read on TF 2.18-2.22), which "
             "Trainer(data_sharding='files') shards files with. Use data_sharding='exact'."
         )
     options = tf.data.Options()

@@ -104,7 +104,7 @@ def results_recorded(model: keras.Model, made_by: dict[int, tuple[Any, str]]):
 
     Fills `made_by` with id(value) -> (value, the metric's key in
     `model.get_metrics_result()`). Each metric's `result` is shadowed on the
-    instance for the duration (Keras 3.0-3.15 metrics are plain objects),
+    instance for the duration (Keras 3.0-3.16 metrics are plain objects),
     from the tracing thread, so that every replica thread sees it.
     """
     metrics = []
@@ -141,14 +141,14 @@ def symbolic_build(model: keras.Model, data_batch: Any) -> None:
 def requested_initial_epoch(model: keras.Model) -> int | None:
     """The epoch a callback asked fit to start from in `on_train_begin`, by setting `model._initial_epoch`:
     Keras's BackupAndRestore does, and `Model.fit` starts from it when set (keras/src/backend/tensorflow/
-    trainer.py `fit`: `self._initial_epoch or initial_epoch`; 3.8-3.15)."""
+    trainer.py `fit`: `self._initial_epoch or initial_epoch`; 3.8-3.16)."""
     return getattr(model, "_initial_epoch", None)
 
 
 def resolved_loss(identifier: Any, y_true: Any, y_pred: Any) -> Any:
     """A compiled loss as Keras resolves it for one output: a name through `keras.losses.get`, except
     "crossentropy" and "ce", which Keras picks from the targets' and the output's shapes (binary, sparse
-    categorical or categorical; `compile_utils.get_loss`, keras/src/trainers/compile_utils.py, 3.8-3.15)."""
+    categorical or categorical; `compile_utils.get_loss`, keras/src/trainers/compile_utils.py, 3.8-3.16)."""
     if not isinstance(identifier, str):
         return identifier
     from keras.src.trainers.compile_utils import get_loss

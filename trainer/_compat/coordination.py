@@ -11,7 +11,7 @@ from typing import Iterator
 import tensorflow as tf
 
 # The coordination service's key-value store: `context.context().{coordination_service,
-# set_config_key_value, get_config_key_value}` (tensorflow/python/eager/context.py, 2.18-2.21).
+# set_config_key_value, get_config_key_value}` (tensorflow/python/eager/context.py, 2.18-2.22).
 # MultiWorkerMirroredStrategy starts the service, led by the chief, on every worker; TensorFlow's
 # PreemptionCheckpointHandler agrees on its save step through it, as BackupAndRestore does (callbacks/_preemption.py).
 
@@ -49,7 +49,7 @@ def sigterm_kept() -> Iterator[None]:
     """Puts back, after the block, the SIGTERM handler Python had before it (on the main thread).
 
     The coordination service that MultiWorkerMirroredStrategy starts installs a C++ SIGTERM handler of its
-    own, TensorFlow's preemption notifier (`preemption_notifier.cc`, 2.18-2.21), which
+    own, TensorFlow's preemption notifier (`preemption_notifier.cc`, 2.18-2.22), which
     only records the signal for TensorFlow's PreemptionCheckpointHandler. Python's `signal.getsignal` still
     says SIG_DFL, but the process lives on after a SIGTERM: a launcher's or Slurm's stop of a task that has
     not begun training (building the model, say) waits out its grace period (10 s, or Slurm's 30 s) before

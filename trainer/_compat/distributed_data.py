@@ -43,7 +43,7 @@ def distributed_source(x: Any) -> DistributedSource:
     if not isinstance(strategy, tf.distribute.Strategy) or (dataset is None) == (fn is None):
         raise TypeError(
             f"The trainer can't read back what this {type(x).__name__} distributes: TensorFlow {tf.__version__} keeps "
-            "no `_strategy` with an `_original_dataset` or a `_dataset_fn` in it (read on TF 2.18-2.21). Pass the "
+            "no `_strategy` with an `_original_dataset` or a `_dataset_fn` in it (read on TF 2.18-2.22). Pass the "
             "tf.data.Dataset itself, or the function input_context -> Dataset, with Trainer(strategy=strategy)."
         )
     return DistributedSource(strategy, dataset, fn, getattr(x, "_options", None))

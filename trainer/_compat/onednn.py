@@ -12,7 +12,7 @@ from trainer.quiet import startup_notices_hidden
 def onednn_enabled() -> bool | None:
     """Whether TensorFlow's CPU kernels use oneDNN in this process (None if TF does not say).
 
-    `tensorflow/python/util/_pywrap_util_port.IsMklEnabled` (2.5-2.21), which
+    `tensorflow/python/util/_pywrap_util_port.IsMklEnabled` (2.5-2.22), which
     logs "oneDNN custom operations are on" at every call on TensorFlow 2.18:
     this probe's own notice is kept off the screen (`quiet`).
     """

@@ -15,7 +15,7 @@ import tensorflow as tf
 # Keras draws initializer and dropout seeds from Python's `random`
 # (`make_default_seed`), and `keras.random` calls without a seed from a global
 # SeedGenerator kept in `global_state` with the seed `set_random_seed` stored
-# (keras/src/random/seed_generator.py, keras/src/utils/rng_utils.py; 3.0-3.15).
+# (keras/src/random/seed_generator.py, keras/src/utils/rng_utils.py; 3.0-3.16).
 # TensorFlow's global seed is left alone: Keras's TF backend draws stateless
 # random numbers from those seeds, and `tf.random.set_seed` clears the kernels
 # of the user's random ops, which no restore can undo.
@@ -62,7 +62,7 @@ def seeded(seed: int | None):
 #
 # Every random number of a Keras layer or train step comes from the TensorFlow
 # backend's functions `normal`, `uniform`, `randint`, `truncated_normal` and
-# `dropout` (keras/src/backend/tensorflow/random.py, 3.8-3.15), looked up on
+# `dropout` (keras/src/backend/tensorflow/random.py, 3.8-3.16), looked up on
 # that module at each call (`keras.random.*`, and preprocessing layers through
 # `self.backend.random`). Each turns its seed (a SeedGenerator, an int or None)
 # into a stateless seed with `_cast_seed(draw_seed(seed))`, then calls

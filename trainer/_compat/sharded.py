@@ -12,7 +12,7 @@ import tensorflow as tf
 from .variables import backing
 
 
-try:  # tensorflow/python/distribute/{sharded_variable,parameter_server_strategy}.py (2.18-2.21): what a
+try:  # tensorflow/python/distribute/{sharded_variable,parameter_server_strategy}.py (2.18-2.22): what a
     # ParameterServerStrategy's variable_partitioner makes, and the update path that cannot take it
     from tensorflow.python.distribute.parameter_server_strategy import (
         ParameterServerStrategyExtended as _PSExtended,

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-try:  # tensorflow/python/distribute/cluster_resolver/slurm_cluster_resolver.py (2.18-2.21): Slurm's
+try:  # tensorflow/python/distribute/cluster_resolver/slurm_cluster_resolver.py (2.18-2.22): Slurm's
     # compressed host lists ("gpu[01-04],cpu7") and tasks per node ("4(x2),2"), parsed as TensorFlow parses them
     from tensorflow.python.distribute.cluster_resolver.slurm_cluster_resolver import (
         expand_hostlist,

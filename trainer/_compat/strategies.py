@@ -81,7 +81,7 @@ def number_instances_from(strategy: tf.distribute.Strategy, first: int) -> bool:
     return True
 
 
-try:  # tensorflow/python/distribute/collective_all_reduce_strategy.py (2.18-2.21)
+try:  # tensorflow/python/distribute/collective_all_reduce_strategy.py (2.18-2.22)
     from tensorflow.python.distribute.collective_all_reduce_strategy import (
         CollectiveAllReduceExtended as _CollectiveExtended,
     )
@@ -132,7 +132,7 @@ def worker_cpu_replicas():
 def parameter_server_tasks(strategy: tf.distribute.Strategy) -> tuple[int, int] | None:
     """(workers, ps tasks) of a ParameterServerStrategy's cluster, or None where this TensorFlow keeps them
     otherwise. Its public `cluster_resolver` is None; `ParameterServerStrategyV2Extended` counts both from the
-    resolver it was given (`_num_workers`, `_num_ps`; TF 2.18-2.21), an in-process cluster's or TF_CONFIG's."""
+    resolver it was given (`_num_workers`, `_num_ps`; TF 2.18-2.22), an in-process cluster's or TF_CONFIG's."""
     workers = getattr(strategy.extended, "_num_workers", None)
     ps = getattr(strategy.extended, "_num_ps", None)
     return (workers, ps) if isinstance(workers, int) and isinstance(ps, int) else None

@@ -8,7 +8,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-try:  # keras/src/backend/common/variables.py (3.8-3.15)
+try:  # keras/src/backend/common/variables.py (3.8-3.16)
     from keras.src.backend.common.variables import Variable as _KerasVariable
 except ImportError:  # pragma: no cover - `_compat.platform` names it before a call
     _KerasVariable = None
@@ -20,12 +20,12 @@ from .patches import Patches
 #
 # A Keras variable on the TensorFlow backend is a handle on a backing
 # `tf.Variable`, its `_value` (keras/src/backend/tensorflow/core.py,
-# `Variable._initialize`; 3.8-3.15), which is what step functions capture and
+# `Variable._initialize`; 3.8-3.16), which is what step functions capture and
 # what tf.distribute distributes. `trainer.model.placement` swaps it to move a model
 # into a strategy's scope. Keras's TF optimizer remembers the strategy it was
 # made under (`TFOptimizer._distribution_strategy`) and updates variables
 # through it, and indexes its variables by the backing variable
-# (`_var_key`, `_trainable_variables_indices`; 3.8-3.15).
+# (`_var_key`, `_trainable_variables_indices`; 3.8-3.16).
 
 
 def backing(variable: keras.Variable) -> Any:
@@ -37,7 +37,7 @@ def set_backing(variable: keras.Variable, value: tf.Variable) -> None:
     variable._value = value
 
 
-# int() and float() of a scalar Keras variable read its backing (`KerasVariable.__int__`, `__float__`; 3.8-3.15),
+# int() and float() of a scalar Keras variable read its backing (`KerasVariable.__int__`, `__float__`; 3.8-3.16),
 # and a MirroredVariable has neither, though its numpy() reads the value the replicas agree on. While a model is
 # in a strategy's scope for a call, a callback's `int(model.some_counter)` reads as on one device.
 _SCALAR_ORIGINALS: dict[str, Any] = {}
@@ -150,7 +150,7 @@ def _held(value: Any) -> list:
 def build_model_only(model: keras.Model, x: Any) -> None:
     """Creates the model's own variables from the shapes of `x`, symbolically (no op runs), as
     `Model._symbolic_build` does."""
-    from keras.src import backend as _backend  # keras/src/backend (3.0-3.15): compute_output_spec
+    from keras.src import backend as _backend  # keras/src/backend (3.0-3.16): compute_output_spec
 
     def symbolic(t):
         return None if t is None else keras.KerasTensor(t.shape, keras.backend.standardize_dtype(t.dtype))
@@ -165,7 +165,7 @@ def step_counter(optimizer) -> Any:
 
 def sublayers(model) -> list:
     """The layers directly inside `model`: a `keras.Model`'s `layers`; for a layer that mixes in Keras's trainer
-    (no `layers`), the layers it tracks (`Layer._flatten_layers`, 3.0-3.15)."""
+    (no `layers`), the layers it tracks (`Layer._flatten_layers`, 3.0-3.16)."""
     layers = getattr(model, "layers", None)
     if layers is not None:
         return list(layers)
@@ -174,7 +174,7 @@ def sublayers(model) -> list:
 
 def seed_states(model: Any) -> list:
     """The state variables of the SeedGenerators that `model` and its layers hold (`Layer._seed_generators`,
-    3.0-3.15), each once."""
+    3.0-3.16), each once."""
     states, seen = [], set()
     for layer in all_layers(model):
         for generator in getattr(layer, "_seed_generators", ()):
@@ -185,7 +185,7 @@ def seed_states(model: Any) -> list:
 
 
 def all_layers(model: keras.Model) -> list:
-    """The model and every layer inside it, nested ones included (`Layer._flatten_layers`, 3.0-3.15)."""
+    """The model and every layer inside it, nested ones included (`Layer._flatten_layers`, 3.0-3.16)."""
     flatten = getattr(model, "_flatten_layers", None)
     if flatten is not None:
         return list(flatten(include_self=True, recursive=True))

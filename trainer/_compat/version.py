@@ -43,7 +43,7 @@ KERAS_GE_3_16 = KERAS_VERSION >= (3, 16)
 
 
 def untested() -> list[str]:
-    """The installed versions outside the tested range, in words ("Keras 3.16.0 (tested 3.8-3.15)")."""
+    """The installed versions outside the tested range, in words ("Keras 3.17.0 (tested 3.8-3.16)")."""
     found = []
     for name, (text, version) in installed().items():
         low, high = TESTED[name]
@@ -67,7 +67,7 @@ def pip_fix() -> str:
 
 def debug_limits() -> tuple[int | None, int | None]:
     """Keras's debugging caps on every fit: `keras.config.set_max_epochs` and `set_max_steps_per_epoch`
-    (keras/src/backend/config.py, 3.10-3.15; absent before, where nothing is capped)."""
+    (keras/src/backend/config.py, 3.10-3.16; absent before, where nothing is capped)."""
     from keras.src.backend import config
 
     def read(name: str) -> int | None:

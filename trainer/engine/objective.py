@@ -238,7 +238,7 @@ def _read(value: Any) -> Any:
 
 
 def _to_python(value: Any) -> Any:
-    """As Keras's logs give a value (`pythonify_logs`, 3.8-3.15): a float where it has one element, else the NumPy
+    """As Keras's logs give a value (`pythonify_logs`, 3.8-3.16): a float where it has one element, else the NumPy
     array (a metric with a vector result, e.g. F1Score's per-class values)."""
     value = keras.ops.convert_to_numpy(value)
     try:

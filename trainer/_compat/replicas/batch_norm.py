@@ -9,7 +9,7 @@ from .shares import factor, originals
 
 from ..version import KERAS_GE_3_16
 
-# BatchNormalization(synchronized=True)'s statistics: keras/src/backend/tensorflow/nn.py (3.8-3.15), ops/nn.py (3.16)
+# BatchNormalization(synchronized=True)'s statistics: keras/src/backend/tensorflow/nn.py (3.8-3.16), ops/nn.py (3.16)
 NN_FILE = f"keras/src/backend/tensorflow/{'ops/' if KERAS_GE_3_16 else ''}nn.py"
 try:
     if KERAS_GE_3_16:

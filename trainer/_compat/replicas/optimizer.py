@@ -19,12 +19,12 @@ import tensorflow as tf
 from .collective import replicas, summed
 from .shares import originals, share
 
-try:  # keras/src/optimizers/base_optimizer.py (3.0-3.15): `apply` and `_clip_gradients`
+try:  # keras/src/optimizers/base_optimizer.py (3.0-3.16): `apply` and `_clip_gradients`
     from keras.src.optimizers.base_optimizer import BaseOptimizer
 except ImportError:  # pragma: no cover - `_compat.platform` names it before a call
     BaseOptimizer = None
 
-# tensorflow/python/distribute/merge_call_interim.py (2.9-2.21), which Keras's TF optimizer calls as
+# tensorflow/python/distribute/merge_call_interim.py (2.9-2.22), which Keras's TF optimizer calls as
 # `tf.__internal__.distribute.interim.maybe_merge_call`.
 interim = getattr(getattr(getattr(tf, "__internal__", None), "distribute", None), "interim", None)
 

@@ -18,12 +18,12 @@ from typing import Callable
 
 import tensorflow as tf
 
-try:  # keras/src/losses/loss.py (3.0-3.15): the 1/replicas scaling of reduced losses
+try:  # keras/src/losses/loss.py (3.0-3.16): the 1/replicas scaling of reduced losses
     from keras.src.losses import loss as loss_module
 except ImportError:  # pragma: no cover - `_compat.platform` names it before a call
     loss_module = None
 
-try:  # keras/src/backend/tensorflow/optimizer.py (3.0-3.15): sums the replicas' gradients in a replica
+try:  # keras/src/backend/tensorflow/optimizer.py (3.0-3.16): sums the replicas' gradients in a replica
     from keras.src.backend.tensorflow.optimizer import TFOptimizer
 except ImportError:  # pragma: no cover
     TFOptimizer = None

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from .shares import originals
 
-try:  # keras/src/backend/common/variables.py (3.8-3.15): `assign_add` is `assign(self + value)`
+try:  # keras/src/backend/common/variables.py (3.8-3.16): `assign_add` is `assign(self + value)`
     from keras.src.backend.common.stateless_scope import in_stateless_scope
     from keras.src.backend.common.variables import Variable as KerasVariable
 except ImportError:  # pragma: no cover - `_compat.platform` names it before a call
