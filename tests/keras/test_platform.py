@@ -71,3 +71,24 @@ def test_a_hook_whose_target_is_gone_names_it_and_installs_nothing(monkeypatch):
     with patches.installed():
         assert _Owner.present() == "kept" and originals == {}  # Keras's own functions run
     assert _Owner.present() == "kept"
+
+
+class _Distribution:
+    def __init__(self, name):
+        self.version = {"keras": "3.15.1", "keras-nightly": "3.16.0.dev2026102704"}[name]
+
+    def read_text(self, name):
+        return "keras/__init__.py,sha256=x,10\n" if name == "RECORD" else None
+
+
+def test_keras_written_by_two_distributions_is_refused_with_the_fix(monkeypatch):
+    from trainer._compat import platform, version
+
+    monkeypatch.setattr(version.metadata, "distribution", _Distribution)
+    assert version.keras_owners() == ["keras 3.15.1", "keras-nightly 3.16.0.dev2026102704"]
+    with pytest.raises(RuntimeError, match=r"Found: .*the keras package written by keras 3\.15\.1 and keras-nightly "
+                                           r"3\.16\.0\.dev2026102704, one over the other \(pip uninstall -y keras "
+                                           r"keras-nightly"):
+        platform.check()
+    monkeypatch.setenv(UNTESTED_OPT_IN, "1")
+    assert "the keras package written by keras 3.15.1 and keras-nightly" in platform.check()

@@ -14,6 +14,8 @@ import contextlib
 import os
 from typing import Any, Callable, ClassVar, Iterator, Sequence
 
+from .version import TESTED, installed, pip_fix
+
 UNTESTED_OPT_IN = "TRAINER_UNTESTED_VERSIONS"  # "1": train on untested versions, with the hooks that are there
 
 
@@ -35,8 +37,8 @@ class Patches:
         is kept, under its key, for code that replaces it for a moment itself. An owner that could not be
         imported is None.
       originals: key -> the function the row replaced, filled while installed.
-      required: without these targets the trainer can't run at all (the route to its steps): no opt-in trains
-        without them, since Keras's own code would run in the trainer's place.
+      required: without these targets the trainer can't run at all (the route to its steps, `keras_methods`):
+        no opt-in trains without them, since Keras's own loop would run in the trainer's place.
     """
 
     registry: ClassVar[list[Patches]] = []
@@ -60,8 +62,6 @@ class Patches:
         `required` hooks is gone (opted in or not); else returns."""
         missing = self.missing() if self.required else []
         if missing:
-            from .version import TESTED, installed, pip_fix
-
             tested = " and ".join(f"{name} {low[0]}.{low[1]}-{high[0]}.{high[1]}"
                                   for name, (low, high) in TESTED.items())
             found = ", ".join(f"{name} {text}" for name, (text, _) in installed().items())

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from importlib import metadata
+
 import keras
 import tensorflow as tf
 
@@ -43,13 +45,33 @@ KERAS_GE_3_16 = KERAS_VERSION >= (3, 16)
 
 
 def untested() -> list[str]:
-    """The installed versions outside the tested range, in words ("Keras 3.17.0 (tested 3.8-3.16)")."""
+    """The installed versions outside the tested range, in words ("Keras 3.17.0 (tested 3.8-3.16)"), and a Keras
+    whose files two distributions wrote."""
     found = []
     for name, (text, version) in installed().items():
         low, high = TESTED[name]
         if not low <= version <= high:
             found.append(f"{name} {text} (tested {low[0]}.{low[1]}-{high[0]}.{high[1]})")
+    owners = keras_owners()
+    if len(owners) > 1:
+        found.append(f"the keras package written by {' and '.join(owners)}, one over the other (pip uninstall -y "
+                     f"keras keras-nightly, then pip install the one your TensorFlow requires: pip show tensorflow)")
     return found
+
+
+def keras_owners() -> list[str]:
+    """The installed distributions whose files make the `keras` package ("keras-nightly 3.16.0.dev2026102704"):
+    TensorFlow 2.22 brings `keras-nightly`, and a package that requires `keras` (keras-hub, keras-tuner) then
+    installs that distribution over the same files."""
+    owners = []
+    for name in ("keras", "keras-nightly"):
+        try:
+            distribution = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        if "keras/__init__.py," in (distribution.read_text("RECORD") or ""):
+            owners.append(f"{name} {distribution.version}")
+    return owners
 
 
 def requirement(name: str) -> str:
