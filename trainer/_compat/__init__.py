@@ -68,7 +68,13 @@ from .adapters import (  # noqa: F401
 )
 from .auto_shard import file_shard  # noqa: F401
 from .distributed_data import distributed_source, is_distributed_dataset  # noqa: F401
-from .keras_methods import KERAS_METHODS, is_model, keras_methods_hooked, on_batch_resets_metrics  # noqa: F401
+from .keras_methods import (  # noqa: F401
+    KERAS_METHODS,
+    is_model,
+    keras_methods_hooked,
+    on_batch_resets_metrics,
+    one_step_calls_past_end,
+)
 from .onednn import onednn_enabled  # noqa: F401
 from .strategies import (  # noqa: F401
     collective_group_keys,

@@ -7,22 +7,26 @@ import dataclasses
 
 import keras
 
+from .version import KERAS_GE_3_16
+
 # A dict of data for a model's inputs ----------------------------------------------
 #
 # Keras checks a dict of data against a model's inputs by name, then feeds it
 # by another rule (keras/src/layers/input_spec.py `assert_input_compatibility`
 # and keras/src/models/functional.py `_standardize_inputs`; the same on 3.8 and
-# 3.15):
+# 3.15; the dict model's feed by name from 3.16):
 # - the check: when every spec of `model.input_spec` has a name (a Functional's
 #   Input names, or for a model built on a dict of Inputs its sorted keys),
 #   each name must be a key of the data ("Missing data for input"); other keys
 #   pass;
 # - the feed, for a model built on a list of Inputs: `data[name]` for each
 #   input; other keys are ignored;
-# - the feed, for a model built on a dict of Inputs: the data's values in
-#   sorted key order, zipped with the inputs in sorted key order (after a
-#   warning when the keys differ), so a key beyond the inputs that sorts among
-#   them moves the later inputs' data along by one.
+# - the feed, for a model built on a dict of Inputs: up to 3.15, the data's
+#   values in sorted key order, zipped with the inputs in sorted key order
+#   (after a warning when the keys differ), so a key beyond the inputs that
+#   sorts among them moves the later inputs' data along by one; from 3.16,
+#   `data[name]` for each input, after a warning naming the keys ignored
+#   (`_match_expected_structure`).
 # A Sequential has no input_spec; its Functional, built on one Input, takes
 # `data[name]` or fails. Without names, the dict's values go by position,
 # sorted by key.
@@ -53,5 +57,6 @@ def dict_feed(model: keras.Model, keys) -> DictFeed | None:
     struct = getattr(model, "input", None)
     if isinstance(struct, dict):
         inputs = sorted(struct)
-        return DictFeed(list(zip(sorted(keys), inputs, [struct[n] for n in inputs])), missing)
+        fed = inputs if KERAS_GE_3_16 else sorted(keys)
+        return DictFeed(list(zip(fed, inputs, [struct[n] for n in inputs])), missing)
     return DictFeed([(name, name, tensor) for name, tensor in zip(names, tensors)], missing)

@@ -107,6 +107,14 @@ def keras_methods_hooked(dispatch: Callable):
                     _unhook.pop()()
 
 
+def one_step_calls_past_end() -> bool:
+    """Whether Keras's one-step train function (`steps_per_execution=1`) runs a step on the empty iterator of a
+    pass of unknown length, which moves each optimizer's counter and SeedGenerator without a batch: 3.8-3.15,
+    where the compiled step calls `iterator.get_next()`; from 3.16 it asks `get_next_as_optional()` first and
+    stops before the step (keras/src/backend/tensorflow/trainer.py, `_make_function`)."""
+    return not KERAS_GE_3_16
+
+
 def on_batch_resets_metrics() -> bool:
     """Whether Keras's `train_on_batch` and `test_on_batch` reset the metrics before their batch, so that each
     call logs its own batch alone: from Keras 3.15 (`self.reset_metrics()`); 3.8-3.14 let them accumulate

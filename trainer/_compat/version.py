@@ -40,7 +40,8 @@ KERAS_GE_3_14 = KERAS_VERSION >= (3, 14)  # an activity regularizer's value is a
 KERAS_GE_3_15 = KERAS_VERSION >= (3, 15)  # train_on_batch and test_on_batch reset the metrics first (`keras_methods`)
 # keras/src/backend/tensorflow/trainer.py's TensorFlowTrainer is Trainer(BaseTrainer), keras/src/trainers/trainer.py's
 # Trainer is BaseTrainer (`keras_methods`); backend/tensorflow/nn.py is backend/tensorflow/ops/nn.py
-# (`replicas.batch_norm`); keras.src.backend no longer re-exports the mask functions (`masks`)
+# (`replicas.batch_norm`); keras.src.backend no longer re-exports the mask functions (`masks`); the one-step
+# train function stops before a step on an empty iterator (`keras_methods.one_step_calls_past_end`)
 KERAS_GE_3_16 = KERAS_VERSION >= (3, 16)
 
 

@@ -74,7 +74,8 @@ class ReaderSteps:
         self._fresh_and_empty = False  # a reader made for this pass that has not given a step yet
 
     def begin(self) -> None:
-        if self.passes.pass_steps is None and self.inp.unknown_to_keras:  # after a resume's restore
+        # after a resume's restore; only where the installed Keras's own fit calls past the end
+        if self.passes.pass_steps is None and self.inp.unknown_to_keras and _compat.one_step_calls_past_end():
             self._past_end = PastEnd(self.steps.model)
 
     @contextlib.contextmanager
