@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 from keras.src.backend.tensorflow.optimizer import TFOptimizer
 from keras.src.losses import loss as loss_module
-from keras.src.backend.tensorflow import nn as tf_nn
 from keras.src.backend.tensorflow import random as tf_random
 from keras.src.backend.common.variables import Variable as KerasVariable
 from keras.src.optimizers.base_optimizer import BaseOptimizer
@@ -16,6 +15,7 @@ from tensorflow.python.distribute.sharded_variable import ShardedVariable
 from conftest import mirrored
 from parity_cases import ExamplesSeen
 from trainer import Trainer, _compat
+from trainer._compat.replicas.batch_norm import tf_nn  # keras/src/backend/tensorflow/nn.py, or ops/nn.py on 3.16
 from trainer.engine import draws
 from trainer.model.route import keras_method_arguments
 
@@ -129,7 +129,9 @@ def test_the_route_reaches_a_patch_made_before_it_inside_kerass_own_wrapper():
     """`keras_methods_hooked` goes inside the traceback filter that wraps fit, evaluate and predict (checked at
     both ends of the range, Keras 3.8 and the newest), so a wrapper kept by a library that patched
     keras.Model.fit earlier (as MLflow's autologging keeps it) reaches the dispatcher."""
-    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+    from keras_names import backend_trainer
+
+    TensorFlowTrainer = backend_trainer()
 
     kept = {name: TensorFlowTrainer.__dict__[name] for name in ("fit", "evaluate", "predict")}
     calls = []

@@ -176,11 +176,11 @@ def test_distribute_runs_every_model_fit_inside_the_block_on_the_trainer():
 
 
 def test_keras_methods_are_put_back_after_each_call():
-    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+    from keras_names import backend_trainer
 
     def inner(name):
-        cells = TensorFlowTrainer.__dict__[name].__closure__ or ()
-        return [cell.cell_contents for cell in cells] + [TensorFlowTrainer.__dict__[name]]
+        cells = backend_trainer().__dict__[name].__closure__ or ()
+        return [cell.cell_contents for cell in cells] + [backend_trainer().__dict__[name]]
 
     before = {name: inner(name) for name in _compat.KERAS_METHODS}
     model = tiny_model()

@@ -39,7 +39,9 @@ trainer = Trainer(strategy="mirrored" if REPLICAS > 1 else "auto", verbose=0) if
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-from keras.src.backend.tensorflow.trainer import TensorFlowTrainer  # noqa: E402
+from keras_names import backend_trainer  # noqa: E402
+
+TensorFlowTrainer = backend_trainer()  # Keras's backend trainer, under its 3.8-3.15 name
 
 
 def _floats(value):

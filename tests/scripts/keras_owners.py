@@ -7,7 +7,12 @@
 import sys
 from importlib import metadata
 
-owners = sorted({dist.metadata["Name"] for dist in metadata.distributions()
-                 if "keras/__init__.py," in (dist.read_text("RECORD") or "")})
+
+
+def writes_keras(dist) -> bool:
+    return any(line.startswith("keras/__init__.py,") for line in (dist.read_text("RECORD") or "").splitlines())
+
+
+owners = sorted({dist.metadata["Name"] for dist in metadata.distributions() if writes_keras(dist)})
 print("the keras package comes from:", ", ".join(owners) or "nothing")
 sys.exit(0 if len(owners) == 1 else f"expected one distribution writing keras/, found {owners}")

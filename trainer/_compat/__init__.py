@@ -74,6 +74,7 @@ from .keras_methods import (  # noqa: F401
     keras_methods_hooked,
     on_batch_resets_metrics,
     one_step_calls_past_end,
+    warns_when_unknown_size_ends,
 )
 from .onednn import onednn_enabled  # noqa: F401
 from .strategies import (  # noqa: F401

@@ -115,6 +115,13 @@ def one_step_calls_past_end() -> bool:
     return not KERAS_GE_3_16
 
 
+def warns_when_unknown_size_ends() -> bool:
+    """Whether Keras's fit warns that the input "ran out of data" when data of unknown size ends an epoch without
+    `steps_per_epoch`: 3.8-3.15; from 3.16 running out is how such an epoch ends, and only an epoch cut short
+    of `steps_per_epoch` warns (keras/src/trainers/epoch_iterator.py, `catch_stop_iteration`)."""
+    return not KERAS_GE_3_16
+
+
 def on_batch_resets_metrics() -> bool:
     """Whether Keras's `train_on_batch` and `test_on_batch` reset the metrics before their batch, so that each
     call logs its own batch alone: from Keras 3.15 (`self.reset_metrics()`); 3.8-3.14 let them accumulate

@@ -79,7 +79,8 @@ def schedule_of(optimizer: Any) -> Any:
 
 
 def reindex(optimizer: Any) -> None:
-    """Rebuilds the optimizer's index of its variables, which is keyed by their backing variables.
+    """Rebuilds the optimizer's index of its variables, which is keyed by their backing variables, and (Keras 3.16)
+    its record of which of them decay, by the same keys.
 
     The index is a new dict: the optimizer tracks the old one in a wrapper that TensorFlow's SavedModel
     refuses to save once the dict is changed past it (its `clear()` is not intercepted), which broke
@@ -89,7 +90,14 @@ def reindex(optimizer: Any) -> None:
     index = getattr(optimizer, "_trainable_variables_indices", None)
     if variables is None or index is None or not getattr(optimizer, "built", False):
         return
+    keys = {i: key for key, i in index.items()}  # the old keys, by variable
     optimizer._trainable_variables_indices = {optimizer._var_key(v): i for i, v in enumerate(variables)}
+    # From Keras 3.16 which variables decay is decided at build time, in a dict by the same keys
+    # (`_weight_decay_by_var_key`; `_use_weight_decay` reads it).
+    decays = getattr(optimizer, "_weight_decay_by_var_key", None)
+    if decays is not None:
+        optimizer._weight_decay_by_var_key = {optimizer._var_key(v): decays[keys[i]] for i, v in enumerate(variables)
+                                             if keys.get(i) in decays}
 
 
 def forget_traced_functions(model: keras.Model) -> None:

@@ -70,7 +70,7 @@ def keras_owners() -> list[str]:
             distribution = metadata.distribution(name)
         except metadata.PackageNotFoundError:
             continue
-        if "keras/__init__.py," in (distribution.read_text("RECORD") or ""):
+        if any(line.startswith("keras/__init__.py,") for line in (distribution.read_text("RECORD") or "").splitlines()):
             owners.append(f"{name} {distribution.version}")
     return owners
 

@@ -242,7 +242,8 @@ def _train_epoch(run_steps: Callable[[int], int], passes: Passes, model: keras.M
         begin += context.fusion.steps if fixed else ran
         if model.stop_training:
             break
-    if passes.cut_short(context.step):
+    warns = passes.steps_per_epoch is not None or _compat.warns_when_unknown_size_ends()  # as the installed Keras
+    if passes.cut_short(context.step) and warns:
         warnings.warn(RAN_OUT, stacklevel=user_stacklevel())
 
 
