@@ -29,6 +29,9 @@ _LINES = (
     "To enable the following instructions:",  # the second line of cpu_feature_guard's notice
 )
 _TASK = re.compile(r"^/job:[\w-]+/replica:\d+/task:\d+$")  # the lines that list a notice's waiting tasks
+# TensorFlow 2.22 follows an error record with where it came from: "=== Source Location Trace: ===", then
+# lines such as "external/xla/xla/stream_executor/cuda/cuda_status.cc:50", then a blank line.
+_TRACE = re.compile(r"^=== Source Location Trace: ===\s*$|^[\w/.-]+\.(?:cc|h):\d+$|^$")
 
 
 def is_startup_notice(line: str) -> bool:
@@ -43,14 +46,15 @@ def is_startup_notice(line: str) -> bool:
 
 
 class NoticeFilter:
-    """`passes(line)`: False for TensorFlow's start-up notices and the task lists that follow one."""
+    """`passes(line)`: False for TensorFlow's start-up notices and the task lists and source traces that follow
+    one."""
 
     def __init__(self):
         self._dropped = False
 
     def passes(self, line: str) -> bool:
         text = line.rstrip("\n")
-        drop = is_startup_notice(text) or (self._dropped and (bool(_TASK.match(text))
+        drop = is_startup_notice(text) or (self._dropped and (bool(_TASK.match(text) or _TRACE.match(text))
                                                               or text == "Example stragglers:"))
         self._dropped = drop
         return not drop

@@ -103,7 +103,7 @@ KERAS = _compat.KERAS_VERSION
 # Rows where a Keras's own model.fit is wrong from a version on, and the trainer keeps the numbers it gave before:
 # (the first Keras that is wrong, the history and evaluate keys it gets wrong, why). docs/exactness.md says more.
 KERAS_WRONG_FROM = {
-    "two_outputs_dict": ((3, 16), re.compile(r"^(history\['(val_)?[ab]_loss'\]|evaluate\['[ab]_loss'\])"),
+    "two_outputs_dict": ((3, 16), re.compile(r"^(history\['(val_)?[ab]_loss'\]|evaluate\['([ab]_loss|default)'\])"),
                          "from Keras 3.16 each output's loss tracker is weighted by the batch size where the step "
                          "was traced with a fixed batch size and by 1 where it was traced again for the last batch: "
                          "neither the mean over batches (3.8-3.15, the trainer's) nor over examples"),

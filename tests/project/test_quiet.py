@@ -90,3 +90,12 @@ def test_the_task_list_of_a_dropped_notice_goes_with_it_and_nothing_else():
     lines = ["I0000 00:00:1.0   1 coordination_service.cc:505] Example stragglers:", "/job:worker/replica:0/task:1",
              "Training plan", "/job:worker/replica:0/task:1"]
     assert [line for line in lines if notices.passes(line)] == ["Training plan", "/job:worker/replica:0/task:1"]
+
+
+def test_the_source_trace_tensorflow_2_22_prints_after_a_dropped_notice_goes_with_it():
+    notices = NoticeFilter()
+    lines = ["E0000 00:00:1.0   1 cuda_platform.cc:57] failed call to cuInit: INTERNAL: CUDA error: Failed call to "
+             "cuInit: UNKNOWN ERROR (303)", "=== Source Location Trace: === ",
+             "external/xla/xla/stream_executor/cuda/cuda_status.cc:50", "", "Training plan", "",
+             "external/xla/xla/stream_executor/cuda/cuda_status.cc:50"]
+    assert [line for line in lines if notices.passes(line)] == lines[4:]

@@ -19,8 +19,8 @@ from .patches import Patches
 # A model's state, and the variables behind it ------------------------------------
 #
 # A Keras variable on the TensorFlow backend is a handle on a backing
-# `tf.Variable`, its `_value` (keras/src/backend/tensorflow/core.py,
-# `Variable._initialize`; 3.8-3.16), which is what step functions capture and
+# `tf.Variable`, its `_value` (keras/src/backend/tensorflow/ops/core.py, and
+# backend/tensorflow/core.py before 3.16: `Variable._initialize`), which is what step functions capture and
 # what tf.distribute distributes. `trainer.model.placement` swaps it to move a model
 # into a strategy's scope. Keras's TF optimizer remembers the strategy it was
 # made under (`TFOptimizer._distribution_strategy`) and updates variables

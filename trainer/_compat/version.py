@@ -45,6 +45,12 @@ KERAS_GE_3_15 = KERAS_VERSION >= (3, 15)  # train_on_batch and test_on_batch res
 KERAS_GE_3_16 = KERAS_VERSION >= (3, 16)
 
 
+# tf.data's `Dataset.from_generator` kernel fixes glibc's mmap threshold at 128 KiB for the process
+# (`ApplyPython311MemoryPatch`; `trainer/engine/malloc.py` undoes it). Measured: 2.18 leaves it alone, 2.21 fixes it
+# (Python 3.11 and 3.13), 2.22.0rc0 leaves it alone again (Python 3.11 and 3.12); 2.19 and 2.20 not measured.
+TF_DATA_PINS_MALLOC = (2, 19) <= TF_VERSION < (2, 22)
+
+
 def untested() -> list[str]:
     """The installed versions outside the tested range, in words ("Keras 3.17.0 (tested 3.8-3.16)"), and a Keras
     whose files two distributions wrote."""

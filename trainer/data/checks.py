@@ -47,7 +47,8 @@ def check_data(inp, arg: str, *, steps_arg: str | None, steps: int | None, with_
         if unknown:
             raise ValueError(
                 f"Every component of `{arg}`'s elements needs a known rank, to be batched and checked against "
-                f"the model. Received: {', '.join(unknown)} of unknown rank (as a tf.py_function or "
+                f"the model (model.fit takes them from Keras 3.16, and finds a wrong shape only inside its "
+                f"step). Received: {', '.join(unknown)} of unknown rank (as a tf.py_function or "
                 f"tf.numpy_function output has). Set the shape in the map, e.g. "
                 f"{arg}.map(lambda x, y: (tf.ensure_shape(x, [28, 28, 1]), tf.ensure_shape(y, [])))."
             )

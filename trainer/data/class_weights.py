@@ -30,8 +30,9 @@ def check_class_weight(class_weight: Any) -> None:
             isinstance(k, (numbers.Integral, np.integer)) and isinstance(v, (numbers.Real, np.number))
             for k, v in class_weight.items()):
         raise TypeError(
-            f"`class_weight` must be a dict mapping class indices (int) to weights (float); model.fit ignores keys "
-            f"of other types, so those weights would do nothing. Received: class_weight="
+            f"`class_weight` must be a dict mapping class indices (int) to weights (float); up to Keras 3.15 "
+            f"model.fit ignores keys of other types, so those weights would do nothing (3.16 refuses them). "
+            f"Received: class_weight="
             f"{reprlib.repr(class_weight)} of type {type(class_weight).__name__}. Pass e.g. "
             "class_weight={0: 1.0, 1: 5.0}; classes left out weigh 1.0."
         )

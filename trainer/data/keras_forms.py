@@ -49,9 +49,10 @@ def _keras_view(x: Any, form: str, arg: str, *, class_weight: Any, shuffle: bool
     if form in ("generator", "grain dataset"):
         class_weights.refused(class_weight, f"a {form} (Keras refuses it too)", "the weights in the batches it yields")
     if form == "tf.data.Dataset" and x.cardinality() == 0:
-        raise ValueError(f"`{arg}` must hold at least one example (model.fit would run epochs of no step and "
-                         f"return an empty history). Received: {arg}, an empty tf.data.Dataset (cardinality 0). Pass "
-                         "a dataset with examples (check any .take/.filter/.skip).")
+        raise ValueError(f"`{arg}` must hold at least one example (model.fit runs epochs of no step and "
+                         f"returns an empty history up to Keras 3.15, and refuses it from 3.16). Received: {arg}, an "
+                         "empty tf.data.Dataset (cardinality 0). Pass a dataset with examples (check any "
+                         ".take/.filter/.skip).")
     try:
         view = _compat.keras_view(x, class_weight=None if form == "tf.data.Dataset" else class_weight,
                                   shuffle=shuffle, warn=warn)

@@ -83,7 +83,7 @@ def _common_length(arrays: Any, arg: str) -> int:
             "Make x, y and sample_weight the same length."
         )
     if lengths[0] == 0:
-        raise ValueError(f"`{arg}` must hold at least one example (model.fit would run epochs of no step and "
-                         f"return an empty history). Received: {arg} with 0 examples. Pass arrays with at least one "
-                         "row.")
+        raise ValueError(f"`{arg}` must hold at least one example (model.fit runs epochs of no step and "
+                         f"returns an empty history up to Keras 3.15, and refuses it from 3.16). Received: {arg} "
+                         "with 0 examples. Pass arrays with at least one row.")
     return lengths[0]

@@ -65,6 +65,10 @@ def tune_process(enabled: bool) -> str:
         return ""
     if user_set_threshold():
         return "glibc's mmap threshold as the environment sets it"
+    from trainer._compat.version import TF_DATA_PINS_MALLOC
+
+    if not TF_DATA_PINS_MALLOC:
+        return "glibc's malloc left as found: this TensorFlow's tf.data leaves its mmap threshold alone"
     if not enabled:
         return "left as found (Trainer(tune_malloc=False)); tf.data pins glibc's mmap threshold at 128 KiB"
     if not raised():
@@ -79,7 +83,9 @@ def pin_then_raise() -> bool:
     Building one (empty) `Dataset.from_generator` kernel is what triggers
     TensorFlow's pin; later kernels leave the threshold as it is.
     """
-    if _libc() is None or user_set_threshold():
+    from trainer._compat.version import TF_DATA_PINS_MALLOC
+
+    if _libc() is None or user_set_threshold() or not TF_DATA_PINS_MALLOC:
         return False
     import tensorflow as tf
 

@@ -106,10 +106,10 @@ def _check_keys(feed: _compat.DictFeed, x: dict, arg: str) -> None:
             f"name. Received: {received} (missing: {feed.missing}). The model's inputs are {names}: rename the "
             "keys to match (other keys are ignored, as model.fit ignores them)."
         )
-    moved = [(key, name) for key, name, _ in feed.pairs if key != name]
+    moved = [(key, name) for key, name, _ in feed.pairs if key != name]  # none from Keras 3.16, which feeds by key
     if moved:
         key, name = moved[0]
-        raise ValueError(
+        raise ValueError(  # Keras 3.8-3.15 only
             f"{subject(arg, 'x')} has keys beyond the model's inputs that sort among them, and for a model built on "
             "a dict of Inputs Keras feeds a dict's values in sorted key order, so model.fit would feed "
             f"x[{key!r}] to input {name!r}. Received: {received}; the model's inputs are {names}. Keep only the "

@@ -9,7 +9,8 @@ from .shares import factor, originals
 
 from ..version import KERAS_GE_3_16
 
-# BatchNormalization(synchronized=True)'s statistics: keras/src/backend/tensorflow/nn.py (3.8-3.16), ops/nn.py (3.16)
+# BatchNormalization(synchronized=True)'s statistics: keras/src/backend/tensorflow/ops/nn.py (3.16), and
+# backend/tensorflow/nn.py before
 NN_FILE = f"keras/src/backend/tensorflow/{'ops/' if KERAS_GE_3_16 else ''}nn.py"
 try:
     if KERAS_GE_3_16:
