@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from keras.src.backend.tensorflow.optimizer import TFOptimizer
 from keras.src.losses import loss as loss_module
+from keras.src.metrics.reduction_metrics import Mean
 from keras.src.backend.tensorflow import random as tf_random
 from keras.src.backend.common.variables import Variable as KerasVariable
 from keras.src.optimizers.base_optimizer import BaseOptimizer
@@ -24,7 +25,7 @@ def _keras_functions():
     return (loss_module.scale_loss_for_distribution, loss_module.unscale_loss_for_distribution,
             TFOptimizer._all_reduce_sum_gradients, BaseOptimizer._clip_gradients, BaseOptimizer.apply,
             tf.__internal__.distribute.interim.maybe_merge_call, ParameterServerStrategyExtended._update,
-            tf_nn._compute_moments_sync, KerasVariable.assign_add, KerasVariable.assign_sub,
+            tf_nn._compute_moments_sync, KerasVariable.assign_add, KerasVariable.assign_sub, Mean.update_state,
             *(getattr(tf_random, name) for name in _compat.RANDOM_FUNCTIONS))
 
 
@@ -36,9 +37,10 @@ def test_the_hooks_are_installed_only_while_tracing_and_nest():
             pass
         assert _keras_functions() == inside  # the inner exit leaves the outer's hooks
     assert _keras_functions() == before
-    # Fourteen are replaced while tracing: the synchronized statistics, Keras's five random functions, six of
-    # the replica shares and a variable's two updates; `maybe_merge_call` only inside the one cross-replica apply.
-    assert sum(a is not b for a, b in zip(before, inside)) == 14
+    # Fifteen are replaced while tracing: the synchronized statistics, Keras's five random functions, six of
+    # the replica shares, a variable's two updates and a loss tracker's; `maybe_merge_call` only inside the one
+    # cross-replica apply.
+    assert sum(a is not b for a, b in zip(before, inside)) == 15
 
 
 def test_a_count_summed_over_replicas_counts_every_example_once():

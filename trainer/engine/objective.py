@@ -98,11 +98,9 @@ class Objective:
         """
         count = rows(x)
         sample_weight = self._mask_weights(y_pred, sample_weight, count, global_count)
-        # Keras's per-output loss trackers (multi-output models) add one value per batch,
-        # unweighted: R values, each R * count / global_count times this replica's mean, add up
-        # to R times the batch's mean.
-        replicas = tf.distribute.get_replica_context().num_replicas_in_sync
-        with _compat.replica_share(unscale=replicas * count / global_count):
+        # Each output's loss tracker (multi-output models) takes this replica's mean of that output, weighed by
+        # its rows, so that it logs a mean over examples, as the total loss does.
+        with _compat.replica_share(output_losses=(_compat.compile_loss(self.model), count)):
             if self.model_steps.loss:
                 local = _compat.compute_loss(self.model, x, y, y_pred, sample_weight, training)
             else:

@@ -2,7 +2,8 @@
 
 Each module hooks one family of Keras's (and TensorFlow's) functions:
 
-- `shares`: the replicas' shares of the loss and the gradients (Keras assumes 1/replicas each);
+- `shares`: the replicas' shares of the loss and the gradients (Keras assumes 1/replicas each), and the
+  weight of each output's logged loss;
 - `optimizer`: clipping, gradient accumulation and EMA on the summed gradient;
 - `batch_norm`: synchronized BatchNormalization's statistics over the global batch;
 - `summed_variables`: the updates of variables summed over replicas;
@@ -21,7 +22,8 @@ from ..sharded import _PSExtended
 from .batch_norm import NN_FILE, compute_moments_sync, tf_nn
 from .optimizer import BaseOptimizer, apply, clip_gradients, interim
 from .parameter_servers import ps_update
-from .shares import TFOptimizer, all_reduce_sum_gradients, loss_module, originals, replica_share, scale, unscale
+from .shares import (CompileLoss, Mean, TFOptimizer, all_reduce_sum_gradients, loss_module, originals,
+                     replica_share, scale, tracker_update, unscale)
 from .summed_variables import KerasVariable, summed_update
 
 _LOSS = "keras/src/losses/loss.py"
@@ -31,6 +33,8 @@ _VARIABLE = "Variable (keras/src/backend/common/variables.py)"
 HOOKS = (  # (key, owner, attribute, replacement, where)
     ("scale", loss_module, "scale_loss_for_distribution", scale, _LOSS),
     ("unscale", loss_module, "unscale_loss_for_distribution", unscale, _LOSS),
+    ("tracker_update", Mean, "update_state", tracker_update, "Mean (keras/src/metrics/reduction_metrics.py)"),
+    ("output_losses", CompileLoss, "metrics", None, "CompileLoss (keras/src/trainers/compile_utils.py)"),
     ("gradients", TFOptimizer, "_all_reduce_sum_gradients", all_reduce_sum_gradients, _TF_OPTIMIZER),
     ("clip", BaseOptimizer, "_clip_gradients", clip_gradients, _OPTIMIZER),
     ("apply", BaseOptimizer, "apply", apply, _OPTIMIZER),
@@ -42,8 +46,8 @@ HOOKS = (  # (key, owner, attribute, replacement, where)
     ("ps_update", _PSExtended, "_update", ps_update,
      "ParameterServerStrategyExtended (tensorflow/python/distribute/parameter_server_strategy.py)"),
 )
-_PATCHES = Patches("the replicas' loss and gradient shares, clipping, accumulation, synchronized statistics and "
-                   "summed variables", HOOKS, originals)
+_PATCHES = Patches("the replicas' loss and gradient shares, each output's loss weight, clipping, accumulation, "
+                   "synchronized statistics and summed variables", HOOKS, originals)
 
 __all__ = ["replica_hooks", "replica_share"]
 
