@@ -24,7 +24,7 @@ def _alone() -> None:
         other = metadata.distribution("trainer")
     except metadata.PackageNotFoundError:
         return
-    if "trainer/__init__.py," not in (other.read_text("RECORD") or ""):
+    if not any(line.startswith("trainer/__init__.py,") for line in (other.read_text("RECORD") or "").splitlines()):
         return
     raise ImportError(
         f"Another distribution named `trainer` (version {other.version}: on the package registry, Coqui's "

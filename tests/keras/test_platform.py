@@ -2,6 +2,8 @@
 opt-in it trains, and the plan says what is no longer guaranteed, except without the route to the trainer's steps,
 which no opt-in replaces (tests/scripts/platform_run.py, in fresh interpreters). This file runs in every tier."""
 
+import functools
+
 import pytest
 
 from conftest import run_python, SCRIPTS
@@ -85,7 +87,9 @@ def test_keras_written_by_two_distributions_is_refused_with_the_fix(monkeypatch)
     from trainer._compat import platform, version
 
     monkeypatch.setattr(version.metadata, "distribution", _Distribution)
-    assert version.keras_owners() == ["keras 3.15.1", "keras-nightly 3.16.0.dev2026102704"]
+    # Read once per process: a cache of its own reads the faked distributions, and the process's is kept.
+    monkeypatch.setattr(version, "keras_owners", functools.lru_cache(version.keras_owners.__wrapped__))
+    assert version.keras_owners() == ("keras 3.15.1", "keras-nightly 3.16.0.dev2026102704")
     with pytest.raises(RuntimeError, match=r"Found: .*the keras package written by keras 3\.15\.1 and keras-nightly "
                                            r"3\.16\.0\.dev2026102704, one over the other \(pip uninstall -y keras "
                                            r"keras-nightly"):

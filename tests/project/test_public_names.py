@@ -72,10 +72,11 @@ def _distribution(site: Path, name: str, version: str, record: list[str]) -> Non
 
 def test_beside_the_registrys_trainer_the_import_refuses_and_says_how_to_part_them(tmp_path):
     """Coqui's `trainer` (the registry's name) installs a `trainer` package too: pip writes one over the
-    other. An editable install of a distribution once named `trainer` (this one's old name) installs no copy."""
+    other. An editable install of a distribution once named `trainer` (this one's old name) installs no copy,
+    nor does a package that only nests a folder of that name."""
     coqui, editable = tmp_path / "coqui", tmp_path / "editable"
     _distribution(coqui, "trainer", "0.0.36", ["trainer/__init__.py", "trainer/trainer.py", "trainer/torch.py"])
-    _distribution(editable, "trainer", "0.1.0", ["__editable__.trainer-0.1.0.pth"])
+    _distribution(editable, "trainer", "0.1.0", ["__editable__.trainer-0.1.0.pth", "vendor/trainer/__init__.py"])
     for site, refused in ((coqui, True), (editable, False)):
         proc = run_code("import trainer", timeout=120, cwd=tmp_path, env={"PYTHONPATH": str(site)}, check=False)
         assert (proc.returncode != 0) == refused, proc.stderr[-2000:]

@@ -57,10 +57,12 @@ class Patches:
         return [f"`{attribute}` of {where}" for _, owner, attribute, _, where in self.table
                 if owner is None or not hasattr(owner, attribute)]
 
-    def refuse_if_missing(self) -> None:
-        """Raises RuntimeError naming the missing targets, the tested versions and the fix, where a target of
-        `required` hooks is gone (opted in or not); else returns."""
-        missing = self.missing() if self.required else []
+    def refuse_if_missing(self, missing: list[str] | None = None) -> None:
+        """Raises RuntimeError naming the missing targets (`missing()`, unless given), the tested versions and
+        the fix, where a target of `required` hooks is gone (opted in or not); else returns."""
+        if not self.required:
+            return
+        missing = self.missing() if missing is None else missing
         if missing:
             tested = " and ".join(f"{name} {low[0]}.{low[1]}-{high[0]}.{high[1]}"
                                   for name, (low, high) in TESTED.items())

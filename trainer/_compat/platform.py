@@ -23,11 +23,11 @@ def _range(name: str) -> str:
 def check() -> str:
     """'' where the trainer is tested and every hook's target is there. Else, when the user opted in, the plan's
     note of what differs; otherwise raises RuntimeError naming what was found, the tested range and the way out."""
-    for patches in Patches.registry:
-        patches.refuse_if_missing()  # the route to the trainer's steps: no opt-in runs without it
+    gaps = [(patches, patches.missing()) for patches in Patches.registry]
+    for patches, targets in gaps:
+        patches.refuse_if_missing(targets)  # the route to the trainer's steps: no opt-in runs without it
     versions = untested()
-    missing = [(patches, patches.missing()) for patches in Patches.registry]
-    missing = [(patches.purpose, targets) for patches, targets in missing if targets]
+    missing = [(patches.purpose, targets) for patches, targets in gaps if targets]
     if not versions and not missing:
         return ""
     found = "; ".join([*versions, *(f"no {', '.join(targets)}" for _, targets in missing)])

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 from importlib import metadata
 
 import keras
@@ -66,10 +67,12 @@ def untested() -> list[str]:
     return found
 
 
-def keras_owners() -> list[str]:
+@functools.lru_cache(maxsize=None)
+def keras_owners() -> tuple[str, ...]:
     """The installed distributions whose files make the `keras` package ("keras-nightly 3.16.0.dev2026102704"):
     TensorFlow 2.22 brings `keras-nightly`, and a package that requires `keras` (keras-hub, keras-tuner) then
-    installs that distribution over the same files."""
+    installs that distribution over the same files. Read once per process: the check runs on every entry, and
+    reading the two RECORDs is most of its time."""
     owners = []
     for name in ("keras", "keras-nightly"):
         try:
@@ -78,7 +81,7 @@ def keras_owners() -> list[str]:
             continue
         if any(line.startswith("keras/__init__.py,") for line in (distribution.read_text("RECORD") or "").splitlines()):
             owners.append(f"{name} {distribution.version}")
-    return owners
+    return tuple(owners)
 
 
 def requirement(name: str) -> str:
