@@ -167,11 +167,27 @@ def test_an_interrupted_node_stops_every_node(tmp_path, signum, status):
     assert "[launcher] node 1: interrupted; stopping every task here" in out0
 
 
+def _connected(port: int, timeout: float = 60.0) -> None:
+    """Returns once a node holds a connection to node 0's rendezvous on `port` (an established socket there, in
+    /proc/net/tcp): a fixed 3 s for two launchers to start lost the race on a loaded machine."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with open(table) as rows:
+                for row in rows.readlines()[1:]:
+                    local, state = row.split()[1], row.split()[3]
+                    if state == "01" and int(local.rsplit(":", 1)[1], 16) == port:
+                        return
+        time.sleep(0.1)
+    pytest.fail(f"no node connected to node 0's rendezvous on port {port} within {timeout:.0f} s")
+
+
 def test_sigterm_while_waiting_for_the_nodes_stops_at_once(tmp_path):
     script = _script(tmp_path, "pass\n")
     port = free_ports(1)[0]
     node0, node1 = _node(0, 3, port, script, timeout=60), _node(1, 3, port, script, timeout=60)
-    time.sleep(3)  # node 1 has arrived; node 2 never will
+    _connected(port)
+    time.sleep(1)  # node 0 has heard node 1 out, so node 1 has arrived; node 2 never will
     start = time.monotonic()
     node0.send_signal(signal.SIGTERM)  # not SIGINT: a test run started in the background ignores it
     (out0, out1), failed = _outputs(node0, node1, timeout=20)
