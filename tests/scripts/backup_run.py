@@ -72,8 +72,8 @@ class CountExamples(keras.layers.Layer):
 def build():
     inputs = keras.Input((9,))
     hidden = keras.layers.Dense(32, activation="relu")(CountExamples(len(x))(inputs))
-    # Random state must survive the restart (DROPOUT=0: none, for runs compared across layouts, where each
-    # replica draws its own masks).
+    # Random state must survive the restart (DROPOUT=0: none, in the runs compared across layouts, written before
+    # the trainer gave every layout one device's masks; soak_run.py resumes with dropout on another layout).
     hidden = keras.layers.Dropout(float(os.environ.get("DROPOUT", "0.3")), seed=1)(hidden)
     model = keras.Model(inputs, keras.layers.Dense(3)(hidden))
     model.compile(keras.optimizers.Adam(0.01), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
