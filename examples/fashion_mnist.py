@@ -12,6 +12,10 @@ It prints the plan, shows a progress bar, writes logs, the best and last
 checkpoints and a PNG of the curves under --out, reports test accuracy, then
 restores the last checkpoint into a model built without any strategy and shows
 that its test accuracy matches.
+
+With TRAINER_BACKUP_DIR set (the Slurm batch file and the Kubernetes manifests
+set it), fit backs up under that folder (fit-1/) at each epoch's end and on
+SIGTERM, and the same command run again resumes from it (docs/howto/resume.md).
 """
 
 from __future__ import annotations
