@@ -113,7 +113,8 @@ class Runs:
         call = self._one_pass("predict", model, x, None, None, batch_size=batch_size, steps=steps,
                               callbacks=callbacks, strategy=strategy, planned_batch=planned_batch)
         malloc.tune_process(self.settings.tune_malloc)
-        model = models.from_builder(call.model, strategy, self.settings.seed, self.settings.mixed_precision)
+        model = models.from_builder(call.model, strategy, self.settings.seed, self.settings.mixed_precision,
+                                    self.in_scope)
         sample_x = engine_lib.sample_batch(model, call.inp, call.batch.global_batch_size,
                                            strategy.num_replicas_in_sync)
         with placement.move_in(model, strategy, self.in_scope.table(model, strategy), sample_x, targets=False):

@@ -72,7 +72,8 @@ class Trainer:
         sized from the measured step time to ~1 s per call (see `trainer.engine.fusion`);
         1 when a callback has batch-level hooks, 32 across several workers.
       jit_compile: XLA for the forward and backward pass; "auto" turns it on for
-        GPUs and TPUs only (it slows CNNs down on CPU).
+        GPUs and TPUs only (it slows CNNs down on CPU), and keeps a model's own
+        compile(jit_compile=True or False); the plan's execution row says why.
       mixed_precision: None (float32), "mixed_float16" (GPUs; adds Keras's
         dynamic loss scaling) or "mixed_bfloat16" (TPUs, recent GPUs, CPUs with
         AMX or AVX512_BF16): layers compute in 16 bits, variables and losses
@@ -308,7 +309,7 @@ class Trainer:
             on = self._call_strategy(strategy, model, arguments)
             return run(model, strategy=on, **arguments, **keras_defaults)
 
-        with route_lib.routed(route_lib.Route(engine)):
+        with route_lib.routed(route_lib.Route(engine)), _compat.compile_noted(self._runs.in_scope.jit_asked):
             yield self
 
     # The route from Keras's methods to the runs ---------------------------------

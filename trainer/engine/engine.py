@@ -61,34 +61,48 @@ class LRSettings:
         return scaling.LRPlan(rule, models.base_learning_rate(optimizer), factor, self.warmup_steps)
 
 
-def jit_for(strategy: tf.distribute.Strategy, setting: bool | str, model: Any = None, data_batch: Any = None) -> bool:
-    """XLA or not: the Trainer's setting; for "auto", the compiled model's `jit_compile`, else on for TPUs and GPUs;
-    off where the forward pass synchronizes the replicas (`synchronizes_in_forward_pass`).
+def jit_for(strategy: tf.distribute.Strategy, setting: bool | str, model: Any = None, data_batch: Any = None,
+            compiled_with: bool | str | None = None) -> tuple[bool, str]:
+    """XLA or not, and why for the plan: as the settings ask (`asked_jit`), except where the forward pass
+    synchronizes the replicas (`synchronizes_in_forward_pass`)."""
+    jit, why = asked_jit(strategy, setting, model, compiled_with)
+    if jit and synchronizes_in_forward_pass(strategy, model, data_batch):
+        return False, ("XLA asked for, but the forward pass all-reduces across the replicas (BatchNormalization's "
+                       "global statistics, or the count of masked outputs), which a nested XLA function cannot do")
+    return jit, why
 
-    Keras resolves `compile(jit_compile="auto")` to off on CPU-only machines
-    (XLA slows CNNs down there) and on where the model's layers support it
-    elsewhere; an explicit `compile(jit_compile=...)` is kept as given.
+
+def asked_jit(strategy: tf.distribute.Strategy, setting: bool | str, model: Any = None,
+              compiled_with: bool | str | None = None) -> tuple[bool, str]:
+    """XLA as the settings ask for it, and why, for the plan ("" where the Trainer's setting says it all).
+
+    `Trainer(jit_compile=True or False)` holds. Under "auto", a model's own `compile(jit_compile=True or
+    False)` holds; compile's default "auto" (`compiled_with`, noted where the Trainer saw the compile: a
+    builder, a `Trainer.distribute()` block) is on for GPUs and TPUs where Keras lets the model have XLA,
+    wherever the model was made: Keras turns it off in a strategy's scope, but the trainer's nested XLA
+    function runs there as on one device. Unseen, `model.jit_compile` is Keras's resolution, where a False
+    is the user's except for a model made in a strategy's scope: there it may be "auto", and stays off.
     """
-    return asked_jit(strategy, setting, model) and not synchronizes_in_forward_pass(strategy, model, data_batch)
-
-
-def asked_jit(strategy: tf.distribute.Strategy, setting: bool | str, model: Any = None) -> bool:
-    """XLA as the settings ask for it (`jit_for` without the forward pass's all-reduces)."""
     if setting != "auto":
-        return bool(setting)
-    if _compat.is_model(model) and getattr(model, "compiled", False):
-        return bool(model.jit_compile)
-    return strategy_lib.runs_on_accelerators(strategy)
-
-
-def jit_note(strategy: tf.distribute.Strategy, setting: bool | str, model: Any, jit: bool) -> str:
-    """For the plan: why XLA is off where the settings asked for it, or that the model's compile asked for it."""
-    if not jit and asked_jit(strategy, setting, model):
-        return ("XLA asked for, but the forward pass all-reduces across the replicas (BatchNormalization's "
-                "global statistics, or the count of masked outputs), which a nested XLA function cannot do")
-    if setting == "auto" and getattr(model, "compiled", False) and model.jit_compile:
-        return "XLA from the model's compile(jit_compile=...)"
-    return ""
+        return bool(setting), ""
+    compiled = _compat.is_model(model) and getattr(model, "compiled", False)
+    explicit = compiled_with if compiled and compiled_with != "auto" else None  # None: "auto", or not seen
+    if compiled and model.jit_compile and compiled_with != "auto":
+        return True, "XLA from the model's compile(jit_compile=...)"
+    if explicit is not None:
+        return False, f"off as the model's compile(jit_compile={explicit!r}) left it"
+    if not strategy_lib.runs_on_accelerators(strategy):
+        return False, ""
+    if _compat.is_model(model) and not _compat.supports_jit(model):
+        return False, ("off: Keras gives this model no XLA (a layer with supports_jit=False, or op determinism "
+                       "enabled)")
+    if compiled and compiled_with is None:
+        if not _compat.made_in_strategy_scope(model):
+            return False, "off as the model's compile(jit_compile=False) asked"
+        return False, ("off: the model, made in a strategy's scope, was compiled with jit_compile False, which "
+                       "Keras's \"auto\" resolves to there as an explicit False does. For XLA pass "
+                       "Trainer(jit_compile=True), or build and compile the model in a function passed as `model`")
+    return True, "auto: on for GPUs and TPUs"
 
 
 def synchronizes_in_forward_pass(strategy: tf.distribute.Strategy, model: Any, data_batch: Any = None) -> bool:
@@ -176,7 +190,7 @@ def prepare(
       batch_norm: "global": BatchNormalization layers normalize with the global batch's statistics when
         several replicas train in sync (`models.synchronize_batch_norm`); "per_replica": with each replica's.
     """
-    model = models.from_builder(model, strategy, seed, mixed_precision)
+    model = models.from_builder(model, strategy, seed, mixed_precision, in_scope)
     batch = sample_batch(model, inp, global_batch_size, strategy.num_replicas_in_sync)
     models.check_loss(model, keras.utils.unpack_x_y_sample_weight(batch)[0], training=lr is not None)
     move = placement.move_in(model, strategy, in_scope.table(model, strategy), batch, targets=True)
@@ -189,8 +203,7 @@ def prepare(
             move.undo.append(models.scale_learning_rate(model, strategy, lr_plan))
         if batch_norm == "global" and strategy.num_replicas_in_sync > 1 and not is_parameter_server(strategy):
             move.undo.append(models.synchronize_batch_norm(model))
-        jit = jit_for(strategy, jit_compile, model, batch)
-        note = jit_note(strategy, jit_compile, model, jit)
+        jit, note = jit_for(strategy, jit_compile, model, batch, in_scope.jit_asked.get(model))
         warmup = lr_plan.float_warmup() if lr_plan else None
         scaled = (lr_plan.factor, lr_plan.warmup_steps) if lr_plan else None
         objects = (model, strategy, model.optimizer, _compat.compile_loss(model), _compat.compile_metrics(model))

@@ -25,6 +25,8 @@ class InScope:
     - `backings`: user model -> for each strategy it was moved into, the
       in-scope backing variables made for its variables (`trainer.model.placement`),
       filled again by the next call so that the steps traced on them are reused.
+    - `jit_asked`: model -> the `jit_compile` its `compile` was given (True, False or "auto"), for the models
+      compiled while the Trainer called a builder or ran a `Trainer.distribute()` block (`_compat.compile_noted`).
 
     Keys are weak: the Trainer never keeps a user's model alive.
     """
@@ -32,6 +34,7 @@ class InScope:
     def __init__(self):
         self.backings: "weakref.WeakKeyDictionary[keras.Model, list[tuple[tf.distribute.Strategy, Backings]]]" = \
             weakref.WeakKeyDictionary()
+        self.jit_asked: "weakref.WeakKeyDictionary[keras.Model, bool | str]" = weakref.WeakKeyDictionary()
 
     def table(self, model: keras.Model, strategy: tf.distribute.Strategy) -> Backings:
         """The in-scope backings of `model`'s variables under `strategy`."""
@@ -96,15 +99,17 @@ def check_loss(model: keras.Model, x: Any, *, training: bool) -> None:
 
 
 def from_builder(model: ModelOrBuilder, strategy: tf.distribute.Strategy, seed: int | None,
-                 mixed_precision: str | None = None) -> keras.Model:
+                 mixed_precision: str | None = None, in_scope: InScope | None = None) -> keras.Model:
     """A builder's compiled model, made in `strategy`'s scope after seeding Keras; a model as it is.
 
     Seeding makes a builder's initial weights reproducible; the user's global
-    random generators are left as they were (`_compat.seeded`).
+    random generators are left as they were (`_compat.seeded`). What the
+    builder's `compile` was given for XLA goes in `in_scope.jit_asked`.
     """
     if _compat.is_model(model):
         return model
-    with strategy.scope(), _dtype_policy(mixed_precision), _compat.seeded(seed):
+    notes = in_scope.jit_asked if in_scope is not None else weakref.WeakKeyDictionary()
+    with strategy.scope(), _dtype_policy(mixed_precision), _compat.seeded(seed), _compat.compile_noted(notes):
         model = model()
     check_compiled(model, arg="model()")
     return model
