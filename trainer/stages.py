@@ -31,6 +31,7 @@ from trainer.data import inputs as inputs_lib
 from trainer.data.array_input import ArrayInput
 from trainer.data.dataset_inputs import BatchedInput, DatasetInput
 from trainer.data.pipeline_inputs import FileShardsInput
+from trainer.distribute import strategy as strategy_lib
 from trainer.distribute.cluster import cluster_source, is_parameter_server, restarted, strategy_cluster_info
 from trainer.engine import callback_hooks
 from trainer.engine import engine as engine_lib
@@ -221,6 +222,7 @@ def fit_plan(strategy: tf.distribute.Strategy, inp: inputs_lib.Input, schedule: 
         gradient_values=sum(v.shape.num_elements() or 0 for v in model.trainable_variables),
         gradient_bytes=sum((v.shape.num_elements() or 0) * tf.as_dtype(v.dtype).size
                            for v in model.trainable_variables),
+        devices=strategy_lib.gpus_text(strategy),
     )
 
 

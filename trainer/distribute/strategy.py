@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from trainer import _compat
 from trainer.distribute.cluster import EVALUATOR, ClusterInfo, cluster_info
+from trainer.distribute import gpus
 from trainer.distribute.collectives import mirrored_strategy
 from trainer.distribute.slurm import slurm_addresses, slurm_step
 
@@ -122,6 +123,20 @@ def runs_on_accelerators(strategy: tf.distribute.Strategy) -> bool:
     return any("GPU" in d.upper() for d in devices)
 
 
+def gpus_text(strategy: tf.distribute.Strategy) -> str:
+    """For the plan's replicas row: the GPUs this process's replicas run on, and the CUDA_VISIBLE_DEVICES
+    that chose them ("this worker: GPU:0, GPU:1 of CUDA_VISIBLE_DEVICES=2,3"); "" without GPUs."""
+    if isinstance(strategy, tf.distribute.TPUStrategy) or not runs_on_accelerators(strategy):
+        return ""
+    try:
+        devices = strategy.extended.worker_devices
+    except RuntimeError:
+        devices = [d.name for d in tf.config.list_logical_devices("GPU")]
+    names = ", ".join(d.rsplit("device:", 1)[-1] for d in devices if "GPU" in d.upper())
+    chosen = os.environ.get(gpus.VISIBLE)
+    return f"this worker: {names}" + (f" of {gpus.VISIBLE}={chosen}" if chosen is not None else "")
+
+
 def check_strategy_name(strategy: Any) -> None:
     """Raises a clear error unless `strategy` is a known name or an instance."""
     if isinstance(strategy, tf.distribute.Strategy) or strategy is None:
@@ -228,15 +243,24 @@ def _slurm_resolver() -> tf.distribute.cluster_resolver.ClusterResolver | None:
     """Under an `srun` of several tasks and no TF_CONFIG, the cluster Slurm started; else None (TF_CONFIG's).
 
     Each task computes every task's address alike (`slurm.slurm_addresses`) and
-    computes on the GPUs Slurm let it see (CUDA_VISIBLE_DEVICES, as Slurm set it).
+    computes on the GPUs Slurm let it see (CUDA_VISIBLE_DEVICES, as Slurm set it);
+    where Slurm bound none to each task and several share the node, on its share
+    by SLURM_LOCALID (`gpus.slurm_share`), made visible before TensorFlow starts
+    its devices, which a MultiWorkerMirroredStrategy needs anyway.
     """
     step = slurm_step()
     if os.environ.get("TF_CONFIG") or step is None or step.num_tasks < 2:
         return None
     addresses = slurm_addresses(step, _compat.expand_hostlist, _compat.expand_tasks_per_node)
+    devices = tf.config.list_physical_devices("GPU")
+    share = gpus.slurm_share(os.environ, [str(i) for i in range(len(devices))]) if devices else None
+    if share is not None:
+        first, own, _ = share
+        devices = devices[first:first + len(own)]
+        tf.config.set_visible_devices(devices, "GPU")
     return tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec({"worker": addresses}), task_type="worker", task_id=step.task_id, rpc_layer="grpc",
-        num_accelerators={"GPU": len(tf.config.list_physical_devices("GPU"))})
+        num_accelerators={"GPU": len(devices)})
 
 
 def _parameter_server() -> tf.distribute.Strategy:

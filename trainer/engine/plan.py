@@ -88,6 +88,7 @@ class Plan:
     draws: tuple[str, ...] = ()  # random draws an earlier fit's steps made per replica (Steps.named_draws)
     gradient_values: int = 0  # the trainable variables' values: the gradients summed over the replicas each step
     gradient_bytes: int = 0
+    devices: str = ""  # the GPUs this process computes on, where it has any (strategy_lib.gpus_text)
 
     def __post_init__(self):
         if self.native_bf16 is not None and self.native_bf16 not in BF16_UNITS:
@@ -155,7 +156,8 @@ class Plan:
             lr += f", linear warmup over {self.warmup_steps} steps"
         rows = [
             ("strategy", self.strategy),
-            ("replicas", f"{self.num_replicas} in sync over {self.num_workers} worker(s)"),
+            ("replicas", f"{self.num_replicas} in sync over {self.num_workers} worker(s)"
+                         + (f"; {self.devices}" if self.devices else "")),
             *([("cluster", self.cluster)] if self.cluster else []),
             ("batch", f"global {self.global_batch_size} = {self.per_replica_batch_size} per replica "
                       f"x {self.num_replicas}"

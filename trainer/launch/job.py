@@ -56,6 +56,7 @@ def run(
     env: dict[str, str] | None = None,
     out=None,
     server_command: Callable[[str, int], list[str]] | None = None,
+    gpu_shares: list[list[str]] | None = None,
 ) -> int:
     """Runs `command` as every computing task of a local cluster; returns the exit status.
 
@@ -68,6 +69,8 @@ def run(
         resumes from its backup, which the launcher's `TRAINER_BACKUP_DIR` gives).
       env: the environment (default: this process's).
       out: where prefixed lines go (default: stdout).
+      gpu_shares: each local worker's GPUs (`trainer.distribute.gpus.split`); None leaves CUDA_VISIBLE_DEVICES
+        as the environment has it.
     """
     out = out or sys.stdout
     env = _elastic_env(os.environ if env is None else env, max_restarts, out)
@@ -78,7 +81,8 @@ def run(
             origin = "trainer-launch on this machine" + (f", restart {restart} of {max_restarts}" if restart else "")
             link = links.Alone(can_restart=restart < max_restarts)
             status = run_tasks(command, cluster, tasks(cluster), origin=origin, env=env, out=out,
-                               server_command=server_command, link=link, requested=requested)
+                               server_command=server_command, link=link, requested=requested,
+                               gpu_shares=gpu_shares)
             if not _restarts(link, status, restart, max_restarts, out):
                 return status
             restart += 1
@@ -108,7 +112,7 @@ def _elastic_env(env: Mapping[str, str], max_restarts: int, out) -> dict[str, st
 def run_nodes(command: Sequence[str], *, nnodes: tuple[int, int], node_rank: int, master_addr: str,
               master_port: int, workers: int, secret: bytes, ps: int = 0, node_addr: str | None = None,
               max_restarts: int = 0, last_call: float = 10.0, timeout: float = rendezvous.DEFAULT_TIMEOUT,
-              env: dict[str, str] | None = None, out=None) -> int:
+              env: dict[str, str] | None = None, out=None, gpu_shares: list[list[str]] | None = None) -> int:
     """This machine's part of a job over `nnodes` = (least, most) machines: meets the others at node 0's
     rendezvous (with the job's `secret`), runs its own tasks, and stops with the others when any node fails
     or goes; with restarts left, meets the nodes that are left again and starts over. Returns the exit
@@ -146,7 +150,7 @@ def run_nodes(command: Sequence[str], *, nnodes: tuple[int, int], node_rank: int
                 say(out, f"restart {plan.restart} of {max_restarts}: {layout(plan.cluster, plan.nodes)} "
                           f"now{before}")
             status = run_tasks(command, plan.cluster, plan.tasks, origin=plan.origin, env=env, out=out,
-                               link=plan.link, requested=requested)
+                               link=plan.link, requested=requested, gpu_shares=gpu_shares)
             if not _restarts(plan.link, status, plan.restart, max_restarts, out, after=": meeting at the rendezvous"):
                 if host is not None and status == 0:
                     host.dismiss("the job completed while this node waited to join it at a restart; nothing to do")

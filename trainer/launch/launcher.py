@@ -15,12 +15,14 @@ import os
 import sys
 from typing import Callable, Sequence
 
+from trainer.distribute import gpus
 from trainer.distribute.slurm import slurm_step
 from trainer.launch import rendezvous
 from trainer.launch.agreement import nodes_text
 from trainer.launch.job import run, run_nodes
 from trainer.launch.secret import SECRET_ENV, read_secret
 from trainer.launch.serve import check_serve_config, run_slurm_task, serve
+from trainer.launch.supervise import say
 
 
 def _count(flag: str, minimum: int) -> Callable[[str], int]:
@@ -60,6 +62,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "its machine's GPUs; under srun, srun's tasks are the workers)")
     parser.add_argument("--ps", type=_count("--ps", 0), default=0,
                         help="parameter-server tasks on this machine (default 0)")
+    parser.add_argument("--gpus-per-worker", type=_count("--gpus-per-worker", 0), default=None,
+                        help="GPUs each worker on this machine computes on, given through CUDA_VISIBLE_DEVICES "
+                             "(default: an even share of the machine's GPUs, or of the CUDA_VISIBLE_DEVICES you "
+                             "set; 0: CPU workers)")
     parser.add_argument("--serve", action="store_true",
                         help="run this task's TensorFlow server: the worker and ps tasks of a parameter-server "
                              "cluster, as TF_CONFIG names them")
@@ -110,12 +116,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     least, most = args.nnodes
     if step is not None and step.num_tasks > 1 and not os.environ.get("TF_CONFIG"):
         for flag, value, default in (("--workers", args.workers, None), ("--nnodes", args.nnodes, (1, 1)),
-                                     ("--max-restarts", args.max_restarts, 0)):
+                                     ("--max-restarts", args.max_restarts, 0),
+                                     ("--gpus-per-worker", args.gpus_per_worker, None)):
             if value != default:
                 shown = nodes_text(value) if flag == "--nnodes" else value
                 parser.error(f"under srun, the step's {step.num_tasks} tasks are the cluster. Received: {flag} "
                              f"{shown}. Drop {flag} (choose the tasks with srun -n and -N, and restarts with "
-                             "sbatch --requeue), keep --ps if you want it.")
+                             "sbatch --requeue, the GPUs with srun --gpus-per-task), keep --ps if you want it.")
         try:
             return run_slurm_task(step, command, args.ps)
         except ValueError as err:  # the parameter-server cluster the step's tasks cannot make: nothing started
@@ -126,7 +133,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                          f"--nnodes is 1. Received: --node-rank {args.node_rank}, --master-addr {args.master_addr!r}, "
                          f"--node-addr {args.node_addr!r}. Pass --nnodes N on every machine, or drop them to train "
                          "on this one.")
-        return run(command, workers=args.workers or 2, ps=args.ps, max_restarts=args.max_restarts)
+        workers = args.workers or 2
+        return run(command, workers=workers, ps=args.ps, max_restarts=args.max_restarts,
+                   gpu_shares=_gpu_shares(parser, workers, args.gpus_per_worker))
     shown = nodes_text(args.nnodes)
     if args.node_rank >= most:
         parser.error(f"--node-rank must be 0 to {most - 1} (--nnodes {shown}). Received: --node-rank "
@@ -144,8 +153,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         secret = read_secret(args.rdzv_secret_file)
     except ValueError as err:
         parser.error(str(err))
+    workers = args.workers or 1
+    shares = _gpu_shares(parser, workers, args.gpus_per_worker)
     return run_nodes(command, nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
-                     master_port=args.master_port, workers=args.workers or 1, ps=args.ps, secret=secret,
+                     master_port=args.master_port, workers=workers, ps=args.ps, secret=secret, gpu_shares=shares,
                      node_addr=args.node_addr, max_restarts=args.max_restarts, last_call=float(args.rdzv_last_call),
                      timeout=float(args.rdzv_timeout))
 
+
+
+def _gpu_shares(parser: argparse.ArgumentParser, workers: int, per_worker: int | None) -> list[list[str]] | None:
+    """Each local worker's GPUs (`gpus.split`), said in a start line; None on a machine without GPUs, where the
+    workers' environment stays as it is. A split that can't be made is a usage error, before anything starts."""
+    found, where = gpus.machine_gpus()
+    try:
+        shares = gpus.split(found, workers, per_worker, where=where)
+    except ValueError as err:
+        parser.error(str(err))
+    if not found:
+        return None
+    say(sys.stdout, gpus.shares_text(shares, found))
+    return shares

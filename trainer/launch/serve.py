@@ -15,6 +15,7 @@ import socket
 import time
 
 from trainer.distribute.cluster import LAUNCHER_MARK
+from trainer.distribute import gpus
 from trainer.distribute.slurm import SlurmStep, ps_cluster, slurm_addresses, task_of
 
 
@@ -64,7 +65,13 @@ def _wait_for_the_chief(address: str, poll: float = 1.0, gone_after: int = 3, st
 def run_slurm_task(step: SlurmStep, command: list[str], ps: int) -> int:
     """This task's part of an `srun` of trainer-launch: with `ps`, task 0 runs the script as the chief and the
     others serve (the last `ps` as ps tasks) until it is gone; without, every task runs the script, which
-    reads Slurm's environment itself."""
+    reads Slurm's environment itself. Where Slurm bound no GPUs to each task, a task computes on its share
+    of its node's GPUs (`gpus.slurm_share`)."""
+    share = gpus.slurm_share(os.environ)
+    if share is not None:
+        os.environ[gpus.VISIBLE] = share[2]
+        print(f"[launcher] task {step.task_id}: GPUs {share[2]} ({gpus.VISIBLE}; Slurm bound none to the task)",
+              flush=True)
     if ps == 0:
         os.execv(command[0], command)
     from trainer import _compat

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 
+from trainer.distribute import gpus
 from trainer.distribute.cluster import LAUNCHER_MARK
 from trainer.launch import links
 from trainer.quiet import NoticeFilter, user_chose_logs
@@ -88,29 +89,37 @@ def tf_config(cluster: dict[str, list[str]], task_type: str, index: int) -> str:
 
 def run_tasks(command, cluster: dict[str, list[str]], own: list[tuple[str, int]], *, origin: str,
               env: dict[str, str] | None = None, out=None, server_command=None, link=None,
-              requested: list[int] | None = None) -> int:
-    """Runs this machine's tasks `own` of `cluster` and supervises them; returns the exit status."""
+              requested: list[int] | None = None, gpu_shares: list[list[str]] | None = None) -> int:
+    """Runs this machine's tasks `own` of `cluster` and supervises them; returns the exit status. With
+    `gpu_shares`, this machine's worker tasks, in order, each see theirs (CUDA_VISIBLE_DEVICES), and its
+    chief and ps tasks of a parameter-server cluster none."""
     out = out or sys.stdout
     link = link or links.Alone()
     base_env = {**(os.environ if env is None else env), LAUNCHER_MARK: origin}
     with contextlib.ExitStack() as stack:
         if requested is None:
             requested = stack.enter_context(stop_requests())
-        running = _start_tasks(cluster, own, command, server_command or _server_command, base_env, out, requested)
+        running = _start_tasks(cluster, own, command, server_command or _server_command, base_env, out, requested,
+                               gpu_shares)
         with_ps = "ps" in cluster
         script_tasks = [t for t in running if not with_ps or t.name == "chief:0"]
         return _supervise(running, out, script_tasks, requested, link)
 
 
-def _start_tasks(cluster, own, command, server_command, base_env, out, requested: list[int]) -> list[_Task]:
+def _start_tasks(cluster, own, command, server_command, base_env, out, requested: list[int],
+                 gpu_shares: list[list[str]] | None = None) -> list[_Task]:
     """Starts this machine's tasks (until a stop is requested); if one can't start, stops those that did."""
     with_ps = "ps" in cluster
     running: list[_Task] = []
+    local_workers = [task for task in own if task[0] == "worker"]
     try:
         for kind, index in own:
             if requested:
                 break
             task_env = {**base_env, "TF_CONFIG": tf_config(cluster, kind, index)}
+            if gpu_shares is not None:
+                share = gpu_shares[local_workers.index((kind, index))] if kind == "worker" else []
+                task_env[gpus.VISIBLE] = gpus.visible(share)
             hide_notices = not user_chose_logs(base_env)  # TensorFlow's start-up notices, once per task
             chief = (kind, index) in (("chief", 0), ("worker", 0)) and (not with_ps or kind == "chief")
             if not chief:
