@@ -4,6 +4,7 @@ import io
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -286,3 +287,30 @@ def test_notebook_launcher_reports_a_result_it_cannot_return(tmp_path):
     """)
     proc = run_script(script, timeout=120, check=False)
     assert "RAISED True" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_task_ports_can_be_fixed_for_a_firewall(tmp_path):
+    script = _script(tmp_path, """
+        import json, os
+        print("ports", [a.rsplit(":", 1)[1] for a in json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"]])
+    """)
+    base = job.free_ports(1)[0]  # free a moment ago, and most likely its neighbour too
+    done = _output(_launch(script, options=("--task-port-base", base)))
+    assert done.returncode == 0, done.stdout
+    assert f"ports ['{base}', '{base + 1}']" in done.stdout
+    # the same from the environment
+    done = _output(_launch(script, env={**os.environ, job.PORT_BASE_ENV: str(base)}))
+    assert done.returncode == 0 and f"ports ['{base}', '{base + 1}']" in done.stdout, done.stdout
+
+
+def test_a_fixed_task_port_that_is_taken_is_a_usage_error(tmp_path):
+    script = _script(tmp_path, "print('started')\n")
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = _output(_launch(script, options=("--task-port-base", port)))
+    assert done.returncode == 2 and "started" not in done.stdout
+    assert f"port {port} is taken" in done.stdout and "Pass another --task-port-base" in done.stdout
+    bad = _output(_launch(script, env={**os.environ, job.PORT_BASE_ENV: "80"}))
+    assert bad.returncode == 2 and "TRAINER_TASK_PORT_BASE must be a port from 1024" in bad.stdout

@@ -32,6 +32,30 @@ def free_ports(count: int) -> list[int]:
         return [s.getsockname()[1] for s in sockets]
 
 
+PORT_BASE_ENV = "TRAINER_TASK_PORT_BASE"  # the first of each machine's task ports, as --task-port-base gives it
+
+
+def fixed_ports(base: int) -> Callable[[int], list[int]]:
+    """For `free_ports`'s place: `count` ports from `base` up, the same at every round, so that a firewall
+    between the machines can let them through. Raises ValueError naming a port that is taken."""
+
+    def ports(count: int) -> list[int]:
+        chosen = list(range(base, base + count))
+        for port in chosen:
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the tasks' servers bind
+                try:
+                    s.bind(("", port))
+                except OSError as err:
+                    raise ValueError(
+                        f"--task-port-base {base} gives this machine's {count} tasks the ports {base}-"
+                        f"{base + count - 1}, and port {port} is taken ({err.strerror}). Pass another "
+                        f"--task-port-base (or {PORT_BASE_ENV}), or drop it to let the system choose.") from None
+        return chosen
+
+    return ports
+
+
 def cluster_spec(workers: int, ps: int, ports: Sequence[int]) -> dict[str, list[str]]:
     """The cluster dict: workers only (worker 0 is chief), or chief + workers + ps with --ps."""
     addresses = [f"localhost:{p}" for p in ports]
@@ -57,6 +81,7 @@ def run(
     out=None,
     server_command: Callable[[str, int], list[str]] | None = None,
     gpu_shares: list[list[str]] | None = None,
+    ports: Callable[[int], list[int]] = free_ports,
 ) -> int:
     """Runs `command` as every computing task of a local cluster; returns the exit status.
 
@@ -71,13 +96,14 @@ def run(
       out: where prefixed lines go (default: stdout).
       gpu_shares: each local worker's GPUs (`trainer.distribute.gpus.split`); None leaves CUDA_VISIBLE_DEVICES
         as the environment has it.
+      ports: `count` -> ports for the tasks (`free_ports`, or `fixed_ports`).
     """
     out = out or sys.stdout
     env = _elastic_env(os.environ if env is None else env, max_restarts, out)
     with stop_requests() as requested:
         restart = 0
         while True:
-            cluster = cluster_spec(workers, ps, free_ports(workers + ps + (1 if ps else 0)))
+            cluster = cluster_spec(workers, ps, ports(workers + ps + (1 if ps else 0)))
             origin = "trainer-launch on this machine" + (f", restart {restart} of {max_restarts}" if restart else "")
             link = links.Alone(can_restart=restart < max_restarts)
             status = run_tasks(command, cluster, tasks(cluster), origin=origin, env=env, out=out,
@@ -112,7 +138,8 @@ def _elastic_env(env: Mapping[str, str], max_restarts: int, out) -> dict[str, st
 def run_nodes(command: Sequence[str], *, nnodes: tuple[int, int], node_rank: int, master_addr: str,
               master_port: int, workers: int, secret: bytes, ps: int = 0, node_addr: str | None = None,
               max_restarts: int = 0, last_call: float = 10.0, timeout: float = rendezvous.DEFAULT_TIMEOUT,
-              env: dict[str, str] | None = None, out=None, gpu_shares: list[list[str]] | None = None) -> int:
+              env: dict[str, str] | None = None, out=None, gpu_shares: list[list[str]] | None = None,
+              ports: Callable[[int], list[int]] = free_ports) -> int:
     """This machine's part of a job over `nnodes` = (least, most) machines: meets the others at node 0's
     rendezvous (with the job's `secret`), runs its own tasks, and stops with the others when any node fails
     or goes; with restarts left, meets the nodes that are left again and starts over. Returns the exit
@@ -134,7 +161,7 @@ def run_nodes(command: Sequence[str], *, nnodes: tuple[int, int], node_rank: int
             try:
                 plan = rendezvous.join(nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
                                        master_port=master_port, workers=workers, ps=ps, timeout=timeout,
-                                       free_ports=free_ports, secret=secret, node_addr=node_addr, host=host,
+                                       free_ports=ports, secret=secret, node_addr=node_addr, host=host,
                                        round_=round_, interrupted=lambda: bool(requested))
             except rendezvous.JobEnded as ended:
                 say(out, str(ended))

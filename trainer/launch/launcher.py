@@ -19,7 +19,7 @@ from trainer.distribute import gpus
 from trainer.distribute.slurm import slurm_step
 from trainer.launch import rendezvous
 from trainer.launch.agreement import nodes_text
-from trainer.launch.job import run, run_nodes
+from trainer.launch.job import PORT_BASE_ENV, fixed_ports, free_ports, run, run_nodes
 from trainer.launch.secret import SECRET_ENV, read_secret
 from trainer.launch.serve import check_serve_config, run_slurm_task, serve
 from trainer.launch.supervise import say
@@ -78,6 +78,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     nodes.add_argument("--master-addr", default=None, help="node 0's address, as the other machines reach it")
     nodes.add_argument("--master-port", type=_count("--master-port", 1), default=rendezvous.DEFAULT_MASTER_PORT,
                        help=f"node 0's rendezvous port (default {rendezvous.DEFAULT_MASTER_PORT})")
+    nodes.add_argument("--task-port-base", type=_count("--task-port-base", 1024), default=None, metavar="PORT",
+                       help=f"the first of this machine's task ports, which count up from it: one per worker and "
+                            f"ps task, and one for a chief (default: ${PORT_BASE_ENV}, else ports the system "
+                            f"chooses); fixed ports let a firewall between the machines through")
     nodes.add_argument("--node-addr", default=None,
                        help="the address the other machines reach this one's tasks by (default: --master-addr on "
                             "node 0, elsewhere the address this machine reaches node 0 from)")
@@ -135,7 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "on this one.")
         workers = args.workers or 2
         return run(command, workers=workers, ps=args.ps, max_restarts=args.max_restarts,
-                   gpu_shares=_gpu_shares(parser, workers, args.gpus_per_worker))
+                   gpu_shares=_gpu_shares(parser, workers, args.gpus_per_worker),
+                   ports=_task_ports(parser, args.task_port_base, workers + args.ps + (1 if args.ps else 0)))
     shown = nodes_text(args.nnodes)
     if args.node_rank >= most:
         parser.error(f"--node-rank must be 0 to {most - 1} (--nnodes {shown}). Received: --node-rank "
@@ -155,8 +160,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(err))
     workers = args.workers or 1
     shares = _gpu_shares(parser, workers, args.gpus_per_worker)
+    ports = _task_ports(parser, args.task_port_base, workers + args.ps + 1)
     return run_nodes(command, nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
                      master_port=args.master_port, workers=workers, ps=args.ps, secret=secret, gpu_shares=shares,
+                     ports=ports,
                      node_addr=args.node_addr, max_restarts=args.max_restarts, last_call=float(args.rdzv_last_call),
                      timeout=float(args.rdzv_timeout))
 
@@ -174,3 +181,26 @@ def _gpu_shares(parser: argparse.ArgumentParser, workers: int, per_worker: int |
         return None
     say(sys.stdout, gpus.shares_text(shares, found))
     return shares
+
+
+def _task_ports(parser: argparse.ArgumentParser, base: int | None, count: int) -> Callable[[int], list[int]]:
+    """Where the tasks' ports come from: `count` from --task-port-base (or its variable) up, checked free now,
+    so that a port that is taken is a usage error before anything starts; else ports the system chooses."""
+    if base is None and os.environ.get(PORT_BASE_ENV):
+        given = os.environ[PORT_BASE_ENV]
+        base = int(given) if given.isdigit() else -1
+        if not 1024 <= base <= 65535 - count:
+            parser.error(f"{PORT_BASE_ENV} must be a port from 1024 to {65535 - count}, the first of this "
+                         f"machine's {count} task ports. Received: {PORT_BASE_ENV}={given!r}. Set it to e.g. 23456, "
+                         "or unset it to let the system choose.")
+    if base is None:
+        return free_ports
+    if base > 65535 - count:
+        parser.error(f"--task-port-base must leave room for this machine's {count} task ports (at most "
+                     f"{65535 - count}). Received: --task-port-base {base}. Pass e.g. --task-port-base 23456.")
+    ports = fixed_ports(base)
+    try:
+        ports(count)
+    except ValueError as err:
+        parser.error(str(err))
+    return ports
