@@ -66,6 +66,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="GPUs each worker on this machine computes on, given through CUDA_VISIBLE_DEVICES "
                              "(default: an even share of the machine's GPUs, or of the CUDA_VISIBLE_DEVICES you "
                              "set; 0: CPU workers)")
+    parser.add_argument("--check", action="store_true",
+                        help="run the self-check (python -m trainer.check) as the script: whether one device's "
+                             "numbers hold on these workers, and what they give; takes no script")
     parser.add_argument("--serve", action="store_true",
                         help="run this task's TensorFlow server: the worker and ps tasks of a parameter-server "
                              "cluster, as TF_CONFIG names them")
@@ -108,10 +111,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(str(err))
         serve()
         return 0
-    if args.script is None:
+    if args.check:
+        if args.script is not None:
+            parser.error(f"--check runs the self-check in place of a script. Received: {args.script!r}. Drop the "
+                         "script (trainer-launch --workers 2 --check), or drop --check to run it.")
+        args.script, args.args = "-m", ["trainer.check"]
+    elif args.script is None:
         parser.error("the script to run is missing. Received: no script argument. "
                      "Pass it after the options: trainer-launch --workers 2 train.py [args]")
-    if not os.path.isfile(args.script):
+    if not args.check and not os.path.isfile(args.script):
         found = "a directory" if os.path.isdir(args.script) else "no such file"
         parser.error(f"the script must be an existing Python file. Received: {args.script!r} ({found}, looked "
                      f"for from {os.getcwd()}). Check the path: trainer-launch --workers 2 train.py [args]")
