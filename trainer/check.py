@@ -109,7 +109,8 @@ def machine(tf, cpu_replicas: int) -> dict[str, str]:
         "onednn": {True: "on", False: "off", None: "unknown"}[onednn]
                   + (f" (TF_ENABLE_ONEDNN_OPTS={os.environ['TF_ENABLE_ONEDNN_OPTS']})"
                      if "TF_ENABLE_ONEDNN_OPTS" in os.environ else ""),
-        "xla": "on for the replicas (GPUs)" if gpus else "off (CPUs only; Trainer(jit_compile=True) turns it on)",
+        "xla": ('jit_compile="auto" turns it on for the GPUs, where Keras lets a model have it' if gpus else
+                'off under jit_compile="auto" on CPUs; Trainer(jit_compile=True) turns it on'),
         "cluster": cluster_source() or "this process alone (no TF_CONFIG, no Slurm step of several tasks)",
     }
 
@@ -134,7 +135,7 @@ def exactness(tf, distributed) -> tuple[float, float, float, int]:
     import keras
     import numpy as np
 
-    from trainer import Trainer
+    from trainer.trainer import Trainer
 
     rng = np.random.default_rng(7)
     x = rng.normal(size=(EXAMPLES, 12)).astype("float32")
@@ -178,8 +179,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not gpus and cpu_replicas > 1:
         tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
                                                    [tf.config.LogicalDeviceConfiguration()] * cpu_replicas)
-    from trainer import Trainer, cluster_info
+    from trainer.distribute.cluster import cluster_info
     from trainer.distribute.strategy import resolve_strategy
+    from trainer.trainer import Trainer
 
     # first: a multi-worker strategy must exist before TensorFlow runs anything else
     strategy = resolve_strategy("auto" if clustered or gpus else "mirrored")
@@ -222,7 +224,9 @@ def describe(report: dict) -> str:
     shared = "; CPU replicas on one machine share its cores" if m["gpus"] == "none" and e["replicas"] > 1 else ""
     rows = [
         ("versions", f"Python {v['python']}, TensorFlow {v['tensorflow']}, Keras {v['keras']}, trainer {v['trainer']}"),
-        ("cuda", (f"CUDA {v['cuda']}, cuDNN {v['cudnn']}" if "cudnn" in v else v["cuda"]) + f"; NCCL {v['nccl']}"),
+        ("cuda", (f"TensorFlow built for CUDA {v['cuda']} and cuDNN {v['cudnn']}" if "cudnn" in v else v["cuda"])
+                 + f"; NCCL {v['nccl']}" + ("" if "nvidia" in v["nccl"] or "cudnn" not in v else
+                                             ' (pip install "tensorflow[and-cuda]" brings the CUDA libraries)')),
         ("gpus", f"{m['gpus']} (CUDA_VISIBLE_DEVICES {m['cuda_visible_devices']})"),
         ("cpu", m["cpu"]),
         ("onednn", m["onednn"]),

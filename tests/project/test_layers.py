@@ -19,6 +19,7 @@ LAYERS = [
     {"trainer.stages", "trainer.batching"},
     {"trainer.runs"},
     {"trainer.trainer", "trainer"},
+    {"trainer.check"},
 ]
 
 

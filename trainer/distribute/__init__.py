@@ -2,6 +2,7 @@
 
 - `cluster`: the task's place, from TF_CONFIG, Slurm's environment or a strategy's resolver;
 - `slurm`: the tasks of a Slurm job step (`srun`);
+- `gpus`: which of a machine's GPUs each local worker computes on (pure Python, for the launcher too);
 - `strategy`: strategy names and options -> `tf.distribute.Strategy`, and which strategy a model goes with;
 - `collectives`: distinct collective keys for the MirroredStrategies of one process;
 - `faults`: what a failed collective means, said as what to do;
