@@ -153,3 +153,23 @@ def test_the_plan_names_the_gpus_of_this_worker(monkeypatch):
         class extended:
             worker_devices = ("/job:localhost/replica:0/task:0/device:CPU:0",)
     assert strategy_lib.gpus_text(OnCPUs()) == ""
+
+
+def test_srun_python_script_makes_its_share_visible_before_the_strategy(tmp_path, monkeypatch):
+    # `srun python script.py` without the launcher: the trainer's Slurm resolver shows TensorFlow the task's
+    # GPUs (faked: TensorFlow lists four) before MultiWorkerMirroredStrategy starts the devices.
+    import tensorflow as tf
+
+    from trainer.distribute import strategy as strategy_lib
+
+    for key, value in _srun_env(tmp_path, 4, 1, "2(x2)", 1).items():
+        if key.startswith("SLURM_"):
+            monkeypatch.setenv(key, value)
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    listed = [tf.config.PhysicalDevice(f"/physical_device:GPU:{i}", "GPU") for i in range(4)]
+    shown = []
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: listed if kind == "GPU" else [])
+    monkeypatch.setattr(tf.config, "set_visible_devices", lambda devices, kind: shown.append((devices, kind)))
+    resolver = strategy_lib._slurm_resolver()
+    assert shown == [(listed[2:4], "GPU")]
+    assert resolver.num_accelerators() == {"GPU": 2} and resolver.task_id == 3
