@@ -70,6 +70,7 @@ def test_the_check_fails_with_status_1_when_the_replicas_train_other_numbers(tmp
 @pytest.mark.parametrize("command, message", [
     (("-m", "trainer.check", "--cpu-replicas", "0"), "--cpu-replicas must be an integer >= 1"),
     (("-m", "trainer.launch", "--check", "train.py"), "--check runs the self-check in place of a script"),
+    (("-m", "trainer.launch", "--ps", "1", "--check"), "--check trains on workers in sync"),
 ])
 def test_bad_arguments_are_usage_errors(command, message):
     done = _run(sys.executable, *command, timeout=60)

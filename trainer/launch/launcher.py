@@ -115,6 +115,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.script is not None:
             parser.error(f"--check runs the self-check in place of a script. Received: {args.script!r}. Drop the "
                          "script (trainer-launch --workers 2 --check), or drop --check to run it.")
+        if args.ps:
+            parser.error(f"--check trains on workers in sync, which parameter servers are not. Received: --ps "
+                         f"{args.ps}. Drop --ps: trainer-launch --workers 2 --check.")
         args.script, args.args = "-m", ["trainer.check"]
     elif args.script is None:
         parser.error("the script to run is missing. Received: no script argument. "
@@ -129,12 +132,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if step is not None and step.num_tasks > 1 and not os.environ.get("TF_CONFIG"):
         for flag, value, default in (("--workers", args.workers, None), ("--nnodes", args.nnodes, (1, 1)),
                                      ("--max-restarts", args.max_restarts, 0),
-                                     ("--gpus-per-worker", args.gpus_per_worker, None)):
+                                     ("--gpus-per-worker", args.gpus_per_worker, None),
+                                     ("--task-port-base", args.task_port_base, None)):
             if value != default:
                 shown = nodes_text(value) if flag == "--nnodes" else value
                 parser.error(f"under srun, the step's {step.num_tasks} tasks are the cluster. Received: {flag} "
                              f"{shown}. Drop {flag} (choose the tasks with srun -n and -N, and restarts with "
-                             "sbatch --requeue, the GPUs with srun --gpus-per-task), keep --ps if you want it.")
+                             "sbatch --requeue, the GPUs with srun --gpus-per-task, the ports with "
+                             "TRAINER_SLURM_PORT_BASE), keep --ps if you want it.")
         try:
             return run_slurm_task(step, command, args.ps)
         except ValueError as err:  # the parameter-server cluster the step's tasks cannot make: nothing started
@@ -146,9 +151,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                          f"--node-addr {args.node_addr!r}. Pass --nnodes N on every machine, or drop them to train "
                          "on this one.")
         workers = args.workers or 2
-        return run(command, workers=workers, ps=args.ps, max_restarts=args.max_restarts,
-                   gpu_shares=_gpu_shares(parser, workers, args.gpus_per_worker),
-                   ports=_task_ports(parser, args.task_port_base, workers + args.ps + (1 if args.ps else 0)))
+        ports = _task_ports(parser, args.task_port_base, workers + args.ps + (1 if args.ps else 0))
+        return run(command, workers=workers, ps=args.ps, max_restarts=args.max_restarts, ports=ports,
+                   gpu_shares=_gpu_shares(parser, workers, args.gpus_per_worker))
     shown = nodes_text(args.nnodes)
     if args.node_rank >= most:
         parser.error(f"--node-rank must be 0 to {most - 1} (--nnodes {shown}). Received: --node-rank "
@@ -167,14 +172,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:
         parser.error(str(err))
     workers = args.workers or 1
-    shares = _gpu_shares(parser, workers, args.gpus_per_worker)
     ports = _task_ports(parser, args.task_port_base, workers + args.ps + 1)
+    shares = _gpu_shares(parser, workers, args.gpus_per_worker)  # last: its start line says the job will run
     return run_nodes(command, nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
                      master_port=args.master_port, workers=workers, ps=args.ps, secret=secret, gpu_shares=shares,
                      ports=ports,
                      node_addr=args.node_addr, max_restarts=args.max_restarts, last_call=float(args.rdzv_last_call),
                      timeout=float(args.rdzv_timeout))
-
 
 
 def _gpu_shares(parser: argparse.ArgumentParser, workers: int, per_worker: int | None) -> list[list[str]] | None:
