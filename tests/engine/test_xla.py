@@ -56,6 +56,17 @@ def _compiled(jit_compile="auto", in_scope_of=None, **compile_kwargs):
     return model, notes.jit_asked.get(model)
 
 
+def _built_in_scope(layers):
+    """A builder's model of `layers`, compiled with compile's defaults, and what its compile was given."""
+    def build():
+        model = keras.Sequential(layers)
+        model.compile("sgd", "mse")
+        return model
+    notes = models.InScope()
+    model = models.from_builder(build, mirrored(1), seed=0, in_scope=notes)
+    return model, notes.jit_asked[model]
+
+
 def _decide(strategy, setting, built):
     model, compiled_with = built
     return engine.jit_for(strategy, setting, model, None, compiled_with)
@@ -108,27 +119,17 @@ def test_auto_leaves_xla_off_where_keras_gives_the_model_none():
         def call(self, x):
             return x
 
-    def build():
-        model = keras.Sequential([keras.Input((4,)), NoXLA(), keras.layers.Dense(1)])
-        model.compile("sgd", "mse")
-        return model
-    notes = models.InScope()
-    model = models.from_builder(build, mirrored(1), seed=0, in_scope=notes)
-    jit, why = _decide(GPUS, "auto", (model, notes.jit_asked[model]))
+    built = _built_in_scope([keras.Input((4,)), NoXLA(), keras.layers.Dense(1)])
+    jit, why = _decide(GPUS, "auto", built)
     assert not jit and "supports_jit=False" in why
-    assert _decide(GPUS, True, (model, notes.jit_asked[model])) == (True, "")  # the Trainer's True is the user's
+    assert _decide(GPUS, True, built) == (True, "")  # the Trainer's True is the user's
 
 
 def test_the_forward_pass_all_reduce_keeps_xla_off_on_several_replicas():
-    def build():
-        # synchronized, as the trainer makes every BatchNormalization for a fit on several replicas
-        model = keras.Sequential([keras.Input((4,)), keras.layers.BatchNormalization(synchronized=True),
-                                  keras.layers.Dense(1)])
-        model.compile("sgd", "mse")
-        return model
-    notes = models.InScope()
-    model = models.from_builder(build, mirrored(1), seed=0, in_scope=notes)
-    jit, why = _decide(GPUS, "auto", (model, notes.jit_asked[model]))
+    # synchronized, as the trainer makes every BatchNormalization for a fit on several replicas
+    built = _built_in_scope([keras.Input((4,)), keras.layers.BatchNormalization(synchronized=True),
+                             keras.layers.Dense(1)])
+    jit, why = _decide(GPUS, "auto", built)
     assert not jit and "all-reduces across the replicas" in why
 
 
