@@ -133,6 +133,8 @@ def gpus_text(strategy: tf.distribute.Strategy) -> str:
     except RuntimeError:
         devices = [d.name for d in tf.config.list_logical_devices("GPU")]
     names = ", ".join(d.rsplit("device:", 1)[-1] for d in devices if "GPU" in d.upper())
+    if not names:
+        return ""
     chosen = os.environ.get(gpus.VISIBLE)
     return f"this worker: {names}" + (f" of {gpus.VISIBLE}={chosen}" if chosen is not None else "")
 
