@@ -12,6 +12,7 @@ import threading
 import keras
 import numpy as np
 
+from trainer.data.marks import Mark, Reading
 from trainer.distribute.cluster import BACKUP_DIR_ENV
 from trainer.scaling import rescale_learning_rate, unscaled_learning_rate
 
@@ -45,6 +46,31 @@ def launcher_backup(callbacks: list) -> list:
 def _finite_loss(logs) -> bool:
     loss = (logs or {}).get("loss")
     return loss is None or math.isfinite(loss)
+
+
+def _reading_record(reading: Reading | None, arrays: dict) -> dict | None:
+    """The backup's record of where the reader is (`TrainContext.reading`); its mark's states go in `arrays`."""
+    if reading is None:
+        return None
+    mark = reading.mark
+    record = {"index": reading.index, "step": reading.step, "spent": reading.spent, "mark": None}
+    if mark is not None:
+        record["mark"] = {"index": mark.index, "step": mark.step, "inits_after": mark.inits_after,
+                          "layout": mark.layout, "states": len(mark.states)}
+        arrays.update({f"reader_{i}": np.frombuffer(state, np.uint8) for i, state in enumerate(mark.states)})
+    return record
+
+
+def _reading_of(record: dict | None, backup) -> Reading | None:
+    """The `Reading` a backup holds (`_reading_record`), or None (written before readers were marked)."""
+    if record is None:
+        return None
+    mark = record["mark"]
+    if mark is not None:
+        states = tuple(backup[f"reader_{i}"].tobytes() for i in range(mark["states"]))
+        layout = tuple(mark["layout"]) if mark["layout"] is not None else None
+        mark = Mark(mark["index"], mark["step"], states, mark["inits_after"], layout)
+    return Reading(record["index"], record["step"], record["spent"], mark)
 
 
 class BackupAndRestore(ContextAware):
@@ -206,12 +232,13 @@ class BackupAndRestore(ContextAware):
         metrics = self.context.metric_states if step else None  # an epoch's start resets them
         if metrics is not None:
             arrays.update({f"metrics_{i}": state for i, state in enumerate(metrics)})
+        reading = _reading_record(self.context.reading, arrays)
         plan = self.context.plan
         state = {"epoch": epoch, "step": step, "model_vars": len(self.model.variables),
                  "metric_vars": None if metrics is None else len(metrics),
                  "optimizer_vars": len(self.model.optimizer.variables), "learning_rate": "unscaled",
                  "global_batch_size": plan.global_batch_size, "replicas": plan.num_replicas,
-                 "workers": plan.num_workers}
+                 "workers": plan.num_workers, "reading": reading}
         arrays["state"] = np.asarray(json.dumps(state))
         with writable_dir(self.backup_dir, self.context.is_chief) as directory:
             path = os.path.join(directory, BACKUP)
@@ -248,6 +275,7 @@ class BackupAndRestore(ContextAware):
                     variable.assign(backup[f"{prefix}_{i}"])
             if state.get("metric_vars") is not None:
                 self.context.initial_metric_states = [backup[f"metrics_{i}"] for i in range(state["metric_vars"])]
+            self.context.initial_reading = _reading_of(state.get("reading"), backup)
         if state.get("learning_rate") == "unscaled":
             rescale_learning_rate(self.model.optimizer, self.context.lr_plan)
         return state

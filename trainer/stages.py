@@ -28,6 +28,7 @@ from trainer import _compat, calls, checks, options, scaling
 from trainer.data import class_weights
 from trainer.data import boundary
 from trainer.data import inputs as inputs_lib
+from trainer.data import readers as readers_lib
 from trainer.data.array_input import ArrayInput
 from trainer.data.dataset_inputs import BatchedInput, DatasetInput
 from trainer.data.pipeline_inputs import FileShardsInput
@@ -217,7 +218,7 @@ def fit_plan(strategy: tf.distribute.Strategy, inp: inputs_lib.Input, schedule: 
         placement=moved,
         cluster=cluster_source() if num_workers > 1 or parameter_server or restarted() else "",
         unguarded=unguarded,
-        resume=inp.resume(schedule.user_steps) if resumes else None,
+        resume=inp.resume(schedule.user_steps, num_workers, readers_lib.reads_in_step(strategy)) if resumes else None,
         draws=tuple(draws.values()),
         gradient_values=sum(v.shape.num_elements() or 0 for v in model.trainable_variables),
         gradient_bytes=sum((v.shape.num_elements() or 0) * tf.as_dtype(v.dtype).size

@@ -260,13 +260,20 @@ def test_a_full_disk_mid_backup_keeps_the_previous_backup_and_resumes_from_it(tm
         np.testing.assert_allclose(resumed, expected, rtol=1e-6, atol=1e-7)
 
 
+def _py_map(ds):
+    import tensorflow as tf
+
+    return ds.map(lambda x, y: (tf.ensure_shape(tf.py_function(lambda v: v, [x], tf.float32), x.shape), y))
+
+
 @pytest.mark.parametrize("make, exact, why", [
-    (lambda ds: ds, True, ""),
-    (lambda ds: ds.shuffle(64, seed=1, reshuffle_each_iteration=False), True, ""),
-    (lambda ds: ds.shuffle(64), False, "reshuffles each time it is read"),
-    (lambda ds: ds.interleave(lambda x, y: __import__("tensorflow").data.Dataset.from_tensors((x, y)).shuffle(2)),
-     False, "reshuffles each time it is read"),
-], ids=["plain", "seeded-once", "reshuffled", "inner-shuffle"])
+    (lambda ds: ds, True, "state at its pass's start"),
+    (lambda ds: ds.shuffle(64, seed=1, reshuffle_each_iteration=False), True, "state at its pass's start"),
+    (lambda ds: ds.shuffle(64), True, "a shuffle's seeds, no examples"),
+    (lambda ds: _py_map(ds).shuffle(64), False, "reshuffle_each_iteration), and tf.data can't save this "
+                                                "pipeline's place"),
+    (lambda ds: _py_map(ds), True, "the epoch and step; the resumed run reads the pass again"),
+], ids=["plain", "seeded-once", "reshuffled", "py-function-reshuffled", "py-function"])
 def test_the_plan_says_whether_a_backup_resumes_exactly(tmp_path, capsys, make, exact, why):
     import tensorflow as tf
 
@@ -277,24 +284,29 @@ def test_the_plan_says_whether_a_backup_resumes_exactly(tmp_path, capsys, make, 
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("  resume "))
     if exact:
         assert "exact: a backup resumes at its step to the uninterrupted run's numbers" in row
-        assert "global batch 16" in row
+        assert "global batch 16" in row and why in row, row
     else:
         assert row.split("resume", 1)[1].strip().startswith("not exact: ") and why in row, row
 
 
-def test_the_plan_says_a_resumed_stream_or_parameter_server_run_is_not_exact(tmp_path, capsys):
+def test_the_plan_says_what_a_resumed_stream_holds_and_that_parameter_servers_are_not_exact(tmp_path, capsys):
     import tensorflow as tf
 
+    from trainer.data.input_kind import Resumption
     from trainer.engine.plan import resume_note
 
     x, y, w = tiny_data(64)
     trainer = Trainer(strategy="default", batch_size=16, verbose=1)
-    trainer.fit(tiny_model(), tf.data.Dataset.from_tensor_slices((x, y)).repeat(), epochs=1, steps_per_epoch=2,
-                callbacks=[BackupAndRestore(tmp_path)])
-    assert "not exact: steps_per_epoch cuts one stream of the dataset into epochs" in capsys.readouterr().out
+    stream = tf.data.Dataset.from_tensor_slices((x, y)).repeat()
+    trainer.fit(tiny_model(), stream, epochs=1, steps_per_epoch=2, callbacks=[BackupAndRestore(tmp_path)])
+    assert "holds the tf.data pipeline's state at each epoch's start (with its shuffle and prefetch buffers)" in (
+        capsys.readouterr().out)
+    trainer.fit(tiny_model(), _py_map(stream), epochs=1, steps_per_epoch=2, callbacks=[BackupAndRestore(tmp_path)])
+    assert "not exact: steps_per_epoch cuts one stream of the dataset into epochs, and tf.data can't save" in (
+        capsys.readouterr().out)
     trainer.fit(tiny_model(), (x, y), epochs=1)  # no resuming callback: no row
     assert "  resume " not in capsys.readouterr().out
-    note = resume_note(parameter_server=True, input_note="", global_batch_size=64)
+    note = resume_note(Resumption(), parameter_server=True, global_batch_size=64)
     assert note.startswith("not exact: under parameter-server training each worker repeats its own shard")
 
 

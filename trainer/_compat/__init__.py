@@ -77,6 +77,8 @@ from .keras_methods import (  # noqa: F401
     warns_when_unknown_size_ends,
 )
 from .onednn import onednn_enabled  # noqa: F401
+from . import iterator_state  # noqa: F401
+from .iterator_state import unsaved_state  # noqa: F401
 from .compile_requests import made_in_strategy_scope, noted as compile_noted, supports_jit  # noqa: F401
 from .strategies import (  # noqa: F401
     collective_group_keys,

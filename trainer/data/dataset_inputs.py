@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import tensorflow as tf
 
 from trainer import _compat
-from trainer.data import feed
-from trainer.data.input_kind import InputKind, worker_index
+from trainer.data import feed, marks
+from trainer.data.input_kind import InputKind, Resumption, worker_index
 from trainer.data.readers import GlobalBatches
 from trainer.data.specs import spec_rank
 
@@ -39,29 +39,55 @@ class DatasetKind(InputKind):
         policy, reason = shard_policy(self.dataset, num_workers)
         return policy.name, reason
 
-    def resume(self, steps_per_epoch: int | None) -> str:
-        if steps_per_epoch is not None and self.num_steps(1) is None:
-            return ("steps_per_epoch cuts one stream of the dataset into epochs, and the dataset's length is "
-                    "unknown, so a resumed run reads the stream from its start")
+    def resume(self, steps_per_epoch: int | None, num_workers: int = 1, in_step: bool = True) -> Resumption:
+        stream = steps_per_epoch is not None and self.num_steps(1) is None
+        if self.markable(num_workers):
+            if not stream:
+                where = "its pass's start (a shuffle's seeds, no examples)"
+            elif in_step:
+                where = "each epoch's start (with its shuffle and prefetch buffers)"
+            else:
+                where = "its stream's start (the distributed iterator reads ahead of the steps)"
+            return Resumption(holds=f"the tf.data pipeline's state at {where}, read on to the step when resumed")
+        unsaved = _compat.unsaved_state(self.dataset)
+        why = f"tf.data can't save this pipeline's place ({unsaved}: state outside tf.data)" if unsaved else (
+            "each worker reads its own shard of the dataset (a shard policy set on it)")
+        if stream:
+            return Resumption(f"steps_per_epoch cuts one stream of the dataset into epochs, and {why}, so a resumed "
+                              "run reads the stream from its start")
         shuffles = _compat.dataset_shuffles(self.dataset)
         if any(reshuffles for reshuffles, _ in shuffles):
-            return ("the dataset reshuffles each time it is read (shuffle's reshuffle_each_iteration), and a "
-                    "resumed run's first read is in the first epoch's order")
+            return Resumption(f"the dataset reshuffles each time it is read (shuffle's reshuffle_each_iteration), "
+                              f"and {why}, so a resumed run's first read is in the first epoch's order")
         if not all(seeded for _, seeded in shuffles):
-            return "the dataset shuffles without a seed, so a resumed run reads it in another order"
-        return ""
+            return Resumption(f"the dataset shuffles without a seed, and {why}, so a resumed run reads it in "
+                              "another order")
+        return Resumption(holds="the epoch and step; the resumed run reads the pass again to the step")
 
     def global_batches(self, global_batch_size: int, start_step: int = 0) -> tf.data.Dataset:
         """The dataset in global batches (the last one partial), from global step `start_step` on."""
         raise NotImplementedError
 
+    def markable(self, num_workers: int) -> bool:
+        """Whether a reader's place can be marked (`trainer/data/marks.py`): every worker reads the same global
+        batches, cut by the trainer, from a pipeline whose state tf.data can save."""
+        chosen = self.dataset.options().experimental_distribute.auto_shard_policy
+        whole = num_workers == 1 or (chosen == tf.data.experimental.AutoShardPolicy.AUTO
+                                     and getattr(self, "by_rows", None) is None)
+        return whole and not _compat.unsaved_state(self.dataset)
+
     def worker_batches(self, readers: Readers, start_step: int = 0) -> tf.data.Dataset:
         """The global batches as this worker reads them, of which its replicas take their shares."""
         return self.global_batches(readers.global_batch_size, start_step)
 
-    def reader(self, readers: Readers, epoch: int | None = None, start_step: int = 0, until: int | None = None):
-        """Global batches from `start_step` on (the epochs are the loop's: each reads the dataset again)."""
+    def reader(self, readers: Readers, epoch: int | None = None, start_step: int = 0, until: int | None = None,
+               place: marks.Place | None = None):
+        """Global batches from `start_step` on (the epochs are the loop's: each reads the dataset again); with a
+        `place` (a fit a callback resumes, `markable`), the marked global batches from there."""
         del epoch, until
+        if place is not None and self.markable(readers.num_workers):
+            batches = self.worker_batches(readers)
+            return GlobalBatches(batches, place) if readers.in_step else readers.read_on(batches, place)
         chosen = self.dataset.options().experimental_distribute.auto_shard_policy
         trainer_cut = readers.num_workers == 1 or chosen == tf.data.experimental.AutoShardPolicy.AUTO
         if readers.in_step and trainer_cut:

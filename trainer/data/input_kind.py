@@ -7,11 +7,27 @@ no kind and reads no data: what only one family answers belongs in that family's
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import tensorflow as tf
 
 _PER_WORKER = ("per worker", "each worker reads its own shard, shuffled and repeated; steps go to free workers")
+
+
+@dataclasses.dataclass(frozen=True)
+class Resumption:
+    """How a resumed run reads an input, for the plan's resume row.
+
+    Attributes:
+      why_not: why it reads other batches than the uninterrupted run would; "" where it reads the same.
+      holds: what a backup holds of the input's place, in words.
+      layout: where the place holds, in words; "" for any layout with the same global batch.
+    """
+
+    why_not: str = ""
+    holds: str = ""
+    layout: str = ""
 
 
 class InputKind:
@@ -49,9 +65,9 @@ class InputKind:
     # passes of a fit through one, which shuffles each.
     reader_per_pass = True
 
-    def resume(self, steps_per_epoch: int | None) -> str:
-        """Why a run resumed mid-fit reads other batches than the uninterrupted run would ("" if it can't)."""
-        return ""
+    def resume(self, steps_per_epoch: int | None, num_workers: int = 1, in_step: bool = True) -> Resumption:
+        """How a run resumed mid-fit reads the input, read on `num_workers` workers, in the step or not."""
+        return Resumption(holds="the epoch and step, from which the seed gives the examples' order")
 
     def epoch_begin(self) -> None:
         """Starts an epoch of reading (a PyDataset's workers)."""

@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from trainer.data import arrays as arrays_lib
-from trainer.data import feed
+from trainer.data import feed, marks
 from trainer.data import readers as readers_lib
 from trainer.data.array_input import ArrayInput
 from trainer.data.dataset_inputs import BatchedInput, DatasetInput, DatasetKind, shard_policy
@@ -48,8 +48,25 @@ class Readers:
         # distributing it rewrites its graph, which costs milliseconds each time.
         self._distributed: list[tuple[Input, Any]] = []
 
-    def __call__(self, inp: Input, epoch: int | None = None, start_step: int = 0, until: int | None = None):
+    def __call__(self, inp: Input, epoch: int | None = None, start_step: int = 0, until: int | None = None,
+                 place: marks.Place | None = None):
+        if place is not None:  # a fit a callback resumes: the kinds that can mark their reads take it
+            return inp.reader(self, epoch, start_step, until, place=place)
         return inp.reader(self, epoch, start_step, until)
+
+    @property
+    def layout(self) -> tuple[int, int]:
+        """(replicas, workers) of the strategy."""
+        return self.strategy.num_replicas_in_sync, self.num_workers
+
+    def read_on(self, batches: tf.data.Dataset, place: marks.Place) -> readers_lib.DistributedBatches:
+        """TensorFlow's distributed iterator over global batches read on from a marked iterator of `batches`
+        put at `place`, each replica handed the share the trainer cuts (`feed.cut_shares`)."""
+        iterator, mark = marks.iterator_at(batches, place)
+        read = marks.read_on(iterator)
+        dataset = self.strategy.distribute_datasets_from_function(lambda context: feed.cut_shares(read, context))
+        return readers_lib.DistributedBatches(iter(dataset), composite=has_composite(batches.element_spec),
+                                              mark=mark)
 
     def worker_rows(self, size: int) -> tuple[int, int]:
         """[begin, end) of the rows of a global batch of `size` examples that this worker's replicas compute on."""

@@ -78,6 +78,22 @@ class Passes:
             self.spent = True  # resumed after the pass's last step (killed before the epoch's end was saved)
         return new or first_step > 0 or skipped > 0
 
+    def resume_at(self, epoch: int, first_step: int, index: int, step: int, spent: bool) -> bool:
+        """Begins `epoch` at its step `first_step`, where a backup says its run was: `step` steps read from pass
+        `index`, which was `spent`. True (a reader starts there) unless the epoch has nothing left to read.
+
+        The backup's place, not arithmetic, says where a stream cut by
+        `steps_per_epoch` is: it may have run dry and started again.
+        """
+        self.epoch, self.called_past_end = epoch, False
+        if first_step == 0 and (spent or self.steps_per_epoch is None):  # a new pass, as `begin_epoch` begins
+            self.index, self.step, self.spent = index + 1, 0, False
+        else:
+            self.index, self.step, self.spent = index, step, spent
+        if self.pass_steps is not None and self.step >= self.pass_steps:
+            self.spent = True
+        return not self.spent
+
     def call_steps(self, epoch_step: int, wanted: int) -> int:
         """Steps the epoch's next call may run, from its step `epoch_step`: at most `wanted`, and 0 once the
         epoch is over."""

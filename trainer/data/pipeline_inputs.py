@@ -15,7 +15,8 @@ import tensorflow as tf
 
 from trainer import _compat
 from trainer.data.dataset_inputs import BatchedInput, DatasetInput
-from trainer.data.input_kind import InputKind
+from trainer.data import marks
+from trainer.data.input_kind import InputKind, Resumption
 from trainer.data.readers import DistributedBatches
 from trainer.distribute.cluster import strategy_cluster_info
 
@@ -76,12 +77,43 @@ class FunctionInput(InputKind):
             leading = int(tf.shape(tf.nest.flatten(next(iter(dataset)))[0])[0])
         return int(leading) * replicas
 
-    def resume(self, steps_per_epoch: int | None) -> str:
-        return "a dataset function's pipelines start again from their first batch"
+    def resume(self, steps_per_epoch: int | None, num_workers: int = 1, in_step: bool = True) -> Resumption:
+        if not self.markable(num_workers):
+            unsaved = _compat.unsaved_state(self._probe())
+            why = (f"tf.data can't save its pipelines' place ({unsaved}: state outside tf.data)" if unsaved else
+                   "each worker's pipeline is its own" if num_workers > 1 else
+                   "its pipelines are one per replica (InputReplicationMode.PER_REPLICA)")
+            return Resumption(f"a dataset function's pipelines start again from their first batch: {why}")
+        return Resumption(holds="the state of the function's tf.data pipeline at its pass's start, read on to the "
+                                "step when resumed",
+                          layout="on this layout, whose input context the pipeline was made for; on another, "
+                                 "the pipelines start the epoch again from their first batch")
 
-    def reader(self, readers: Readers, epoch: int | None = None, start_step: int = 0, until: int | None = None):
-        del epoch, start_step, until  # it restarts the epoch
-        return DistributedBatches(iter(self._read_by(readers.strategy)))
+    def markable(self, num_workers: int) -> bool:
+        """Whether a reader's place can be marked (`trainer/data/marks.py`): one worker, one pipeline, whose state
+        tf.data can save. Several workers' pipelines are each their own, and a backup holds the chief's."""
+        per_replica = (self.options is not None and self.options.experimental_replication_mode
+                       == tf.distribute.InputReplicationMode.PER_REPLICA)
+        return num_workers == 1 and not per_replica and not _compat.unsaved_state(self._probe())
+
+    def reader(self, readers: Readers, epoch: int | None = None, start_step: int = 0, until: int | None = None,
+               place: marks.Place | None = None):
+        """The function's batches; with a `place` (a fit a callback resumes, `markable`), from there, read on
+        from a marked iterator of its pipeline. Without one, a resumed run restarts the epoch."""
+        del epoch, start_step, until
+        if place is None or not self.markable(readers.num_workers):
+            return DistributedBatches(iter(self._read_by(readers.strategy)))
+        replicas, workers = readers.layout
+        made = []
+
+        def pipeline(context: tf.distribute.InputContext) -> tf.data.Dataset:
+            iterator, mark = marks.iterator_at(self.fn(context), place, per_step=replicas // workers,
+                                               layout=readers.layout)
+            made.append(mark)
+            return marks.read_on(iterator)
+
+        dataset = readers.strategy.distribute_datasets_from_function(pipeline, self.options)
+        return DistributedBatches(iter(dataset), mark=made[0])
 
     def per_worker_dataset(self, ctx: tf.distribute.InputContext, num_workers: int,
                            global_batch_size: int) -> tf.data.Dataset:
@@ -145,8 +177,8 @@ class FileShardsInput(InputKind):
     def sample(self, n: int) -> Any:
         return self.source.sample(n)
 
-    def resume(self, steps_per_epoch: int | None) -> str:
-        return "the file shards are read again from their start"
+    def resume(self, steps_per_epoch: int | None, num_workers: int = 1, in_step: bool = True) -> Resumption:
+        return Resumption("the file shards are read again from their start")
 
     def examples(self) -> tf.data.Dataset:
         """The user's dataset as single examples."""

@@ -15,6 +15,7 @@ from typing import Any, Iterator
 import numpy as np
 import tensorflow as tf
 
+from trainer.data import marks
 from trainer.data.arrays import OrderFn, computed_slices, fed_dtype, take, uniform_rows
 from trainer.data.specs import has_composite
 from trainer.distribute import strategy as strategy_lib
@@ -147,12 +148,22 @@ class GlobalBatches:
     A step call runs steps of one shape only (see `ArrayFeed.fetches`). A batch
     whose shapes differ from those of the call's first step ends the call unrun:
     it is `held` here, and it is the first step of the next call.
+
+    With a `place` (a fit a callback resumes), the iterator starts there, and
+    `mark` is the mark of its pass (`trainer/data/marks.py`).
     """
 
-    def __init__(self, dataset: tf.data.Dataset):
-        self.iterator = iter(dataset)
+    def __init__(self, dataset: tf.data.Dataset, place: marks.Place | None = None):
+        self.iterator, self.mark = marks.iterator_at(dataset, place)
         self.held = tf.experimental.Optional.empty(self.iterator.element_spec)
         self.composite = has_composite(dataset.element_spec)  # see `DistributedBatches`
+
+    def mark_here(self, index: int, step: int) -> marks.Mark | None:
+        """A mark of where the iterator is, as pass `index` at `step` (a stream's epoch start); None while a
+        batch is held, which the iterator's state would not hold."""
+        if self.held.has_value():
+            return None
+        return marks.mark_here(self.iterator, index, step)
 
     def run(self, loops, num_steps: int) -> int:
         """Runs up to `num_steps` steps through `loops.global_batches`; returns how many ran."""
@@ -182,10 +193,14 @@ class DistributedBatches:
     step to step and from replica to replica; a collective whose shape changes
     inside a call's loop aborts (see trainer/engine/steps.py), so each step runs in a
     call of its own.
+
+    It reads ahead of the steps, so a stream's place is marked only at its
+    pass's start.
     """
 
-    def __init__(self, iterator: Any, *, composite: bool = False):
+    def __init__(self, iterator: Any, *, composite: bool = False, mark: marks.Mark | None = None):
         self.iterator, self.composite = iterator, composite
+        self.mark = mark  # of the iterators the distributed pipeline reads on from (`marks.read_on`)
 
     def run(self, loops, num_steps: int) -> int:
         """Runs up to `num_steps` steps through `loops.distributed`; returns how many ran."""

@@ -13,6 +13,7 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
+from trainer.data.marks import Reading
 from trainer.distribute.cluster import ClusterInfo
 from trainer.engine.fusion import StepFusion
 from trainer.engine.plan import Plan
@@ -45,6 +46,12 @@ class TrainContext:
       on_leave: what callbacks set up for the fit's duration and undo when it
         leaves, whether it ends or raises (Keras's protocol has no hook for an
         error): BackupAndRestore's SIGTERM handler. Run last first.
+      resumable: a callback resumes the fit (`resumes = True`): the readers mark
+        their places (`trainer/data/marks.py`).
+      reading: where the reader is at the last step boundary (`marks.Reading`),
+        while the fit is resumable; a backup holds it.
+      initial_reading: a backup's `reading`, where a resumed fit's first reader
+        starts (set by a resuming callback in `on_train_begin`).
       deferred: what a callback leaves (`defer`) for once every callback has had
         the step's or the epoch's end hook: BackupAndRestore's save, so that a
         backup never says an epoch is done before a logger wrote its row or a
@@ -67,6 +74,9 @@ class TrainContext:
     lr_plan: Any = None
     on_leave: list[Callable[[], None]] = dataclasses.field(default_factory=list)
     deferred: list[Callable[[], None]] = dataclasses.field(default_factory=list)
+    resumable: bool = False
+    reading: Reading | None = None
+    initial_reading: Reading | None = None
 
     @property
     def is_chief(self) -> bool:

@@ -12,6 +12,7 @@ from typing import Any, Callable, ContextManager, Protocol
 import keras
 
 from trainer import _compat
+from trainer.data.marks import Mark, Place, Reading
 from trainer.data.passes import RAN_OUT, Passes
 from trainer.distribute.faults import explained_collective_errors
 from trainer.engine.callback_hooks import overrides_batch_hooks
@@ -47,7 +48,7 @@ class StepSource(Protocol):
     objective: Any  # whose results are the train logs
     passes: Passes  # where each epoch reads, as Keras's epoch iterator cuts the input
 
-    def begin(self) -> None:
+    def begin(self, context: TrainContext) -> None:
         """Called once, after `on_train_begin`."""
 
     def epoch(self, epoch: int, first_step: int) -> ContextManager[Callable[[int], int]]:
@@ -61,7 +62,11 @@ class ReaderSteps:
     """Steps read from the input on this process's replicas (every strategy but parameter-server training).
 
     Arrays are read through one reader across epochs, which shuffles each pass;
-    other inputs get a reader for each pass that `passes` begins.
+    other inputs get a reader for each pass that `passes` begins. While a
+    callback resumes the fit (`TrainContext.resumable`), the readers mark
+    their places (`trainer/data/marks.py`) and `context.reading` says where
+    the reading is at each step boundary; a resumed fit's first reader starts
+    at `context.initial_reading`.
     """
 
     def __init__(self, steps: Steps, make_reader: MakeReader, inp: Any, *, passes: Passes, epochs: int):
@@ -72,23 +77,37 @@ class ReaderSteps:
         self._held: list = []  # the reader, alone, so that `release` can destroy it off the main thread
         self._epoch = 0
         self._fresh_and_empty = False  # a reader made for this pass that has not given a step yet
+        self._context: TrainContext | None = None  # while a callback resumes the fit: it marks its reads
+        self._mark: Mark | None = None  # the latest mark of the reader's place
 
-    def begin(self) -> None:
+    def begin(self, context: TrainContext) -> None:
         # after a resume's restore; only where the installed Keras's own fit calls past the end
         if self.passes.pass_steps is None and self.inp.unknown_to_keras and _compat.one_step_calls_past_end():
             self._past_end = PastEnd(self.steps.model)
+        if context.resumable and self.inp.reader_per_pass:  # arrays' places follow from the seed and the step
+            self._context = context
 
     @contextlib.contextmanager
     def epoch(self, epoch: int, first_step: int):
         self.inp.epoch_begin()
         self._epoch = epoch
-        placed = self.passes.begin_epoch(epoch, first_step)
+        saved = self._context.initial_reading if self._context is not None else None
+        if saved is not None:  # a backup's: the first epoch starts where the backed-up run was
+            self._context.initial_reading = None
+            placed = self.passes.resume_at(epoch, first_step, saved.index, saved.step, saved.spent)
+            self._mark = saved.mark
+        else:
+            placed = self.passes.begin_epoch(epoch, first_step)
         if self.passes.spent:
             pass  # resumed after the pass's last step: no reader, whose read-ahead would take the next pass's
         elif not self._held or (placed and self.inp.reader_per_pass):
             # Arrays: one reader for the passes the remaining epochs can read (at most one new pass each).
             self._new_reader(epoch=self.passes.index, start_step=self.passes.step,
                              until=self.passes.index + self.epochs - epoch)
+        elif self._context is not None and hasattr(self._held[0], "mark_here"):
+            # a stream read on into this epoch: a mark here, so a resume reads on from this epoch's start
+            self._mark = self._held[0].mark_here(self.passes.index, self.passes.step) or self._mark
+        self._note_reading()
         try:
             yield self.run
         except BaseException:
@@ -98,10 +117,15 @@ class ReaderSteps:
             self._past_end.apply()  # what model.fit's call past the end changes without a batch
         if self.passes.spent and self.inp.reader_per_pass:
             release(self._held)
-        release(self.inp.epoch_end(read_all=self.passes.steps_per_epoch is None))
+        started = self.inp.epoch_end(read_all=self.passes.steps_per_epoch is None)
+        if started and self._mark is not None:  # each moves a reshuffling seed generator on, as Keras's does
+            self._mark = dataclasses.replace(self._mark, inits_after=self._mark.inits_after + len(started))
+        release(started)
+        self._note_reading()
 
     def run(self, num_steps: int) -> int:
         ran = self.steps.train(self._held[0], num_steps)
+        self._note_reading(ran)
         if self._past_end is not None:
             self._past_end.took(ran)
         if ran:
@@ -115,8 +139,23 @@ class ReaderSteps:
 
     def _new_reader(self, **where) -> None:
         release(self._held)
+        if self._context is not None:
+            where["place"] = Place(self.passes.index, self.passes.step, self._mark, self.passes_layout)
         self._held.append(self.make_reader(self.inp, **where))
+        self._mark = getattr(self._held[0], "mark", None)
         self._fresh_and_empty = True
+
+    @property
+    def passes_layout(self) -> tuple[int, int]:
+        plan = self._context.plan
+        return plan.num_replicas, plan.num_workers
+
+    def _note_reading(self, ran: int = 0) -> None:
+        """Tells the context where the reading is (`context.reading`), `ran` steps on from `passes`' count:
+        a call's steps are counted in `passes` after it returns."""
+        if self._context is not None:
+            passes = self.passes
+            self._context.reading = Reading(passes.index, passes.step + ran, passes.spent, self._mark)
 
     def end(self) -> None:
         release(self._held)
@@ -152,7 +191,8 @@ def _run_epochs(source: StepSource, context: TrainContext, callbacks: keras.call
     if resumed:
         context.initial_epoch, context.initial_step = resumed, 0
     source.steps.sync_warmup()
-    source.begin()
+    context.resumable = keep_states
+    source.begin(context)
     logs: dict[str, Any] = {}
     with explained_collective_errors(context):  # the steps, the metric reads and validation all gather
         for epoch in range(context.initial_epoch, context.epochs):

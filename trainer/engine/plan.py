@@ -10,6 +10,8 @@ from trainer.engine.fusion import TARGET_CALL_SECONDS
 if TYPE_CHECKING:
     import tensorflow as tf
 
+    from trainer.data.input_kind import Resumption
+
 # Names TF's classes go by in the distributed-training guide.
 _STRATEGY_LABELS = {
     "CollectiveAllReduceStrategy": "MultiWorkerMirroredStrategy",
@@ -83,8 +85,8 @@ class Plan:
     placement: str = ""  # how the model entered the strategy's scope (placement.Move.describe), when it moved
     cluster: str = ""  # where the tasks' cluster came from (cluster.cluster_source), on several tasks
     unguarded: tuple[str, ...] = ()  # callbacks that run on every worker without knowing it (callback_hooks.unguarded)
-    resume: str | None = None  # None unless a callback resumes training; then the input's reason a backup can't
-    # resume it exactly (`Input.resume`), "" when it can
+    resume: Resumption | None = None  # None unless a callback resumes training; then how a backup resumes the
+    # input (`Input.resume`)
     draws: tuple[str, ...] = ()  # random draws an earlier fit's steps made per replica (Steps.named_draws)
     gradient_values: int = 0  # the trainable variables' values: the gradients summed over the replicas each step
     gradient_bytes: int = 0
@@ -194,7 +196,7 @@ class Plan:
         if self.unguarded and self.num_workers > 1:
             rows.append(("callbacks", unguarded_note(self.unguarded, self.num_workers)))
         if self.resume is not None:
-            rows.append(("resume", resume_note(parameter_server=self.repeated_data, input_note=self.resume,
+            rows.append(("resume", resume_note(self.resume, parameter_server=self.repeated_data,
                                                global_batch_size=self.global_batch_size)))
         if self.draws:
             rows.append(("random draws", draws_note(self.draws)))
@@ -221,15 +223,18 @@ def _size(count: int) -> str:
     return f"{count} bytes"
 
 
-def resume_note(*, parameter_server: bool, input_note: str, global_batch_size: int) -> str:
-    """How exactly a backup resumes, in words: `input_note` is the input's reason it can't (`Input.resume`)."""
+def resume_note(resumption: Resumption, *, parameter_server: bool, global_batch_size: int) -> str:
+    """How exactly a backup resumes, in words: the input's `Resumption`, unless parameter servers train."""
     if parameter_server:
-        input_note = ("under parameter-server training each worker repeats its own shard and takes steps as it "
-                      "frees up, and a resumed run starts the workers' streams again")
-    if input_note:
-        return f"not exact: {input_note}; it trains on from the backup's weights, optimizer state and position"
-    return (f"exact: a backup resumes at its step to the uninterrupted run's numbers, on any layout with global "
-            f"batch {global_batch_size}")
+        return ("not exact: under parameter-server training each worker repeats its own shard and takes steps as it "
+                "frees up, and a resumed run starts the workers' streams again; it trains on from the backup's "
+                "weights, optimizer state and position")
+    if resumption.why_not:
+        return (f"not exact: {resumption.why_not}; it trains on from the backup's weights, optimizer state and "
+                "position")
+    layout = resumption.layout or f"on any layout with global batch {global_batch_size}"
+    holds = f"; the backup holds {resumption.holds}" if resumption.holds else ""
+    return f"exact: a backup resumes at its step to the uninterrupted run's numbers, {layout}{holds}"
 
 
 def unguarded_note(names: tuple[str, ...] | list[str], num_workers: int) -> str:

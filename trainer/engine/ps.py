@@ -100,7 +100,7 @@ class ScheduledSteps:
 
         self._scheduled_step = scheduled_step
 
-    def begin(self) -> None:
+    def begin(self, context) -> None:
         """After `on_train_begin` (a resumed run has restored the optimizer's step count)."""
         self._counter = _compat.step_counter(self.steps.model.optimizer)
         self._iterations = int(self._counter.numpy())

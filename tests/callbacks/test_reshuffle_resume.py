@@ -1,0 +1,129 @@
+"""A run SIGKILLed mid-epoch and resumed reads the rest of the cut epoch exactly, for tf.data pipelines that
+reshuffle each pass (issue 74's table): every epoch reads each example once, and a seeded pipeline ends on
+the uninterrupted run's weights and history, on another layout and through either reader too.
+
+Each case kills tests/scripts/reshuffle_run.py at epoch 1, step 5 (the backup of step 3 survives), runs it
+again, and compares with an uninterrupted run of the same pipeline (2 CPU replicas, the in-step reader).
+"""
+
+import ast
+import signal
+
+import numpy as np
+import pytest
+
+from conftest import SCRIPTS, run_script, script_failed
+
+SCRIPT = str(SCRIPTS / "reshuffle_run.py")
+EPOCHS = 3
+ACCELERATOR = {"TRAINER_ACCELERATOR_READER": "1"}  # the distributed iterator's reader, as on GPUs
+
+
+def _run(workdir, pipe, *kill, env=None, workers=0):
+    launch = ("--workers", workers) if workers else ()
+    layout = {"REPLICAS": "1"} if workers else {}
+    return run_script(SCRIPT, workdir / "backup", workdir / "out.npz", *map(str, kill), launch=launch,
+                      env={"PIPE": pipe, **layout, **(env or {})}, check=False, timeout=400)
+
+
+def _history(proc) -> dict:
+    line = next(line for line in proc.stdout.splitlines() if "history {" in line)
+    return ast.literal_eval(line.split("history ", 1)[1])
+
+
+def _counts(workdir) -> list[np.ndarray]:
+    """How often training had read each example by each epoch's end."""
+    return [np.load(workdir / f"out_counts{epoch}.npy") for epoch in range(EPOCHS)]
+
+
+def _weights(workdir) -> list[np.ndarray]:
+    with np.load(workdir / "out.npz") as f:
+        return [f[k] for k in sorted(f.files, key=lambda k: int(k.split("_")[1]))]
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    """The uninterrupted run of each pipeline, made when a test first asks for it."""
+    made = {}
+
+    def reference(pipe):
+        if pipe not in made:
+            workdir = tmp_path_factory.mktemp(f"uninterrupted-{pipe}")
+            proc = _run(workdir, pipe)
+            assert proc.returncode == 0, script_failed(proc)
+            made[pipe] = workdir, _history(proc)
+        return made[pipe]
+
+    return reference
+
+
+def _killed_and_resumed(workdir, pipe, *, env=None, resume_env=None, workers=0):
+    first = _run(workdir, pipe, 1, 5, env=env, workers=workers)
+    if workers:
+        assert first.returncode != 0 and "resuming" not in first.stdout, script_failed(first)
+    else:
+        assert first.returncode == -signal.SIGKILL, script_failed(first)
+    second = _run(workdir, pipe, env={**(env or {}), **(resume_env or {})}, workers=workers)
+    assert second.returncode == 0, script_failed(second)
+    assert "BackupAndRestore: resuming from epoch 1, step 3" in second.stdout, script_failed(second)
+    row = next(line for line in second.stdout.splitlines() if "  resume " in line)
+    assert "resume         exact: a backup resumes at its step" in row, row
+    return second
+
+
+def _assert_each_example_once_an_epoch(workdir):
+    for epoch, counts in enumerate(_counts(workdir)):
+        np.testing.assert_array_equal(counts, np.full(700, epoch + 1.0), err_msg=f"epoch {epoch}")
+
+
+def _assert_uninterrupted(workdir, second, reference):
+    """The resumed run's counts after every epoch, its history from the resumed epoch on and its final weights
+    are the uninterrupted run's."""
+    ref_dir, ref_history = reference
+    for epoch, (counts, expected) in enumerate(zip(_counts(workdir), _counts(ref_dir))):
+        np.testing.assert_array_equal(counts, expected, err_msg=f"epoch {epoch}")
+    history = _history(second)
+    assert history.keys() == ref_history.keys()
+    for key, values in history.items():
+        assert values == pytest.approx(ref_history[key][1:], rel=1e-6, abs=1e-6), key
+    for resumed, expected in zip(_weights(workdir), _weights(ref_dir)):
+        np.testing.assert_allclose(resumed, expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pipe, env, resume_env", [
+    ("seeded", None, None),
+    # written by the distributed iterator's reader on 2 replicas, resumed in the step on 1
+    ("seeded", ACCELERATOR, {"REPLICAS": "1", "TRAINER_ACCELERATOR_READER": "0"}),
+    pytest.param("batched", None, None, marks=pytest.mark.full),
+    ("ops", None, None),
+    ("function", ACCELERATOR, None),
+    ("stream", None, None),
+    pytest.param("stream", ACCELERATOR, None, marks=pytest.mark.full),
+    pytest.param("ops", ACCELERATOR, None, marks=pytest.mark.full),
+], ids=["seeded", "seeded-on-1-replica", "batched", "ops", "function", "stream", "stream-distributed",
+        "ops-distributed"])
+def test_a_seeded_pipeline_resumes_to_the_uninterrupted_run(tmp_path, references, pipe, env, resume_env):
+    second = _killed_and_resumed(tmp_path, pipe, env=env, resume_env=resume_env)
+    _assert_uninterrupted(tmp_path, second, references(pipe))
+    if pipe != "stream":  # a stream's epochs are not passes: the uninterrupted run's counts are the check
+        _assert_each_example_once_an_epoch(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env", [None, pytest.param(ACCELERATOR, marks=pytest.mark.full)],
+                         ids=["in-step", "distributed"])
+def test_an_unseeded_shuffle_resumed_reads_each_example_once_an_epoch(tmp_path, env):
+    """Without a seed the orders are the process's own, so only the examples read can be compared: the backup
+    holds the cut pass's seeds, and the resumed epoch reads the rest of it."""
+    _killed_and_resumed(tmp_path, "unseeded", env=env)
+    _assert_each_example_once_an_epoch(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_seeded_shuffle_resumes_on_two_workers_to_one_process_numbers(tmp_path, references):
+    """trainer-launch --workers 2, one replica each, both killed at epoch 1, step 5: the relaunched job ends on
+    the uninterrupted single-process run's weights."""
+    second = _killed_and_resumed(tmp_path, "seeded", workers=2)
+    _assert_uninterrupted(tmp_path, second, references("seeded"))
+    _assert_each_example_once_an_epoch(tmp_path)
