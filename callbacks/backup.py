@@ -8,6 +8,8 @@ import math
 import os
 import signal
 import threading
+import warnings
+import zlib
 
 import keras
 import numpy as np
@@ -22,6 +24,7 @@ from ._preemption import SaveStep
 from .checkpoint import weights_are_finite
 
 BACKUP = "backup.npz"
+MARK_PREFIX = "reader-"  # the input pipeline's place (trainer/data/marks.py), a file a mark, beside the backup
 
 
 _launcher_fits = itertools.count(1)  # the fits of this process, in order: each backs up in a folder of its own
@@ -48,29 +51,45 @@ def _finite_loss(logs) -> bool:
     return loss is None or math.isfinite(loss)
 
 
-def _reading_record(reading: Reading | None, arrays: dict) -> dict | None:
-    """The backup's record of where the reader is (`TrainContext.reading`); its mark's states go in `arrays`."""
+def _reading_record(reading: Reading | None, mark_file: str | None) -> dict | None:
+    """The backup's record of where the reader is (`TrainContext.reading`), its mark's states in `mark_file`."""
     if reading is None:
         return None
     mark = reading.mark
     record = {"index": reading.index, "step": reading.step, "spent": reading.spent, "mark": None}
     if mark is not None:
         record["mark"] = {"index": mark.index, "step": mark.step, "inits_after": mark.inits_after,
-                          "layout": mark.layout, "states": len(mark.states)}
-        arrays.update({f"reader_{i}": np.frombuffer(state, np.uint8) for i, state in enumerate(mark.states)})
+                          "layout": mark.layout, "file": mark_file}
     return record
 
 
-def _reading_of(record: dict | None, backup) -> Reading | None:
-    """The `Reading` a backup holds (`_reading_record`), or None (written before readers were marked)."""
+def _reading_of(record: dict | None, directory: str) -> Reading | None:
+    """The `Reading` a backup holds (`_reading_record`), or None (written before readers were marked). A mark
+    whose file is gone (deleted by hand) leaves the reading without it, and the resumed epoch reads on from
+    its pass's start, as the plan's fallback says."""
     if record is None:
         return None
     mark = record["mark"]
     if mark is not None:
-        states = tuple(backup[f"reader_{i}"].tobytes() for i in range(mark["states"]))
+        path = os.path.join(directory, mark["file"])
+        if not os.path.exists(path):
+            warnings.warn(f"BackupAndRestore: {path}, the input pipeline's place that the backup names, is gone, so "
+                          "the resumed epoch reads the pipeline from its pass's start, in another order than the "
+                          "uninterrupted run.", stacklevel=2)
+            return Reading(record["index"], record["step"], record["spent"])
+        with np.load(path) as f:
+            states = tuple(f[f"state_{i}"].tobytes() for i in range(len(f.files)))
         layout = tuple(mark["layout"]) if mark["layout"] is not None else None
         mark = Mark(mark["index"], mark["step"], states, mark["inits_after"], layout)
     return Reading(record["index"], record["step"], record["spent"], mark)
+
+
+def _mark_file(mark: Mark) -> str:
+    """The file of a mark's states, named by its place and contents: a mark is written once."""
+    digest = 0
+    for state in mark.states:
+        digest = zlib.crc32(state, digest)
+    return f"{MARK_PREFIX}{mark.index}-{mark.step}-{digest:08x}.npz"
 
 
 class BackupAndRestore(ContextAware):
@@ -94,9 +113,13 @@ class BackupAndRestore(ContextAware):
 
     A backup taken mid-epoch also holds the metrics' totals so far, so the
     resumed epoch logs its loss and metrics over all of its steps, as an
-    uninterrupted run does. Exact resume needs array inputs or datasets read
-    once per epoch; a dataset function restarts its epoch from the first
-    batch, and a dataset read with `steps_per_epoch` restarts its stream.
+    uninterrupted run does. For a tf.data pipeline it also holds the
+    reader's place (`trainer/data/marks.py`): the pipeline's state at its
+    pass's start (or a stream's epoch's), in a `reader-*.npz` file beside the
+    backup written once a pass, from which the resumed run reads on to the
+    step, reshuffling pipelines included. Not exact: a generator or other
+    state outside tf.data, which is read again from its start, a dataset
+    function on another layout than its backup's, and parameter servers.
 
     Args:
       backup_dir: where the backup lives (shared by all workers).
@@ -116,6 +139,7 @@ class BackupAndRestore(ContextAware):
         self._previous_handler = None
         self._save_step = None  # across workers: the boundary all of them save at on a SIGTERM
         self._boundary = 0  # batch ends and epoch ends so far in this fit
+        self._mark_written: tuple[Mark, str] | None = None  # the latest mark a backup holds, and its file
 
     @property
     def path(self) -> str:
@@ -129,7 +153,7 @@ class BackupAndRestore(ContextAware):
                 "`trainer.callbacks.BackupAndRestore` resumes through Trainer.fit and can't resume a plain "
                 "Model.fit. Use it with Trainer.fit, or use keras.callbacks.BackupAndRestore."
             )
-        self._preempted, self._boundary = False, 0
+        self._preempted, self._boundary, self._mark_written = False, 0, None
         if self.handle_sigterm and threading.current_thread() is threading.main_thread():
             self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
             self.context.on_leave.append(self._restore_handler)  # also when fit raises
@@ -169,6 +193,7 @@ class BackupAndRestore(ContextAware):
             return
         if self.context.is_chief and os.path.exists(self.path):
             os.remove(self.path)
+            self._remove_marks(self.backup_dir, keep={})
 
     # Machinery ---------------------------------------------------------------
 
@@ -232,22 +257,49 @@ class BackupAndRestore(ContextAware):
         metrics = self.context.metric_states if step else None  # an epoch's start resets them
         if metrics is not None:
             arrays.update({f"metrics_{i}": state for i, state in enumerate(metrics)})
-        reading = _reading_record(self.context.reading, arrays)
         plan = self.context.plan
         state = {"epoch": epoch, "step": step, "model_vars": len(self.model.variables),
                  "metric_vars": None if metrics is None else len(metrics),
                  "optimizer_vars": len(self.model.optimizer.variables), "learning_rate": "unscaled",
                  "global_batch_size": plan.global_batch_size, "replicas": plan.num_replicas,
-                 "workers": plan.num_workers, "reading": reading}
-        arrays["state"] = np.asarray(json.dumps(state))
+                 "workers": plan.num_workers}
         with writable_dir(self.backup_dir, self.context.is_chief) as directory:
             path = os.path.join(directory, BACKUP)
             try:
+                state["reading"] = _reading_record(self.context.reading, self._write_mark(directory))
+                arrays["state"] = np.asarray(json.dumps(state))
                 replace_or_explain(lambda tmp: np.savez(tmp, **arrays), path, suffix=".npz",
                                    owner="BackupAndRestore", intact=lambda: self._intact(path))
             except OSError:
                 self._restore_handler()  # fit ends here, without on_train_end
                 raise
+            self._remove_marks(directory, keep=(state["reading"] or {}).get("mark") or {})
+
+    def _write_mark(self, directory: str) -> str | None:
+        """The file of the reading's mark, written there the first time a backup holds the mark: once a pass, or
+        once an epoch in a stream, however often the backups come. None without a mark."""
+        reading = self.context.reading
+        mark = reading.mark if reading is not None else None
+        if mark is None:
+            return None
+        if self._mark_written is not None and self._mark_written[0] is mark:
+            return self._mark_written[1]
+        name = _mark_file(mark)
+        if not self.context.is_chief:  # every worker's mark is the chief's (`DatasetKind.markable`)
+            return name
+        path = os.path.join(directory, name)
+        states = {f"state_{i}": np.frombuffer(state, np.uint8) for i, state in enumerate(mark.states)}
+        replace_or_explain(lambda tmp: np.savez(tmp, **states), path, suffix=".npz", owner="BackupAndRestore",
+                           intact=lambda: self._intact(os.path.join(directory, BACKUP)))
+        self._mark_written = (mark, name)
+        return name
+
+    @staticmethod
+    def _remove_marks(directory: str, keep: dict) -> None:
+        """Removes the files of marks that no backup holds any more (all of them, with `keep` empty)."""
+        for name in os.listdir(directory):
+            if name.startswith(MARK_PREFIX) and name != keep.get("file"):
+                os.remove(os.path.join(directory, name))
 
     @staticmethod
     def _intact(path: str) -> str:
@@ -275,7 +327,7 @@ class BackupAndRestore(ContextAware):
                     variable.assign(backup[f"{prefix}_{i}"])
             if state.get("metric_vars") is not None:
                 self.context.initial_metric_states = [backup[f"metrics_{i}"] for i in range(state["metric_vars"])]
-            self.context.initial_reading = _reading_of(state.get("reading"), backup)
+            self.context.initial_reading = _reading_of(state.get("reading"), self.backup_dir)
         if state.get("learning_rate") == "unscaled":
             rescale_learning_rate(self.model.optimizer, self.context.lr_plan)
         return state

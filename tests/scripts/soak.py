@@ -687,7 +687,10 @@ def main(argv=None) -> int:
     parser.add_argument("--kinds", default=",".join(KINDS), help="the kinds to draw, comma-separated (default: all)")
     parser.add_argument("--slurm", action="store_true", help="run the job as a requeued Slurm batch job")
     parser.add_argument("--out", type=Path, required=True, help="a new folder for the runs, logs and report")
+    parser.add_argument("--data", choices=("arrays", "reshuffled"), default="arrays",
+                        help="what the job trains on: arrays, or a tf.data pipeline that reshuffles each pass")
     args = parser.parse_args(argv)
+    os.environ["SOAK_DATA"] = args.data  # soak_run.py's, in the job's tasks and the reference run alike
     if args.faults < 1:
         parser.error(f"--faults must be at least 1. Received: --faults {args.faults}.")
     kinds = tuple(args.kinds.split(","))

@@ -1,6 +1,7 @@
 """The job of the fault soak (soak.py): trains with a backup every few steps, and says where it is.
 
 Usage: python soak_run.py OUT_DIR BACKUP_DIR
+Environment: SOAK_DATA=reshuffled trains on a tf.data pipeline that reshuffles each pass (seeded), not arrays.
 Run alone for the uninterrupted reference, or on every node under trainer-launch. The chief prints
 `soak-begin EPOCH STEP` once training starts (after any resume) and `soak-step EPOCH STEP` at each step
 boundary; it logs epochs to OUT_DIR/log.jsonl and, when training completes, writes OUT_DIR/result.npz: the
@@ -93,7 +94,12 @@ x_val = np.concatenate([x_val, np.zeros((len(x_val), 1), "float32")], axis=1)
 
 # Progress last: its `soak-begin` line names where the backup resumed training.
 callbacks = [BackupAndRestore(backup_dir, save_freq=SAVE_FREQ), JSONLogger(os.path.join(out, "log.jsonl")), Progress()]
-history = trainer.fit(build, x, y, epochs=EPOCHS, validation_data=(x_val, y_val), callbacks=callbacks)
+if os.environ.get("SOAK_DATA") == "reshuffled":  # soak.py --data reshuffled: the backups hold the pipeline's place
+    data = (tf.data.Dataset.from_tensor_slices((x, y)).map(lambda a, b: (a * 1.0, b), num_parallel_calls=2)
+            .shuffle(EXAMPLES, seed=7).prefetch(2),)
+else:
+    data = (x, y)
+history = trainer.fit(build, *data, epochs=EPOCHS, validation_data=(x_val, y_val), callbacks=callbacks)
 if cluster_info().is_chief:
     model = history.model
     counts = next(layer for layer in model.layers if isinstance(layer, CountExamples)).counts
