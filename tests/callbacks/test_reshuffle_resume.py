@@ -127,3 +127,62 @@ def test_a_seeded_shuffle_resumes_on_two_workers_to_one_process_numbers(tmp_path
     second = _killed_and_resumed(tmp_path, "seeded", workers=2)
     _assert_uninterrupted(tmp_path, second, references("seeded"))
     _assert_each_example_once_an_epoch(tmp_path)
+
+
+def test_a_mark_is_written_once_a_pass_beside_the_backups_and_removed_with_them(tmp_path):
+    """Backups every step write the weights; the pipeline's place goes to a file of its own once a pass, the one
+    the latest backup names, and training's end removes it with the backup."""
+    import json
+
+    import keras
+    import tensorflow as tf
+
+    from conftest import tiny_data, tiny_model
+    from trainer import Trainer
+    from trainer.callbacks import BackupAndRestore
+
+    seen = []
+
+    class Look(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):  # the boundary before's backup is written by now
+            if not (tmp_path / "backup.npz").exists():
+                return
+            with np.load(tmp_path / "backup.npz") as backup:
+                named = json.loads(str(backup["state"]))["reading"]["mark"]["file"]
+            files = sorted(p.name for p in tmp_path.glob("reader-*"))
+            seen.append((files, named, (tmp_path / files[0]).stat().st_mtime_ns))
+
+    x, y, _ = tiny_data(64)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(64)
+    Trainer(strategy="default", batch_size=16, verbose=0, steps_per_execution=1).fit(
+        tiny_model(), data, epochs=2, callbacks=[BackupAndRestore(tmp_path, save_freq=1), Look()])
+    # steps 1-3 of the first pass, then the first epoch's end, then steps 1-3 of the second pass
+    assert len(seen) == 7 and all(files == [named] for files, named, _ in seen), seen
+    names = [named for _, named, _ in seen]
+    assert len(set(names[:4])) == 1 and len(set(names[4:])) == 1 and names[0] != names[4]  # one a pass
+    assert len({written for _, _, written in seen[:4]}) == 1  # not rewritten by the pass's later backups
+    assert not list(tmp_path.iterdir())  # the backup and its mark, removed when training completed
+
+
+def test_a_missing_mark_file_resumes_from_the_pass_start_and_says_so(tmp_path):
+    import keras
+    import tensorflow as tf
+
+    from conftest import tiny_data, tiny_model
+    from trainer import Trainer
+    from trainer.callbacks import BackupAndRestore
+
+    class Stop(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 2:
+                raise RuntimeError("stopped")
+
+    x, y, _ = tiny_data(64)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(64, seed=2)
+    trainer = Trainer(strategy="default", batch_size=16, verbose=0, steps_per_execution=1)
+    with pytest.raises(RuntimeError, match="stopped"):
+        trainer.fit(tiny_model(), data, epochs=1, callbacks=[BackupAndRestore(tmp_path, save_freq=1), Stop()])
+    (mark,) = tmp_path.glob("reader-*")
+    mark.unlink()
+    with pytest.warns(UserWarning, match="the input pipeline's place that the backup names, is gone"):
+        trainer.fit(tiny_model(), data, epochs=1, callbacks=[BackupAndRestore(tmp_path, save_freq=1)])
