@@ -186,3 +186,25 @@ def test_a_missing_mark_file_resumes_from_the_pass_start_and_says_so(tmp_path):
     mark.unlink()
     with pytest.warns(UserWarning, match="the input pipeline's place that the backup names, is gone"):
         trainer.fit(tiny_model(), data, epochs=1, callbacks=[BackupAndRestore(tmp_path, save_freq=1)])
+
+
+def test_a_dataset_function_says_where_its_place_holds():
+    """Its pipelines are its input context's: exact on one worker, on that layout; on several workers, each
+    of whose pipelines is its own, and with a pipeline of Python state, the plan says it is not exact."""
+    import tensorflow as tf
+
+    from trainer.data.pipeline_inputs import FunctionInput
+
+    def fn(context):
+        return tf.data.Dataset.range(64).shuffle(64).batch(8)
+
+    one = FunctionInput(fn).resume(None, num_workers=1)
+    assert not one.why_not and one.layout.startswith("on this layout") and "pass's start" in one.holds
+    two = FunctionInput(fn).resume(None, num_workers=2)
+    assert two.why_not == "a dataset function's pipelines start again from their first batch: each worker's " \
+                          "pipeline is its own"
+
+    def python_state(context):
+        return tf.data.Dataset.range(64).map(lambda i: tf.py_function(lambda v: v, [i], tf.int64)).batch(8)
+
+    assert "EagerPyFunc is stateful: state outside tf.data" in FunctionInput(python_state).resume(None).why_not

@@ -65,9 +65,12 @@ class ArrayInput(InputKind):
         pipeline gathers its batches (`composite_batches`)."""
         return any(_composite(a) for a in tf.nest.flatten(self.arrays))
 
-    def reader(self, readers: Readers, epoch: int | None = None, start_step: int = 0, until: int | None = None):
+    def reader(self, readers: Readers, epoch: int | None = None, start_step: int = 0, until: int | None = None,
+               place: Any = None):
         """Epochs `epoch` to `until` (one by default), each shuffled from the seed; without `epoch`, input order
-        once (ragged or sparse arrays: one pass a reader)."""
+        once (ragged or sparse arrays: one pass a reader). A `place` is not needed: the seed and the step say
+        where the arrays are."""
+        del place
         order = readers.order(self.num_examples, per_epoch=epoch is not None)
         if self.composite:
             batches = self.composite_batches(order(epoch or 0), readers.global_batch_size, start_step)

@@ -9,6 +9,7 @@ spec, the cardinality and the options, or from one batch at most.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import TYPE_CHECKING, Any, Callable
 
 import tensorflow as tf
@@ -49,7 +50,7 @@ class DatasetKind(InputKind):
             else:
                 where = "its stream's start (the distributed iterator reads ahead of the steps)"
             return Resumption(holds=f"the tf.data pipeline's state at {where}, read on to the step when resumed")
-        unsaved = _compat.unsaved_state(self.dataset)
+        unsaved = self.unsaved
         why = f"tf.data can't save this pipeline's place ({unsaved}: state outside tf.data)" if unsaved else (
             "each worker reads its own shard of the dataset (a shard policy set on it)")
         if stream:
@@ -74,7 +75,13 @@ class DatasetKind(InputKind):
         chosen = self.dataset.options().experimental_distribute.auto_shard_policy
         whole = num_workers == 1 or (chosen == tf.data.experimental.AutoShardPolicy.AUTO
                                      and getattr(self, "by_rows", None) is None)
-        return whole and not _compat.unsaved_state(self.dataset)
+        return whole and not self.unsaved
+
+    @functools.cached_property
+    def unsaved(self) -> str:
+        """Why tf.data can't save the state of the dataset's iterators ("" when it can), found once: it
+        serializes the dataset's graph, constants included."""
+        return _compat.unsaved_state(self.dataset)
 
     def worker_batches(self, readers: Readers, start_step: int = 0) -> tf.data.Dataset:
         """The global batches as this worker reads them, of which its replicas take their shares."""

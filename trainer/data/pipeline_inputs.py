@@ -9,6 +9,7 @@ that split a global batch in the step; a resumed run starts their pipelines agai
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import TYPE_CHECKING, Any, Callable
 
 import tensorflow as tf
@@ -79,7 +80,7 @@ class FunctionInput(InputKind):
 
     def resume(self, steps_per_epoch: int | None, num_workers: int = 1, in_step: bool = True) -> Resumption:
         if not self.markable(num_workers):
-            unsaved = _compat.unsaved_state(self._probe())
+            unsaved = self.unsaved
             why = (f"tf.data can't save its pipelines' place ({unsaved}: state outside tf.data)" if unsaved else
                    "each worker's pipeline is its own" if num_workers > 1 else
                    "its pipelines are one per replica (InputReplicationMode.PER_REPLICA)")
@@ -94,7 +95,12 @@ class FunctionInput(InputKind):
         tf.data can save. Several workers' pipelines are each their own, and a backup holds the chief's."""
         per_replica = (self.options is not None and self.options.experimental_replication_mode
                        == tf.distribute.InputReplicationMode.PER_REPLICA)
-        return num_workers == 1 and not per_replica and not _compat.unsaved_state(self._probe())
+        return num_workers == 1 and not per_replica and not self.unsaved
+
+    @functools.cached_property
+    def unsaved(self) -> str:
+        """Why tf.data can't save the state of the function's pipelines ("" when it can)."""
+        return _compat.unsaved_state(self._probe())
 
     def reader(self, readers: Readers, epoch: int | None = None, start_step: int = 0, until: int | None = None,
                place: marks.Place | None = None):
@@ -204,6 +210,7 @@ class FileShardsInput(InputKind):
             return mine[0]
         return tf.data.Dataset.choose_from_datasets(mine, tf.data.Dataset.range(local).repeat())
 
-    def reader(self, readers: Readers, epoch: int | None = None, start_step: int = 0, until: int | None = None):
-        del epoch, start_step, until  # the shards' streams go on across epochs; a resumed run starts them again
+    def reader(self, readers: Readers, epoch: int | None = None, start_step: int = 0, until: int | None = None,
+               place: marks.Place | None = None):
+        del epoch, start_step, until, place  # the shards' streams go on across epochs; a resume starts them again
         return DistributedBatches(iter(readers.strategy.distribute_datasets_from_function(self.replica_batches)))

@@ -104,7 +104,7 @@ class ReaderSteps:
             # Arrays: one reader for the passes the remaining epochs can read (at most one new pass each).
             self._new_reader(epoch=self.passes.index, start_step=self.passes.step,
                              until=self.passes.index + self.epochs - epoch)
-        elif self._context is not None and hasattr(self._held[0], "mark_here"):
+        elif self._context is not None and self.passes.pass_steps is None and hasattr(self._held[0], "mark_here"):
             # a stream read on into this epoch: a mark here, so a resume reads on from this epoch's start
             self._mark = self._held[0].mark_here(self.passes.index, self.passes.step) or self._mark
         self._note_reading()
@@ -143,7 +143,7 @@ class ReaderSteps:
             where["place"] = Place(self.passes.index, self.passes.step, self._mark, self.passes_layout)
         self._held.append(self.make_reader(self.inp, **where))
         self._mark = getattr(self._held[0], "mark", None)
-        self._fresh_and_empty = True
+        self._fresh_and_empty = self.passes.step == 0  # a resumed place past the start had batches before it
 
     @property
     def passes_layout(self) -> tuple[int, int]:
