@@ -57,15 +57,16 @@ def references(tmp_path_factory):
     return reference
 
 
-def _killed_and_resumed(workdir, pipe, *, env=None, resume_env=None, workers=0):
-    first = _run(workdir, pipe, 1, 5, env=env, workers=workers)
+def _killed_and_resumed(workdir, pipe, *, env=None, resume_env=None, workers=0, kill=(1, 5), resumes_at=(1, 3)):
+    first = _run(workdir, pipe, *kill, env=env, workers=workers)
     if workers:
         assert first.returncode != 0 and "resuming" not in first.stdout, script_failed(first)
     else:
         assert first.returncode == -signal.SIGKILL, script_failed(first)
     second = _run(workdir, pipe, env={**(env or {}), **(resume_env or {})}, workers=workers)
     assert second.returncode == 0, script_failed(second)
-    assert "BackupAndRestore: resuming from epoch 1, step 3" in second.stdout, script_failed(second)
+    assert "BackupAndRestore: resuming from epoch {}, step {}".format(*resumes_at) in second.stdout, (
+        script_failed(second))
     row = next(line for line in second.stdout.splitlines() if "  resume " in line)
     assert "resume         exact: a backup resumes at its step" in row, row
     return second
@@ -108,6 +109,26 @@ def test_a_seeded_pipeline_resumes_to_the_uninterrupted_run(tmp_path, references
     _assert_uninterrupted(tmp_path, second, references(pipe))
     if pipe != "stream":  # a stream's epochs are not passes: the uninterrupted run's counts are the check
         _assert_each_example_once_an_epoch(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_backup_at_an_epoch_end_resumes_the_next_pass_in_the_uninterrupted_order(tmp_path, references):
+    """Killed in epoch 1 before its first backup: the resumed run starts a new pass, whose reshuffled order
+    depends on the iterators started before it; Keras's spare iterator at each epoch's end among them."""
+    second = _killed_and_resumed(tmp_path, "batched", kill=(1, 0), resumes_at=(1, 0))
+    _assert_uninterrupted(tmp_path, second, references("batched"))
+
+
+@pytest.mark.slow
+def test_marking_a_pipeline_leaves_its_numbers_as_without_a_backup(tmp_path, references):
+    """The marks read nothing and start no iterator of their own in an uninterrupted run: its weights and
+    history are those of the same run without BackupAndRestore (model.fit's orders, reshuffles included)."""
+    proc = _run(tmp_path, "seeded", env={"BACKUP": "0"})
+    assert proc.returncode == 0, script_failed(proc)
+    ref_dir, ref_history = references("seeded")
+    assert _history(proc) == ref_history
+    for weight, expected in zip(_weights(tmp_path), _weights(ref_dir)):
+        np.testing.assert_array_equal(weight, expected)
 
 
 @pytest.mark.slow

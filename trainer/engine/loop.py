@@ -79,6 +79,7 @@ class ReaderSteps:
         self._fresh_and_empty = False  # a reader made for this pass that has not given a step yet
         self._context: TrainContext | None = None  # while a callback resumes the fit: it marks its reads
         self._mark: Mark | None = None  # the latest mark of the reader's place
+        self._resume_from: Mark | None = None  # a backup's mark, for the resumed fit's first reader
 
     def begin(self, context: TrainContext) -> None:
         # after a resume's restore; only where the installed Keras's own fit calls past the end
@@ -95,7 +96,7 @@ class ReaderSteps:
         if saved is not None:  # a backup's: the first epoch starts where the backed-up run was
             self._context.initial_reading = None
             placed = self.passes.resume_at(epoch, first_step, saved.index, saved.step, saved.spent)
-            self._mark = saved.mark
+            self._mark = self._resume_from = saved.mark
         else:
             placed = self.passes.begin_epoch(epoch, first_step)
         if self.passes.spent:
@@ -140,15 +141,13 @@ class ReaderSteps:
     def _new_reader(self, **where) -> None:
         release(self._held)
         if self._context is not None:
-            where["place"] = Place(self.passes.index, self.passes.step, self._mark, self.passes_layout)
+            # Only a resumed fit's first reader starts from a backup's mark; the uninterrupted passes start afresh.
+            layout = (self._context.plan.num_replicas, self._context.plan.num_workers)
+            where["place"] = Place(self.passes.index, self.passes.step, self._resume_from, layout)
+            self._resume_from = None
         self._held.append(self.make_reader(self.inp, **where))
         self._mark = getattr(self._held[0], "mark", None)
         self._fresh_and_empty = self.passes.step == 0  # a resumed place past the start had batches before it
-
-    @property
-    def passes_layout(self) -> tuple[int, int]:
-        plan = self._context.plan
-        return plan.num_replicas, plan.num_workers
 
     def _note_reading(self, ran: int = 0) -> None:
         """Tells the context where the reading is (`context.reading`), `ran` steps on from `passes`' count:
