@@ -229,3 +229,14 @@ def test_a_dataset_function_says_where_its_place_holds():
         return tf.data.Dataset.range(64).map(lambda i: tf.py_function(lambda v: v, [i], tf.int64)).batch(8)
 
     assert "EagerPyFunc is stateful: state outside tf.data" in FunctionInput(python_state).resume(None).why_not
+
+
+def test_a_backup_of_another_pipeline_is_refused_before_a_step():
+    import tensorflow as tf
+
+    from trainer.data import marks
+
+    _, mark = marks.iterator_at(tf.data.Dataset.range(64).shuffle(64).batch(8), marks.Place(0, 0))
+    other = tf.data.Dataset.range(64).map(lambda i: i * 2).batch(8)
+    with pytest.raises(ValueError, match="the place of a tf.data pipeline other than this run's"):
+        marks.iterator_at(other, marks.Place(0, 3, mark))

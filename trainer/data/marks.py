@@ -27,7 +27,7 @@ class Mark:
     Attributes:
       index: the pass (`Passes.index`).
       step: global steps read from the pass at the mark.
-      states: the states of the reader's iterators there, one per pipeline it reads.
+      states: the states of the reader's iterators there: one, of the pipeline this process reads.
       inits_after: iterators the input started on its dataset after the reader's (`BatchedInput.epoch_end`'s
         spare one, as Keras's epoch iterator starts): each moves a reshuffling seed generator on one pass.
       layout: (replicas, workers) for the pipelines of a dataset function, which are the layout's; None for
@@ -73,16 +73,16 @@ class Place:
         mark = self.mark
         if mark is None or (mark.layout is not None and mark.layout != self.layout):
             return None
-        if mark.index == self.index and mark.step <= self.step or mark.index == self.index - 1:
+        if (mark.index == self.index and mark.step <= self.step) or mark.index == self.index - 1:
             return mark
         return None
 
 
-def iterator_at(dataset: tf.data.Dataset, place: Place | None, *, pipeline: int = 0, per_step: int = 1,
+def iterator_at(dataset: tf.data.Dataset, place: Place | None, *, per_step: int = 1,
                 layout: tuple[int, int] | None = None) -> tuple[Iterator[Any], Mark | None]:
     """An iterator of `dataset` at `place`, and the mark of its pass; without a place, a plain iterator.
 
-    Where the place's mark is of the same pass, its state (of pipeline `pipeline`) goes into the fresh
+    Where the place's mark is of the same pass, its state goes into the fresh
     iterator, which then reads forward from the mark's step; where it is of the pass before, it goes into an
     iterator made to be dropped, which puts the seed generator where it was, and the new pass starts after
     the input's later iterators (`Mark.inits_after`). Elsewhere the iterator starts from the pass's start.
@@ -94,11 +94,11 @@ def iterator_at(dataset: tf.data.Dataset, place: Place | None, *, pipeline: int 
     mark = place.usable()
     if mark is not None and mark.index == place.index:
         iterator = iter(dataset)
-        _put_back(iterator, mark.states[pipeline])
+        _put_back(iterator, mark.states[0])
         _read_past(iterator, (place.step - mark.step) * per_step)
         return iterator, mark
     if mark is not None:  # of the pass before: its seeds, then the iterators started after it
-        _put_back(iter(dataset), mark.states[pipeline])
+        _put_back(iter(dataset), mark.states[0])
         for _ in range(mark.inits_after):
             iter(dataset)
     iterator = iter(dataset)
